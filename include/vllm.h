@@ -1,0 +1,206 @@
+// vllm.h - the stable C11 ABI of libvllm.
+//
+// Conventions:
+// - Handles are opaque. Every call that can fail returns a vllm_status; on
+//   failure vllm_last_error() holds a message for the calling thread.
+// - Structs are initialized with their *_default() function, then edited.
+// - All functions are thread-safe. Stream callbacks run on the engine's own
+//   thread; they may call vllm_submit / vllm_request_cancel, and must return
+//   quickly (a callback that blocks stalls every request).
+#ifndef VLLM_H
+#define VLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum vllm_status {
+    VLLM_OK = 0,
+    VLLM_ERR_INVALID_ARGUMENT = 1, // a bad parameter or request field
+    VLLM_ERR_IO = 2,               // a file is missing or unreadable
+    VLLM_ERR_FORMAT = 3,           // a malformed file, header or config
+    VLLM_ERR_UNSUPPORTED = 4,      // unknown architecture or component
+    VLLM_ERR_OUT_OF_MEMORY = 5,    // host or device allocation failed
+    VLLM_ERR_TOO_LONG = 6,         // prompt (+ max_tokens) over max_model_len
+    VLLM_ERR_QUEUE_FULL = 7,       // more waiting requests than max_queued
+    VLLM_ERR_CANCELLED = 8,        // the request was cancelled
+    VLLM_ERR_BACKEND = 9,          // a device (CUDA) call failed
+    VLLM_ERR_INTERNAL = 10,        // a bug: please report it
+    VLLM_ERR_SHUTDOWN = 11,        // the engine is stopping
+} vllm_status;
+
+typedef enum vllm_finish_reason {
+    VLLM_FINISH_NONE = 0,   // still running
+    VLLM_FINISH_STOP = 1,   // a stop string or stop token id
+    VLLM_FINISH_LENGTH = 2, // max_tokens or max_model_len reached
+    VLLM_FINISH_EOS = 3,    // the model's end-of-sequence token
+    VLLM_FINISH_ABORT = 4,  // cancelled, or the engine shut down
+    VLLM_FINISH_ERROR = 5,  // see vllm_output.status
+} vllm_finish_reason;
+
+// Thread-local message of the last failed call on this thread ("" if none).
+const char *vllm_last_error(void);
+// Library version, "MAJOR.MINOR.PATCH".
+const char *vllm_version(void);
+// Frees memory that a vllm_* call returned to the caller.
+void vllm_free(void *p);
+const char *vllm_status_string(vllm_status s);
+const char *vllm_finish_reason_string(vllm_finish_reason r);
+
+// ---------------------------------------------------------------- engine --
+
+struct vllm_engine;
+
+struct vllm_engine_params {
+    const char *model;          // model directory (config.json, *.safetensors)
+    const char *device;         // "cpu" (default) or "cuda"
+    const char *dtype;          // "auto", "float32" or "bfloat16"
+    const char *load_format;    // "auto" (safetensors) or "dummy" (random weights)
+    int block_size;             // tokens per KV block (default 16)
+    int64_t kv_cache_bytes;     // KV pool budget in bytes (0: default)
+    int num_kv_blocks;          // exact KV block count (0: from kv_cache_bytes)
+    int max_num_seqs;           // running requests at most (default 64)
+    int max_num_batched_tokens; // token budget of one step (default 2048)
+    int max_model_len;          // prompt + output at most (0: from config)
+    int max_queued;             // waiting requests at most (0: unlimited)
+    int num_threads;            // CPU threads (0: the cores present)
+    int tensor_parallel_size;   // GPUs (default 1)
+    uint64_t seed;              // dummy weights and unseeded sampling
+};
+void vllm_engine_params_default(struct vllm_engine_params *p);
+
+vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_engine **out);
+// Aborts what is still running (callbacks get VLLM_FINISH_ABORT), then frees.
+void vllm_engine_free(struct vllm_engine *e);
+
+struct vllm_model_info {
+    const char *architecture; // e.g. "NemotronHForCausalLM"
+    const char *model_name;   // the model directory's base name
+    int vocab_size;
+    int max_model_len;
+    int num_eos_token_ids;
+    const int32_t *eos_token_ids;
+    int has_tokenizer;        // tokenizer.json was found and loaded
+    int has_chat_template;
+    int num_kv_blocks;        // KV capacity, in blocks
+    int block_size;
+    int num_state_slots;      // recurrent-state slots (max_num_seqs)
+    int64_t kv_cache_bytes;
+    int64_t state_bytes;
+    int64_t weight_bytes;
+};
+// The struct stays valid until vllm_engine_free.
+vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);
+
+struct vllm_stats {
+    int num_running;
+    int num_waiting;
+    int kv_blocks_total;
+    int kv_blocks_used;
+    int state_slots_total;
+    int state_slots_used;
+    uint64_t prompt_tokens_total;     // prompt tokens processed (recompute included)
+    uint64_t generation_tokens_total; // tokens sampled
+    uint64_t requests_finished;
+    uint64_t num_preemptions;
+    uint64_t num_steps;
+};
+vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
+
+// -------------------------------------------------------------- requests --
+
+struct vllm_sampling_params {
+    float temperature;        // 0: greedy (default 1.0)
+    float top_p;              // (0, 1], default 1
+    int top_k;                // 0 or -1: off
+    float min_p;              // [0, 1], default 0
+    float repetition_penalty; // > 0, default 1 (prompt and output tokens)
+    float presence_penalty;   // [-2, 2], default 0 (output tokens)
+    float frequency_penalty;  // [-2, 2], default 0 (output tokens)
+    int64_t seed;             // < 0: from the engine's seed
+    int max_tokens;           // default 16
+    int min_tokens;           // eos and stop ids are ignored before this
+    int ignore_eos;
+    const int32_t *stop_token_ids;
+    int num_stop_token_ids;
+    const char *const *stop;  // stop strings (text; needs a tokenizer)
+    int num_stop;
+    int include_stop_str_in_output;
+    int logprobs;             // < 0: none; n >= 0: sampled + n top logprobs
+    int skip_special_tokens;  // in text output (default 1)
+};
+void vllm_sampling_params_default(struct vllm_sampling_params *p);
+
+// One streaming event. Pointers are valid only during the callback.
+struct vllm_output {
+    uint64_t request_id;
+    const int32_t *token_ids;  // new token ids (usually one)
+    int num_token_ids;
+    const char *text;          // new text (a whole number of UTF-8 chars)
+    size_t text_len;
+    const float *logprobs;     // [num_token_ids] or NULL
+    int num_top_logprobs;      // per token
+    const int32_t *top_ids;    // [num_token_ids * num_top_logprobs]
+    const float *top_logprobs; // [num_token_ids * num_top_logprobs]
+    int num_prompt_tokens;
+    int num_output_tokens;     // so far, these included
+    vllm_finish_reason finish_reason; // != NONE on the last event
+    vllm_status status;        // != OK with VLLM_FINISH_ERROR
+    const char *error;         // message with a status != OK
+    double ttft_s;             // seconds from submit to the first token (0 before)
+};
+typedef void (*vllm_stream_fn)(void *user, const struct vllm_output *out);
+
+struct vllm_request;
+
+struct vllm_prompt {
+    const int32_t *token_ids; // either ids...
+    int num_token_ids;
+    const char *text;         // ...or text, tokenized with the model's tokenizer
+    int add_special_tokens;   // for text: add BOS etc. (default 1)
+};
+void vllm_prompt_default(struct vllm_prompt *p);
+
+// Submits a request; returns at once. cb (may be NULL) gets every event; the
+// last one has finish_reason != NONE. The caller owns *out and must release it
+// with vllm_request_free (after the last event, or to cancel and release).
+vllm_status vllm_submit(struct vllm_engine *e, const struct vllm_prompt *prompt,
+                        const struct vllm_sampling_params *sp, vllm_stream_fn cb,
+                        void *user, struct vllm_request **out);
+// Asks the engine to abort the request; its resources return to the pool
+// within one step. The last event follows with VLLM_FINISH_ABORT.
+vllm_status vllm_request_cancel(struct vllm_request *r);
+uint64_t vllm_request_id(const struct vllm_request *r);
+// Cancels the request if it still runs, and drops the caller's reference.
+void vllm_request_free(struct vllm_request *r);
+
+// Blocking: token ids in, token ids out. *out_ids is allocated (vllm_free).
+vllm_status vllm_complete_tokens(struct vllm_engine *e, const int32_t *prompt, int num_prompt,
+                                 const struct vllm_sampling_params *sp, int32_t **out_ids,
+                                 int *num_out, vllm_finish_reason *reason);
+// Blocking: text in, text out (*out_text allocated, NUL-terminated).
+vllm_status vllm_complete_text(struct vllm_engine *e, const char *prompt,
+                               const struct vllm_sampling_params *sp, char **out_text,
+                               vllm_finish_reason *reason);
+
+// ------------------------------------------------------------ tokenizer --
+
+// Text to ids with the model's tokenizer. *ids allocated (vllm_free).
+vllm_status vllm_tokenize(struct vllm_engine *e, const char *text, size_t len,
+                          int add_special_tokens, int32_t **ids, int *num_ids);
+// Ids to text. *text allocated, NUL-terminated (vllm_free).
+vllm_status vllm_detokenize(struct vllm_engine *e, const int32_t *ids, int num_ids,
+                            int skip_special_tokens, char **text);
+// Renders the model's chat template. request_json is a JSON object with
+// "messages" and optionally "add_generation_prompt", "tools" and any extra
+// template variables. *out allocated, NUL-terminated (vllm_free).
+vllm_status vllm_apply_chat_template(struct vllm_engine *e, const char *request_json,
+                                     char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // VLLM_H
