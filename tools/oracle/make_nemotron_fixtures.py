@@ -87,12 +87,20 @@ def make_model(case_kw, seed):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.05 * torch.randn(b.shape, generator=g))
-    # serving kernels do not clamp dt at time_step_min
     cfg.time_step_min = 0.0
+    no_dt_clamp(model)
+    return model
+
+
+def no_dt_clamp(model):
+    """Serving kernels do not clamp dt at time_step_min. transformers 5.17 keeps
+    the clamp as each mixer's time_step_limit = (time_step_min, inf) and applies
+    it in prefill only; older versions clamp with time_step_min."""
     for m in model.modules():
+        if hasattr(m, "time_step_limit"):
+            m.time_step_limit = (0.0, float("inf"))
         if hasattr(m, "time_step_min"):
             m.time_step_min = 0.0
-    return model
 
 
 class RouteWatch:
@@ -106,9 +114,10 @@ class RouteWatch:
                 self.hooks.append(m.gate.register_forward_hook(self.make_hook(m)))
 
     def make_hook(self, moe):
-        def hook(_mod, _inp, logits):
-            s = logits.float().sigmoid() + moe.gate.e_score_correction_bias.float()
-            E, ng, tg, k = moe.n_routed_experts, moe.n_group, moe.topk_group, moe.top_k
+        def hook(gate, _inp, out):
+            logits = out[0] if isinstance(out, tuple) else out  # 5.17: (logits, weights, ids)
+            s = logits.float().sigmoid() + gate.e_score_correction_bias.float()
+            E, ng, tg, k = gate.num_experts, gate.num_group, gate.topk_group, gate.top_k
             gs = s.view(-1, ng, E // ng).topk(2, dim=-1)[0].sum(-1)  # [T, ng]
             if tg < ng:
                 srt = gs.sort(dim=-1, descending=True)[0]
@@ -163,6 +172,7 @@ def make_case(name, case_kw, out_dir):
             # the full forward must agree with prefill + decode
             dec_vs_full = (full[len(p) - 1:len(p) - 1 + GREEDY_STEPS] - step_logits).abs().max().item()
             if min(margins) < MIN_MARGIN or dec_vs_full > 1e-4:
+                print(f"{name}: seed {seed} rejected: margin {min(margins):.2e}, decode-vs-full {dec_vs_full:.2e}", flush=True)
                 ok = False
                 break
             results.append((p, toks, margins, full, dec_vs_full))
@@ -183,6 +193,7 @@ def make_case(name, case_kw, out_dir):
             os.remove(os.path.join(d, extra))
     # Round trip: the checkpoint as a user loads it must give the same logits.
     reloaded = NemotronHForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    no_dt_clamp(reloaded)
     roundtrip = max((full_logits(reloaded, r[0] + r[1]) - r[3]).abs().max().item() for r in results)
     assert roundtrip < 1e-5, f"{name}: save/load round trip changed logits by {roundtrip}"
     save_file({f"logits_{i}": r[3].contiguous() for i, r in enumerate(results)},
@@ -202,9 +213,7 @@ def make_case(name, case_kw, out_dir):
     if torch.cuda.is_available():
         # bf16 as a user runs it: from_pretrained in bf16 on the GPU
         mb = NemotronHForCausalLM.from_pretrained(d, dtype=torch.bfloat16, attn_implementation="eager").cuda().eval()
-        for m in mb.modules():
-            if hasattr(m, "time_step_min"):
-                m.time_step_min = 0.0
+        no_dt_clamp(mb)
         gb, mgb = [], []
         for p in golden["prompts"]:
             toks, margins, _ = greedy(mb, p, GREEDY_STEPS, "cuda")
