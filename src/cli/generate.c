@@ -1,11 +1,345 @@
-// generate.c - `vllm generate` (not built yet).
+// generate.c - `vllm generate`: prompt ids in, ids out; and the golden gates
+// that check greedy tokens against an oracle in each scheduling mode.
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
+#include "core/common.h"
+#include "core/json.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: vllm generate --model DIR (--prompt-ids 1,2,3 | --golden FILE) [options]\n\n"
+            "  --prompt-ids LIST            one prompt, comma-separated token ids\n"
+            "  --prompt TEXT                one prompt as text (needs tokenizer.json)\n"
+            "  --max-tokens N               tokens to generate (default 16)\n"
+            "  --temperature X --top-p X --top-k N --min-p X --sampling-seed N\n"
+            "  --ignore-eos                 do not stop at the end-of-sequence token\n"
+            "golden gates:\n"
+            "  --golden FILE                JSON {\"prompts\": [[ids]], \"greedy\": [[ids]]}: run every prompt\n"
+            "                               len(greedy[i]) greedy steps; print STRICT PASS k/k, or the first\n"
+            "                               divergence and exit 1; exit 3 when nothing was compared\n"
+            "  --fresh-prefill              every token from a new request (prompt + tokens so far)\n"
+            "  --both-modes                 decode, then fresh-prefill, on one load\n"
+            "  --batch                      submit all prompts at once\n"
+            "  --staggered K                submit prompt i+1 once prompt i has K tokens (arrivals during decode)\n"
+            "  --require-preemption         fail unless the run preempted at least once\n\n"
+            "engine:\n%s",
+            cli_engine_help);
+}
+
+struct job {
+    int32_t *prompt;
+    int plen, want;
+    int32_t *got;
+    int ngot;
+    int done, status;
+    char error[256];
+};
+
+struct jobs {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;
+};
+
+struct job_ref {
+    struct jobs *all;
+    struct job *job;
+};
+
+static void job_cb(void *user, const struct vllm_output *o) {
+    struct job_ref *ref = user;
+    struct job *j = ref->job;
+    pthread_mutex_lock(&ref->all->mu);
+    for (int i = 0; i < o->num_token_ids && j->ngot < j->want; i++) j->got[j->ngot++] = o->token_ids[i];
+    if (o->finish_reason != VLLM_FINISH_NONE) {
+        j->done = 1;
+        j->status = o->status;
+        if (o->error) snprintf(j->error, sizeof j->error, "%s", o->error);
+        ref->all->pending--;
+    }
+    pthread_cond_broadcast(&ref->all->cv);
+    pthread_mutex_unlock(&ref->all->mu);
+}
+
+// Runs jobs[0..n): all at once (stagger 0), one at a time (stagger < 0), or
+// each once the one before has `stagger` tokens.
+static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct vllm_sampling_params *base, int stagger) {
+    struct jobs all = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    struct job_ref *refs = xcalloc(n, sizeof *refs);
+    struct vllm_request **reqs = xcalloc(n, sizeof *reqs);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (i > 0 && stagger != 0) { // wait for the previous job to be far enough
+            pthread_mutex_lock(&all.mu);
+            while (!jobs[i - 1].done && (stagger < 0 || jobs[i - 1].ngot < stagger)) pthread_cond_wait(&all.cv, &all.mu);
+            pthread_mutex_unlock(&all.mu);
+        }
+        struct vllm_sampling_params sp = *base;
+        sp.max_tokens = jobs[i].want;
+        struct vllm_prompt p;
+        vllm_prompt_default(&p);
+        p.token_ids = jobs[i].prompt;
+        p.num_token_ids = jobs[i].plen;
+        refs[i] = (struct job_ref){&all, &jobs[i]};
+        pthread_mutex_lock(&all.mu);
+        all.pending++;
+        pthread_mutex_unlock(&all.mu);
+        rc = vllm_submit(e, &p, &sp, job_cb, &refs[i], &reqs[i]);
+        if (rc) {
+            fprintf(stderr, "vllm generate: submit failed: %s\n", vllm_last_error());
+            pthread_mutex_lock(&all.mu);
+            all.pending--;
+            pthread_mutex_unlock(&all.mu);
+        }
+    }
+    pthread_mutex_lock(&all.mu);
+    while (all.pending > 0) pthread_cond_wait(&all.cv, &all.mu);
+    pthread_mutex_unlock(&all.mu);
+    for (int i = 0; i < n; i++) {
+        if (reqs[i]) vllm_request_free(reqs[i]);
+        if (jobs[i].done && jobs[i].status && !rc) {
+            fprintf(stderr, "vllm generate: request %d failed: %s\n", i, jobs[i].error);
+            rc = jobs[i].status;
+        }
+    }
+    free(refs);
+    free(reqs);
+    return rc;
+}
+
+struct golden {
+    int n;
+    int32_t **prompts, **greedy;
+    int *plen, *glen;
+};
+
+static int read_ids(json_t *a, int32_t **ids) {
+    if (!json_is_array(a)) return -1;
+    int n = (int)json_array_size(a);
+    *ids = xcalloc(n ? n : 1, sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v)) return -1;
+        (*ids)[i] = (int32_t)json_integer_value(v);
+    }
+    return n;
+}
+
+static int load_golden(const char *path, struct golden *g) {
+    json_t *j;
+    if (json_load_path(path, &j)) {
+        fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
+        return -1;
+    }
+    json_t *p = json_object_get(j, "prompts"), *q = json_object_get(j, "greedy");
+    int rc = 0;
+    if (!json_is_array(p) || !json_is_array(q) || json_array_size(p) != json_array_size(q)) rc = -1;
+    g->n = rc ? 0 : (int)json_array_size(p);
+    g->prompts = xcalloc(g->n + 1, sizeof(int32_t *));
+    g->greedy = xcalloc(g->n + 1, sizeof(int32_t *));
+    g->plen = xcalloc(g->n + 1, sizeof(int));
+    g->glen = xcalloc(g->n + 1, sizeof(int));
+    for (int i = 0; i < g->n && !rc; i++) {
+        g->plen[i] = read_ids(json_array_get(p, i), &g->prompts[i]);
+        g->glen[i] = read_ids(json_array_get(q, i), &g->greedy[i]);
+        if (g->plen[i] < 0 || g->glen[i] < 0) rc = -1;
+    }
+    json_decref(j);
+    if (rc) fprintf(stderr, "vllm generate: %s: expected {\"prompts\": [[ids]], \"greedy\": [[ids]]} of equal length\n", path);
+    return rc;
+}
+
+static void free_golden(struct golden *g) {
+    for (int i = 0; i < g->n; i++) free(g->prompts[i]), free(g->greedy[i]);
+    free(g->prompts);
+    free(g->greedy);
+    free(g->plen);
+    free(g->glen);
+}
+
+// Decode mode: each prompt is one request generating all its steps.
+static int run_decode(struct vllm_engine *e, const struct golden *g, const struct vllm_sampling_params *sp, int batch,
+                      int stagger, int32_t **got) {
+    struct job *jobs = xcalloc(g->n, sizeof *jobs);
+    for (int i = 0; i < g->n; i++)
+        jobs[i] = (struct job){g->prompts[i], g->plen[i], g->glen[i], got[i], 0, 0, 0, ""};
+    int rc = run_jobs(e, jobs, g->n, sp, batch ? 0 : stagger ? stagger : -1);
+    free(jobs);
+    return rc;
+}
+
+// Fresh-prefill mode: token j of prompt i comes from a new request whose
+// prompt is prompt i + its first j generated tokens; no decode step runs.
+static int run_fresh(struct vllm_engine *e, const struct golden *g, const struct vllm_sampling_params *sp, int batch,
+                     int32_t **got) {
+    int maxg = 0, rc = 0;
+    for (int i = 0; i < g->n; i++) maxg = MAX(maxg, g->glen[i]);
+    struct job *jobs = xcalloc(g->n, sizeof *jobs);
+    int32_t **seq = xcalloc(g->n, sizeof *seq);
+    for (int i = 0; i < g->n; i++) {
+        seq[i] = xmalloc(sizeof(int32_t) * (g->plen[i] + g->glen[i] + 1));
+        memcpy(seq[i], g->prompts[i], sizeof(int32_t) * g->plen[i]);
+    }
+    for (int j = 0; j < maxg && !rc; j++) {
+        int n = 0;
+        int idx[g->n];
+        for (int i = 0; i < g->n; i++) {
+            if (j >= g->glen[i]) continue;
+            jobs[n] = (struct job){seq[i], g->plen[i] + j, 1, &got[i][j], 0, 0, 0, ""};
+            idx[n++] = i;
+        }
+        rc = run_jobs(e, jobs, n, sp, batch ? 0 : -1);
+        for (int k = 0; k < n && !rc; k++) {
+            if (jobs[k].ngot != 1) rc = 1;
+            else seq[idx[k]][g->plen[idx[k]] + j] = got[idx[k]][j];
+        }
+    }
+    for (int i = 0; i < g->n; i++) free(seq[i]);
+    free(seq);
+    free(jobs);
+    return rc;
+}
+
+static int compare(const char *mode, const struct golden *g, int32_t **got, int *compared) {
+    for (int i = 0; i < g->n; i++)
+        for (int j = 0; j < g->glen[i]; j++) {
+            (*compared)++;
+            if (got[i][j] != g->greedy[i][j]) {
+                printf("DIVERGE mode=%s prompt=%d step=%d expected=%d got=%d\n", mode, i, j, g->greedy[i][j], got[i][j]);
+                return 1;
+            }
+        }
+    return 0;
+}
+
+static int run_golden(struct vllm_engine *e, const char *path, int fresh, int both, int batch, int stagger,
+                      const struct vllm_sampling_params *base, int require_preempt) {
+    struct golden g;
+    if (load_golden(path, &g)) return 2;
+    struct vllm_sampling_params sp = *base;
+    sp.temperature = 0;
+    sp.ignore_eos = 1;
+    int32_t **got = xcalloc(g.n + 1, sizeof *got);
+    for (int i = 0; i < g.n; i++) got[i] = xcalloc(g.glen[i] + 1, sizeof(int32_t));
+    int compared = 0, diverged = 0, rc = 0;
+    const char *modes[2] = {"decode", "fresh-prefill"};
+    for (int m = 0; m < 2 && !rc && !diverged; m++) {
+        if ((m == 0 && fresh && !both) || (m == 1 && !fresh && !both)) continue;
+        for (int i = 0; i < g.n; i++) memset(got[i], 0xff, sizeof(int32_t) * g.glen[i]);
+        rc = m == 0 ? run_decode(e, &g, &sp, batch, stagger, got) : run_fresh(e, &g, &sp, batch, got);
+        if (!rc) diverged = compare(modes[m], &g, got, &compared);
+    }
+    struct vllm_stats st;
+    vllm_engine_stats(e, &st);
+    printf("steps %llu, preemptions %llu, prompt tokens %llu, generated %llu\n", (unsigned long long)st.num_steps,
+           (unsigned long long)st.num_preemptions, (unsigned long long)st.prompt_tokens_total,
+           (unsigned long long)st.generation_tokens_total);
+    for (int i = 0; i < g.n; i++) free(got[i]);
+    free(got);
+    free_golden(&g);
+    if (rc) {
+        fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
+        return 2;
+    }
+    if (diverged) return 1;
+    if (compared == 0) {
+        printf("NOTHING COMPARED\n");
+        return 3;
+    }
+    if (require_preempt && st.num_preemptions == 0) {
+        printf("FAIL: --require-preemption, but no request was preempted\n");
+        return 1;
+    }
+    printf("STRICT PASS %d/%d\n", compared, compared);
+    return 0;
+}
+
+static int run_one(struct vllm_engine *e, const int32_t *ids, int n, const char *text,
+                   const struct vllm_sampling_params *sp) {
+    if (text) {
+        char *out;
+        vllm_finish_reason why;
+        if (vllm_complete_text(e, text, sp, &out, &why)) {
+            fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
+            return 1;
+        }
+        printf("%s\n[finish: %s]\n", out, vllm_finish_reason_string(why));
+        vllm_free(out);
+        return 0;
+    }
+    int32_t *out;
+    int nout;
+    vllm_finish_reason why;
+    if (vllm_complete_tokens(e, ids, n, sp, &out, &nout, &why)) {
+        fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
+        return 1;
+    }
+    for (int i = 0; i < nout; i++) printf("%s%d", i ? " " : "", out[i]);
+    printf("\n[finish: %s]\n", vllm_finish_reason_string(why));
+    vllm_free(out);
+    return 0;
+}
 
 int cli_generate(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "vllm generate: not implemented yet\n");
-    return 2;
+    struct vllm_engine_params ep;
+    vllm_engine_params_default(&ep);
+    struct vllm_sampling_params sp;
+    vllm_sampling_params_default(&sp);
+    sp.temperature = 0;
+    const char *golden = NULL, *ids_s = NULL, *text = NULL, *v;
+    int fresh = 0, both = 0, batch = 0, stagger = 0, require_preempt = 0, x;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int r = cli_engine_flag(argc, argv, &i, &ep);
+        if (r < 0) return 2;
+        if (r) continue;
+#define VAL() if (!(v = cli_value(argc, argv, &i))) return 2
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) return usage(stdout), 0;
+        else if (!strcmp(f, "--golden")) { VAL(); golden = v; }
+        else if (!strcmp(f, "--prompt-ids")) { VAL(); ids_s = v; }
+        else if (!strcmp(f, "--prompt")) { VAL(); text = v; }
+        else if (!strcmp(f, "--max-tokens")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &sp.max_tokens)) return 2; }
+        else if (!strcmp(f, "--temperature")) { VAL(); if (cli_float(f, v, &sp.temperature)) return 2; }
+        else if (!strcmp(f, "--top-p")) { VAL(); if (cli_float(f, v, &sp.top_p)) return 2; }
+        else if (!strcmp(f, "--top-k")) { VAL(); if (cli_int(f, v, -1, 1 << 30, &sp.top_k)) return 2; }
+        else if (!strcmp(f, "--min-p")) { VAL(); if (cli_float(f, v, &sp.min_p)) return 2; }
+        else if (!strcmp(f, "--sampling-seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return 2; sp.seed = x; }
+        else if (!strcmp(f, "--ignore-eos")) sp.ignore_eos = 1;
+        else if (!strcmp(f, "--fresh-prefill")) fresh = 1;
+        else if (!strcmp(f, "--both-modes")) both = 1;
+        else if (!strcmp(f, "--batch")) batch = 1;
+        else if (!strcmp(f, "--staggered")) { VAL(); if (cli_int(f, v, 1, 1 << 20, &stagger)) return 2; }
+        else if (!strcmp(f, "--require-preemption")) require_preempt = 1;
+        else {
+            fprintf(stderr, "vllm generate: unknown option '%s'\n", f);
+            usage(stderr);
+            return 2;
+        }
+#undef VAL
+    }
+    if (!ep.model || (!golden && !ids_s && !text)) {
+        usage(stderr);
+        return 2;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (ids_s && (n = cli_ids(ids_s, &ids)) <= 0) {
+        fprintf(stderr, "vllm generate: --prompt-ids: '%s' is not a comma-separated list of ids\n", ids_s);
+        return 2;
+    }
+    struct vllm_engine *e;
+    if (vllm_engine_load(&ep, &e)) {
+        fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
+        free(ids);
+        return 2;
+    }
+    int rc = golden ? run_golden(e, golden, fresh, both, batch, stagger, &sp, require_preempt) : run_one(e, ids, n, text, &sp);
+    vllm_engine_free(e);
+    free(ids);
+    return rc;
 }

@@ -1,0 +1,162 @@
+// backend.h - the op interface. The engine, runner and models are one code
+// path; only these ops differ per backend. The CPU backend's fp32 ops are the
+// reference for every other backend's op of the same name.
+//
+// Pointers passed to ops are device pointers of that backend (host memory for
+// the CPU backend). Activations are fp32; weights may be fp32 or bf16;
+// recurrent state is fp32. Ops are asynchronous on devices that can be: the
+// host sees results only through download() (which synchronizes).
+#ifndef VLLM_BACKEND_H
+#define VLLM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runner/batch.h"
+
+enum dtype { DT_F32 = 0, DT_BF16 = 1 };
+
+// A row-major [rows, cols] matrix on the device: y = x @ W^T multiplies by it.
+struct weight {
+    void *data;
+    enum dtype dtype;
+    int64_t rows, cols;
+};
+
+// Routed experts, stored contiguously so that a device can run them as one
+// grouped GEMM: up [E * I, L] (expert e's [I, L] at rows e*I), down [E * L, I].
+struct moe_experts {
+    struct weight up, down;
+    int num_experts, inter, dim; // E, I, L
+};
+
+struct mamba_dims {
+    int heads, head_dim, groups, state; // H, P, G, N
+    int conv_kernel, chunk_size;        // K, chunk
+    int conv_dim;                       // H*P + 2*G*N
+    float dt_min, dt_max;               // dt clamp (time_step_limit)
+};
+
+struct attn_dims {
+    int heads, kv_heads, head_dim;
+    int block_size;
+    float scale;
+};
+
+// Router of a NemotronH MoE layer.
+struct moe_route_cfg {
+    int num_experts, top_k, n_group, topk_group, norm_topk_prob;
+    float routed_scaling_factor;
+};
+
+struct backend;
+
+struct backend_ops {
+    const char *name;
+    void (*destroy)(struct backend *be);
+
+    // Memory. alloc returns zeroed device memory, NULL when out of memory.
+    void *(*alloc)(struct backend *be, size_t bytes);
+    void (*free)(struct backend *be, void *p);
+    void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*memset0)(struct backend *be, void *dst, size_t bytes);
+    void (*sync)(struct backend *be);
+    // Uploads an fp32 host matrix as a weight of the given dtype.
+    int (*weight_upload)(struct backend *be, struct weight *w, const float *src, int64_t rows,
+                         int64_t cols, enum dtype dt);
+
+    // ids[t] = table[src[t]]: the model's input ids, gathered on the device
+    // from the token table the sampler writes into.
+    void (*gather_ids)(struct backend *be, int32_t *ids, const int32_t *table, const int32_t *src, int n);
+    // out: [T, D] = table rows of ids
+    void (*embed)(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n);
+    // out = rmsnorm(x) * w over rows of D
+    void (*rmsnorm)(struct backend *be, float *out, const float *x, const float *w, int n, int dim,
+                    float eps);
+    // res += x; out = rmsnorm(res) * w
+    void (*add_rmsnorm)(struct backend *be, float *res, const float *x, float *out, const float *w,
+                        int n, int dim, float eps);
+    // y: [n, W.rows] = x: [n, W.cols] @ W^T
+    void (*matmul)(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+    // out[i] = x[rows[i]] for rows of dim floats
+    void (*gather_rows)(struct backend *be, float *out, const float *x, const int32_t *rows, int n, int dim);
+    void (*add)(struct backend *be, float *y, const float *x, int64_t n); // y += x
+    void (*relu2)(struct backend *be, float *x, int64_t n);              // x = relu(x)^2
+    // Sum of squares of x[0..n) (a diagnostic; synchronizes).
+    double (*sum_sq)(struct backend *be, const float *x, int64_t n);
+
+    // Mamba2. zxbcdt: [T, ld] rows of in_proj output, z | xBC | dt.
+    // Causal depthwise conv + bias + SiLU over xBC, in place, for the prefill
+    // sequences [seq0, seq1) of the batch; reads each sequence's conv state
+    // (zero when !has_initial_state: the gather zeroes fresh slots) and writes
+    // the last K-1 inputs back. conv_state: [slots, K-1, conv_dim].
+    void (*conv1d_fwd)(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                       float *conv_state, const struct batch *b, int seq0, int seq1,
+                       const struct mamba_dims *d);
+    // The same for one token of each decode sequence [0, num_decodes).
+    void (*conv1d_update)(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                          float *conv_state, const struct batch *b, const struct mamba_dims *d);
+    // SSD chunked scan for prefill sequences [seq0, seq1): y: [T, H*P].
+    // dt = softplus(dt + dt_bias), A = -exp(A_log) given as A; chunks align to
+    // absolute positions (multiples of chunk_size); the initial state is the
+    // slot's (zero when !has_initial_state); the final state is written back.
+    // ssm_state: [slots, H, P, N] fp32.
+    void (*ssd_prefill)(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
+                        const float *A, const float *D, float *ssm_state, const struct batch *b,
+                        int seq0, int seq1, const struct mamba_dims *d);
+    // Recurrent update for the decode sequences, state updated in place.
+    void (*ssd_decode)(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
+                       const float *A, const float *D, float *ssm_state, const struct batch *b,
+                       const struct mamba_dims *d);
+    // out = rmsnorm_groups(y * silu(z)) * w; z: [n, zld] (first I columns).
+    void (*gated_rmsnorm)(struct backend *be, float *out, const float *y, const float *z, int zld,
+                          const float *w, int n, int dim, int group_size, float eps);
+
+    // Attention. qkv: [T, ld] rows holding q | k | v. Writes k and v of each
+    // token into the paged caches at slot_mapping[t]; caches: [blocks,
+    // block_size, kv_heads, head_dim] in the backend's KV dtype.
+    void (*kv_write)(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld,
+                     const struct batch *b, const struct attn_dims *d);
+    // Causal attention of sequences [seq0, seq1) over their cached context.
+    // out: [T, heads*head_dim].
+    void (*attn_prefill)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                         const void *v_cache, const struct batch *b, int seq0, int seq1,
+                         const struct attn_dims *d);
+    void (*attn_decode)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                        const void *v_cache, const struct batch *b, const struct attn_dims *d);
+
+    // MoE. logits: [n, E] fp32 -> ids, weights: [n, top_k].
+    void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
+                      const float *bias, int n, const struct moe_route_cfg *c);
+    // out: [n, L] = sum_k weights[k] * down_e(relu(up_e(x))^2)
+    void (*moe_experts)(struct backend *be, float *out, const float *x, const struct moe_experts *w,
+                        const int32_t *ids, const float *weights, int n, int top_k);
+
+    // Samples one token per row of logits [b->num_sample, vocab] with the
+    // rows' sample_params; writes each id into token_table[dst] (the next
+    // step's input) and into out->ids; log-probs as asked.
+    void (*sample)(struct backend *be, const float *logits, int vocab, int32_t *token_table,
+                   const struct batch *b, struct sample_out *out);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    int num_threads;
+    enum dtype kv_dtype; // of the KV cache
+    void *impl;
+};
+
+// Creates the backend for device "cpu" or "cuda". VLLM_ERR_UNSUPPORTED when
+// the build has no such backend.
+int backend_create(const char *device, int num_threads, enum dtype act_kv_dtype, struct backend **out);
+void backend_free(struct backend *be);
+
+int backend_cpu_create(int num_threads, struct backend **out);
+#ifdef VLLM_HAVE_CUDA
+int backend_cuda_create(enum dtype kv_dtype, struct backend **out);
+#endif
+
+size_t dtype_size(enum dtype d);
+
+#endif

@@ -1,0 +1,47 @@
+// cpu.h - internals shared by the CPU backend's op files.
+#ifndef VLLM_BACKEND_CPU_H
+#define VLLM_BACKEND_CPU_H
+
+#include "backend/backend.h"
+#include "core/threadpool.h"
+
+struct cpu_impl {
+    struct tpool *pool;
+    void **scratch;       // per thread
+    size_t *scratch_size; // bytes of each
+};
+
+static inline struct cpu_impl *cpu_of(struct backend *be) { return be->impl; }
+// Per-thread scratch of at least `bytes` (kept between calls).
+void *cpu_scratch(struct backend *be, int thread, size_t bytes);
+void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float softplus_th(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// ops in cpu_mamba.c, cpu_attn.c, cpu_moe.c
+void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                    float *conv_state, const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);
+void cpu_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                       float *conv_state, const struct batch *b, const struct mamba_dims *d);
+void cpu_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
+                     const float *A, const float *D, float *ssm_state, const struct batch *b, int seq0,
+                     int seq1, const struct mamba_dims *d);
+void cpu_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
+                    const float *A, const float *D, float *ssm_state, const struct batch *b,
+                    const struct mamba_dims *d);
+void cpu_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld,
+                       const float *w, int n, int dim, int group_size, float eps);
+void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld,
+                  const struct batch *b, const struct attn_dims *d);
+void cpu_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                      const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
+void cpu_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                     const void *v_cache, const struct batch *b, const struct attn_dims *d);
+void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias,
+                   int n, const struct moe_route_cfg *c);
+void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
+                     const int32_t *ids, const float *weights, int n, int top_k);
+void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+
+#endif

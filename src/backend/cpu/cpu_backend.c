@@ -1,0 +1,204 @@
+// cpu_backend.c - the CPU fp32 reference backend: memory, dense ops, sampling.
+// Device memory is host memory, but every op still goes through this table,
+// so the CPU tests cover the engine's device path.
+#include <cblas.h>
+#include <math.h>
+#include <unistd.h>
+
+#include "backend/cpu/cpu.h"
+#include "core/common.h"
+#include "sample/sampler.h"
+
+void *cpu_scratch(struct backend *be, int thread, size_t bytes) {
+    struct cpu_impl *c = cpu_of(be);
+    if (c->scratch_size[thread] < bytes) {
+        free(c->scratch[thread]);
+        c->scratch[thread] = xmalloc(bytes);
+        c->scratch_size[thread] = bytes;
+    }
+    return c->scratch[thread];
+}
+
+void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int thread), void *ctx) {
+    tpool_for(cpu_of(be)->pool, n, fn, ctx);
+}
+
+static void cpu_destroy(struct backend *be) {
+    struct cpu_impl *c = cpu_of(be);
+    for (int i = 0; i < be->num_threads; i++) free(c->scratch[i]);
+    free(c->scratch);
+    free(c->scratch_size);
+    tpool_free(c->pool);
+    free(c);
+    free(be);
+}
+
+static void *cpu_alloc(struct backend *be, size_t bytes) {
+    (void)be;
+    return calloc(1, bytes ? bytes : 1);
+}
+static void cpu_free(struct backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+static void cpu_copy(struct backend *be, void *dst, const void *src, size_t n) {
+    (void)be;
+    if (n) memmove(dst, src, n);
+}
+static void cpu_memset0(struct backend *be, void *dst, size_t n) {
+    (void)be;
+    memset(dst, 0, n);
+}
+static void cpu_sync(struct backend *be) { (void)be; }
+
+// The reference keeps fp32 weights whatever dtype is asked for.
+static int cpu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
+                             enum dtype dt) {
+    (void)dt;
+    size_t bytes = sizeof(float) * rows * cols;
+    w->data = cpu_alloc(be, bytes);
+    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
+    memcpy(w->data, src, bytes);
+    w->dtype = DT_F32;
+    w->rows = rows;
+    w->cols = cols;
+    return VLLM_OK;
+}
+
+static void cpu_gather_ids(struct backend *be, int32_t *ids, const int32_t *table, const int32_t *src, int n) {
+    (void)be;
+    for (int t = 0; t < n; t++) ids[t] = table[src[t]];
+}
+
+static void cpu_embed(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n) {
+    (void)be;
+    int64_t d = table->cols;
+    for (int t = 0; t < n; t++) memcpy(out + t * d, (const float *)table->data + (int64_t)ids[t] * d, sizeof(float) * d);
+}
+
+static void rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps) {
+    double ss = 0;
+    for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+    float r = 1.0f / sqrtf((float)(ss / dim) + eps);
+    for (int i = 0; i < dim; i++) out[i] = w[i] * (x[i] * r);
+}
+
+static void cpu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    (void)be;
+    for (int t = 0; t < n; t++) rmsnorm_row(out + (int64_t)t * dim, x + (int64_t)t * dim, w, dim, eps);
+}
+
+static void cpu_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n,
+                            int dim, float eps) {
+    (void)be;
+    for (int64_t i = 0; i < (int64_t)n * dim; i++) res[i] += x[i];
+    for (int t = 0; t < n; t++) rmsnorm_row(out + (int64_t)t * dim, res + (int64_t)t * dim, w, dim, eps);
+}
+
+void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+    (void)be;
+    if (n <= 0) return;
+    int N = (int)w->rows, K = (int)w->cols;
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w->data, K, x, 1, 0.0f, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, N, K, 1.0f, x, K, w->data, K, 0.0f, y, N);
+}
+
+static void cpu_gather_rows(struct backend *be, float *out, const float *x, const int32_t *rows, int n, int dim) {
+    (void)be;
+    for (int i = 0; i < n; i++) memcpy(out + (int64_t)i * dim, x + (int64_t)rows[i] * dim, sizeof(float) * dim);
+}
+
+static void cpu_add(struct backend *be, float *y, const float *x, int64_t n) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_relu2(struct backend *be, float *x, int64_t n) {
+    (void)be;
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] * x[i] : 0.0f;
+}
+
+static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
+    (void)be;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+struct sample_ctx {
+    struct backend *be;
+    const float *logits;
+    int vocab;
+    int32_t *table;
+    const struct batch *b;
+    struct sample_out *out;
+};
+
+static void sample_one(void *ctx, int i, int thread) {
+    struct sample_ctx *c = ctx;
+    const struct sample_params *p = &c->b->sample_params[i];
+    void *scratch = cpu_scratch(c->be, thread, sample_scratch_bytes(c->vocab));
+    int mt = c->out->max_top;
+    int32_t id = sample_row(c->logits + (int64_t)i * c->vocab, c->vocab, c->table + p->row_base, p, scratch,
+                            &c->out->logprobs[i], c->out->top_ids + (int64_t)i * mt,
+                            c->out->top_logprobs + (int64_t)i * mt, mt);
+    c->out->ids[i] = id;
+    c->table[p->row_base + p->num_tokens] = id; // the next step's input
+}
+
+static void cpu_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
+                       struct sample_out *out) {
+    struct sample_ctx c = {be, logits, vocab, token_table, b, out};
+    cpu_parallel(be, b->num_sample, sample_one, &c);
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .weight_upload = cpu_weight_upload,
+    .gather_ids = cpu_gather_ids,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .add_rmsnorm = cpu_add_rmsnorm,
+    .matmul = cpu_matmul,
+    .gather_rows = cpu_gather_rows,
+    .add = cpu_add,
+    .relu2 = cpu_relu2,
+    .sum_sq = cpu_sum_sq,
+    .conv1d_fwd = cpu_conv1d_fwd,
+    .conv1d_update = cpu_conv1d_update,
+    .ssd_prefill = cpu_ssd_prefill,
+    .ssd_decode = cpu_ssd_decode,
+    .gated_rmsnorm = cpu_gated_rmsnorm,
+    .kv_write = cpu_kv_write,
+    .attn_prefill = cpu_attn_prefill,
+    .attn_decode = cpu_attn_decode,
+    .moe_route = cpu_moe_route,
+    .moe_experts = cpu_moe_experts,
+    .sample = cpu_sample,
+};
+
+int backend_cpu_create(int num_threads, struct backend **out) {
+    if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (num_threads <= 0) num_threads = 1;
+    struct backend *be = xcalloc(1, sizeof *be);
+    struct cpu_impl *c = xcalloc(1, sizeof *c);
+    c->pool = tpool_create(num_threads);
+    c->scratch = xcalloc(num_threads, sizeof(void *));
+    c->scratch_size = xcalloc(num_threads, sizeof(size_t));
+    be->ops = &cpu_ops;
+    be->num_threads = num_threads;
+    be->kv_dtype = DT_F32;
+    be->impl = c;
+    openblas_set_num_threads(num_threads);
+    *out = be;
+    return VLLM_OK;
+}

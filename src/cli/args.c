@@ -1,0 +1,104 @@
+// args.c - parsing of the engine flags every subcommand takes.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "core/common.h"
+
+const char *const cli_engine_help =
+    "  --model DIR                  model directory (config.json, *.safetensors)\n"
+    "  --device cpu|cuda            (default cpu)\n"
+    "  --dtype auto|float32|bfloat16  weight dtype (default auto: fp32 on cpu, bf16 on cuda)\n"
+    "  --load-format auto|dummy     dummy: random weights from config.json alone\n"
+    "  --max-num-seqs N             running requests at most (default 64)\n"
+    "  --max-num-batched-tokens N   token budget of one step (default 2048)\n"
+    "  --max-model-len N            prompt + output at most (default: the config's)\n"
+    "  --block-size N               tokens per KV block (default 16)\n"
+    "  --num-blocks N               KV blocks in the pool (default: from --kv-cache-gb)\n"
+    "  --kv-cache-gb X              KV pool budget in GiB (default 2)\n"
+    "  --threads N                  CPU threads (default: all cores)\n"
+    "  --seed N                     seed of dummy weights and unseeded sampling\n"
+    "  --tensor-parallel-size N     GPUs (default 1)\n";
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "vllm: %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_int(const char *flag, const char *v, long min, long max, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < min || x > max) {
+        fprintf(stderr, "vllm: %s: '%s' is not an integer in [%ld, %ld]\n", flag, v, min, max);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int cli_float(const char *flag, const char *v, float *out) {
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || *end || end == v) {
+        fprintf(stderr, "vllm: %s: '%s' is not a number\n", flag, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cli_ids(const char *s, int32_t **ids) {
+    int n = 0, cap = 0;
+    *ids = NULL;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (errno || end == p || x < -2147483647L || x > 2147483647L) {
+            free(*ids);
+            *ids = NULL;
+            return -1;
+        }
+        xgrow((void **)ids, &cap, n + 1, sizeof(int32_t));
+        (*ids)[n++] = (int32_t)x;
+        p = end;
+        if (*p == ',') p++;
+        else if (*p) {
+            free(*ids);
+            *ids = NULL;
+            return -1;
+        }
+    }
+    return n;
+}
+
+int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p) {
+    const char *f = argv[*i], *v;
+    int x;
+    float g;
+#define VAL() if (!(v = cli_value(argc, argv, i))) return -1
+    if (!strcmp(f, "--model")) { VAL(); p->model = v; }
+    else if (!strcmp(f, "--device")) { VAL(); p->device = v; }
+    else if (!strcmp(f, "--dtype")) { VAL(); p->dtype = v; }
+    else if (!strcmp(f, "--load-format")) { VAL(); p->load_format = v; }
+    else if (!strcmp(f, "--max-num-seqs")) { VAL(); if (cli_int(f, v, 1, 4096, &p->max_num_seqs)) return -1; }
+    else if (!strcmp(f, "--max-num-batched-tokens")) { VAL(); if (cli_int(f, v, 1, 1 << 20, &p->max_num_batched_tokens)) return -1; }
+    else if (!strcmp(f, "--max-model-len")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &p->max_model_len)) return -1; }
+    else if (!strcmp(f, "--block-size")) { VAL(); if (cli_int(f, v, 1, 1024, &p->block_size)) return -1; }
+    else if (!strcmp(f, "--num-blocks")) { VAL(); if (cli_int(f, v, 1, 1 << 30, &p->num_kv_blocks)) return -1; }
+    else if (!strcmp(f, "--kv-cache-gb")) { VAL(); if (cli_float(f, v, &g) || g <= 0) return -1; p->kv_cache_bytes = (int64_t)(g * (1 << 30)); }
+    else if (!strcmp(f, "--threads")) { VAL(); if (cli_int(f, v, 1, 1024, &p->num_threads)) return -1; }
+    else if (!strcmp(f, "--seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return -1; p->seed = (uint64_t)x; }
+    else if (!strcmp(f, "--tensor-parallel-size")) { VAL(); if (cli_int(f, v, 1, 64, &p->tensor_parallel_size)) return -1; }
+    else return 0;
+#undef VAL
+    return 1;
+}

@@ -1,0 +1,21 @@
+// args.h - flags shared by the `vllm` subcommands.
+#ifndef VLLM_CLI_ARGS_H
+#define VLLM_CLI_ARGS_H
+
+#include <stdint.h>
+
+#include "vllm.h"
+
+// If argv[*i] is an engine flag, consumes it (and its value) and returns 1;
+// returns 0 if it is not one, -1 (after printing why) if its value is bad.
+int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p);
+extern const char *const cli_engine_help;
+
+// The value of flag argv[*i] (advancing *i), or NULL after printing an error.
+const char *cli_value(int argc, char **argv, int *i);
+int cli_int(const char *flag, const char *v, long min, long max, int *out);
+int cli_float(const char *flag, const char *v, float *out);
+// "1,2,3" -> ids (malloc'd). Returns the count, -1 on a bad list.
+int cli_ids(const char *s, int32_t **ids);
+
+#endif

@@ -1,0 +1,390 @@
+// engine.c - load, the engine thread, and step() = schedule, run, postprocess.
+#include <math.h>
+
+#include "core/common.h"
+#include "core/json.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+// ------------------------------------------------------------------ load --
+
+void vllm_engine_params_default(struct vllm_engine_params *p) {
+    memset(p, 0, sizeof *p);
+    p->device = "cpu";
+    p->dtype = "auto";
+    p->load_format = "auto";
+    p->block_size = 16;
+    p->max_num_seqs = 64;
+    p->max_num_batched_tokens = 2048;
+    p->tensor_parallel_size = 1;
+    p->seed = 0;
+}
+
+static int parse_dtype(const char *s, const char *device, enum dtype *out) {
+    if (!s || !strcmp(s, "auto")) *out = device && !strcmp(device, "cuda") ? DT_BF16 : DT_F32;
+    else if (!strcmp(s, "float32") || !strcmp(s, "fp32") || !strcmp(s, "float")) *out = DT_F32;
+    else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16")) *out = DT_BF16;
+    else return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown dtype '%s' (expected auto, float32 or bfloat16)", s);
+    return VLLM_OK;
+}
+
+static int check_params(const struct vllm_engine_params *p) {
+    if (!p || !p->model || !*p->model) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "no model directory given");
+    if (p->block_size < 1 || p->block_size > 1024)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "block_size %d is out of range [1, 1024]", p->block_size);
+    if (p->max_num_seqs < 1 || p->max_num_seqs > 4096)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_seqs %d is out of range [1, 4096]", p->max_num_seqs);
+    if (p->max_num_batched_tokens < 1)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_batched_tokens must be >= 1");
+    if (p->max_model_len < 0 || p->num_kv_blocks < 0 || p->kv_cache_bytes < 0 || p->max_queued < 0)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "negative engine parameter");
+    if (p->tensor_parallel_size != 1 && p->tensor_parallel_size != 0)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "tensor_parallel_size %d: this build runs on one device", p->tensor_parallel_size);
+    if (p->load_format && strcmp(p->load_format, "auto") && strcmp(p->load_format, "safetensors") &&
+        strcmp(p->load_format, "dummy"))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown load_format '%s' (expected auto, safetensors or dummy)",
+                        p->load_format);
+    return VLLM_OK;
+}
+
+// KV blocks from the budget; max_model_len shrinks to what fits if it was
+// not asked for explicitly.
+static int size_kv(struct vllm_engine *e, const struct model_spec *sp, int *num_blocks) {
+    const struct vllm_engine_params *p = &e->params;
+    int64_t per_block = 0;
+    for (int i = 0; i < sp->num_layers; i++)
+        per_block += 2LL * p->block_size * sp->layers[i].kv_heads * sp->layers[i].head_dim * dtype_size(e->be->kv_dtype);
+    *num_blocks = 0;
+    if (!per_block) return VLLM_OK;
+    int64_t cap = (int64_t)p->max_num_seqs * CDIV(e->max_model_len, p->block_size);
+    int64_t budget = p->kv_cache_bytes ? p->kv_cache_bytes : (int64_t)2 << 30;
+    int64_t n = p->num_kv_blocks ? p->num_kv_blocks : MIN(budget / per_block, cap);
+    if (n < 1) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the KV budget of %lld bytes holds no block of %lld bytes",
+                               (long long)budget, (long long)per_block);
+    if (n > (1 << 30)) n = 1 << 30;
+    int64_t tokens = n * p->block_size;
+    if (tokens < e->max_model_len) {
+        if (p->max_model_len)
+            return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_model_len %d needs %d KV blocks; the pool has %lld",
+                            e->max_model_len, CDIV(e->max_model_len, p->block_size), (long long)n);
+        e->max_model_len = (int)tokens;
+    }
+    *num_blocks = (int)n;
+    return VLLM_OK;
+}
+
+static int load_text(struct vllm_engine *e) {
+    char *tj = path_join(e->model_dir, "tokenizer.json");
+    int has = file_exists(tj), rc = VLLM_OK;
+    free(tj);
+    if (has) {
+        rc = tok_load(e->model_dir, &e->tok);
+        if (rc) return vllm_err_prefix(rc, "loading the tokenizer");
+    }
+    rc = chat_template_load(e->model_dir, &e->chat);
+    if (rc == VLLM_ERR_IO) rc = VLLM_OK, e->chat = NULL; // no template: chat is unavailable, not an error
+    return rc ? vllm_err_prefix(rc, "loading the chat template") : VLLM_OK;
+}
+
+static void fill_info(struct vllm_engine *e, int num_blocks) {
+    struct vllm_model_info *in = &e->info;
+    const struct model_spec *sp = &e->model->spec;
+    in->architecture = sp->arch;
+    in->model_name = e->model_name;
+    in->vocab_size = sp->vocab_size;
+    in->max_model_len = e->max_model_len;
+    in->num_eos_token_ids = sp->num_eos;
+    in->eos_token_ids = sp->eos_ids;
+    in->has_tokenizer = e->tok != NULL;
+    in->has_chat_template = e->chat != NULL;
+    in->num_kv_blocks = num_blocks;
+    in->block_size = e->params.block_size;
+    in->num_state_slots = e->sched.cfg.num_slots;
+    in->kv_cache_bytes = runner_cache_bytes(e->runner, &in->state_bytes);
+    in->weight_bytes = sp->weight_bytes;
+}
+
+static int engine_init(struct vllm_engine *e) {
+    struct vllm_engine_params *p = &e->params;
+    enum dtype wdt = DT_F32;
+    TRY(parse_dtype(p->dtype, p->device, &wdt));
+    TRY(backend_create(p->device, p->num_threads, wdt, &e->be));
+    struct model_load_opts o = {wdt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,
+                                p->max_num_batched_tokens, p->max_num_seqs};
+    TRY(model_load(e->model_dir, NULL, &o, e->be, &e->model));
+    const struct model_spec *sp = &e->model->spec;
+    e->max_model_len = p->max_model_len ? p->max_model_len : sp->max_position_embeddings ? sp->max_position_embeddings : 4096;
+    int num_blocks;
+    TRY(size_kv(e, sp, &num_blocks));
+    int slots = (sp->caps & MODEL_CAP_RECURRENT_STATE) ? p->max_num_seqs : 0;
+    struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
+                               p->block_size, num_blocks, slots, 20};
+    TRY(runner_create(e->be, e->model, &rc, &e->runner));
+    struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots};
+    sched_init(&e->sched, &sc);
+    TRY(load_text(e));
+    fill_info(e, num_blocks);
+    e->stats.kv_blocks_total = num_blocks;
+    e->stats.state_slots_total = slots;
+    return VLLM_OK;
+}
+
+static void engine_destroy(struct vllm_engine *e) {
+    if (e->tok) tok_free(e->tok);
+    if (e->chat) chat_template_free(e->chat);
+    if (e->runner) {
+        runner_free(e->runner);
+        sched_release(&e->sched);
+    }
+    model_free(e->model);
+    backend_free(e->be);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e->model_dir);
+    free(e->model_name);
+    free((char *)e->params.device);
+    free((char *)e->params.dtype);
+    free((char *)e->params.load_format);
+    free(e);
+}
+
+vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_engine **out) {
+    vllm_err_clear();
+    if (!out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    int rc = check_params(p);
+    if (rc) return rc;
+    struct vllm_engine *e = xcalloc(1, sizeof *e);
+    e->params = *p;
+    e->params.device = xstrdup(p->device ? p->device : "cpu");
+    e->params.dtype = xstrdup(p->dtype ? p->dtype : "auto");
+    e->params.load_format = xstrdup(p->load_format ? p->load_format : "auto");
+    e->model_dir = xstrdup(p->model);
+    e->params.model = e->model_dir;
+    size_t n = strlen(e->model_dir);
+    while (n > 1 && e->model_dir[n - 1] == '/') e->model_dir[--n] = 0;
+    const char *base = strrchr(e->model_dir, '/');
+    e->model_name = xstrdup(base ? base + 1 : e->model_dir);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->next_id = 1;
+    rc = engine_init(e);
+    if (rc) {
+        engine_destroy(e);
+        return rc;
+    }
+    engine_thread_start(e);
+    *out = e;
+    return VLLM_OK;
+}
+
+void vllm_engine_free(struct vllm_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    engine_abort_all(e);
+    engine_destroy(e);
+}
+
+vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out) {
+    if (!e || !out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL argument");
+    *out = e->info;
+    return VLLM_OK;
+}
+
+vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out) {
+    if (!e || !out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL argument");
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->num_waiting += e->num_inbox;
+    pthread_mutex_unlock(&e->mu);
+    return VLLM_OK;
+}
+
+void engine_set_logits_hook(struct vllm_engine *e, runner_logits_hook fn, void *user) {
+    pthread_mutex_lock(&e->mu);
+    runner_set_logits_hook(e->runner, fn, user);
+    pthread_mutex_unlock(&e->mu);
+}
+
+// ---------------------------------------------------------- postprocess --
+
+static void emit(struct request *r, const int32_t *ids, int n, const char *text, size_t text_len,
+                 vllm_finish_reason reason, int status, const char *error, const struct step_out *so, int k) {
+    if (!r->cb) return;
+    struct vllm_output o = {0};
+    o.request_id = r->id;
+    o.token_ids = ids;
+    o.num_token_ids = n;
+    o.text = text ? text : "";
+    o.text_len = text ? text_len : 0;
+    if (so && n && r->sp.logprobs >= 0) {
+        o.logprobs = &so->logprobs[k];
+        o.num_top_logprobs = MIN(r->sp.logprobs, so->max_top);
+        o.top_ids = &so->top_ids[(size_t)k * so->max_top];
+        o.top_logprobs = &so->top_logprobs[(size_t)k * so->max_top];
+    }
+    o.num_prompt_tokens = r->num_prompt;
+    o.num_output_tokens = req_num_output(r);
+    o.finish_reason = reason;
+    o.status = status;
+    o.error = error;
+    o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
+    r->cb(r->user, &o);
+}
+
+// Takes r out of the scheduler and runner and sends its last event.
+static void finish(struct vllm_engine *e, struct request *r, vllm_finish_reason reason, int status, const char *error) {
+    sched_remove(&e->sched, r);
+    if (r->row >= 0) runner_remove(e->runner, r);
+    char *text = NULL;
+    size_t len = 0;
+    if (r->ts && reason != VLLM_FINISH_ABORT && reason != VLLM_FINISH_ERROR) text_stream_flush(r->ts, &text, &len);
+    emit(r, NULL, 0, text, len, reason, status, error, NULL, 0);
+    free(text);
+    pthread_mutex_lock(&e->mu);
+    r->finished = 1;
+    e->stats.requests_finished++;
+    request_release(e, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int is_eos(const struct vllm_engine *e, int32_t id) {
+    for (int i = 0; i < e->info.num_eos_token_ids; i++)
+        if (e->info.eos_token_ids[i] == id) return 1;
+    return 0;
+}
+
+static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, int32_t id) {
+    if (req_num_output(r) >= r->sp.min_tokens) {
+        for (int i = 0; i < r->sp.num_stop_token_ids; i++)
+            if (r->stop_ids[i] == id) return VLLM_FINISH_STOP;
+        if (!r->sp.ignore_eos && is_eos(e, id)) return VLLM_FINISH_EOS;
+    }
+    return VLLM_FINISH_NONE;
+}
+
+// One sampled token: append it, stream it, and finish the request if it stops.
+static void on_token(struct vllm_engine *e, struct request *r, int32_t id, const struct step_out *so, int k) {
+    if (r->num_tokens == r->cap_tokens) xgrow((void **)&r->tokens, &r->cap_tokens, r->num_tokens + 1, sizeof(int32_t));
+    r->tokens[r->num_tokens++] = id;
+    double now = now_s();
+    if (r->t_first == 0) r->t_first = now;
+    r->t_last = now;
+    vllm_finish_reason reason = stop_reason(e, r, id);
+    char *text = NULL;
+    size_t len = 0;
+    if (r->ts && reason == VLLM_FINISH_NONE && text_stream_push(r->ts, id, &text, &len)) reason = VLLM_FINISH_STOP;
+    if (reason == VLLM_FINISH_NONE && (req_num_output(r) >= r->max_tokens || r->num_tokens >= e->max_model_len))
+        reason = VLLM_FINISH_LENGTH;
+    emit(r, &id, 1, text, len, VLLM_FINISH_NONE, VLLM_OK, NULL, so, k);
+    free(text);
+    if (reason != VLLM_FINISH_NONE) finish(e, r, reason, VLLM_OK, NULL);
+}
+
+// Requests the caller cancelled leave within this step.
+static void handle_cancels(struct vllm_engine *e) {
+    struct request *list[64];
+    for (;;) {
+        int n = 0;
+        pthread_mutex_lock(&e->mu);
+        if (e->num_cancel > 0) {
+            for (int i = 0; i < e->sched.num_running && n < 64; i++)
+                if (e->sched.running[i]->cancel) list[n++] = e->sched.running[i];
+            for (struct request *q = e->sched.wait_head; q && n < 64; q = q->next)
+                if (q->cancel) list[n++] = q;
+            e->num_cancel -= n;
+            if (n == 0) e->num_cancel = 0;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (!n) return;
+        for (int i = 0; i < n; i++) finish(e, list[i], VLLM_FINISH_ABORT, VLLM_ERR_CANCELLED, "cancelled");
+    }
+}
+
+static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
+    pthread_mutex_lock(&e->mu);
+    struct vllm_stats *st = &e->stats;
+    st->num_steps++;
+    for (int i = 0; i < so->num_entries; i++)
+        if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
+    st->num_running = e->sched.num_running;
+    st->num_waiting = e->sched.num_waiting;
+    st->kv_blocks_used = id_pool_used(&e->sched.blocks);
+    st->state_slots_used = id_pool_used(&e->sched.slots);
+    st->num_preemptions = e->sched.num_preemptions;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void step(struct vllm_engine *e) {
+    handle_cancels(e);
+    const struct sched_output *so = sched_schedule(&e->sched);
+    for (int i = 0; i < so->num_preempted; i++) runner_remove(e->runner, so->preempted[i]);
+    if (so->num_entries == 0) {
+        update_stats(e, so);
+        return;
+    }
+    struct step_out out;
+    int rc = runner_execute(e->runner, so, &out);
+    if (rc) { // a device failure: fail what ran, keep serving the rest
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", vllm_last_error());
+        struct request *failed[so->num_entries];
+        int nf = so->num_entries;
+        for (int i = 0; i < nf; i++) failed[i] = so->entries[i].req;
+        for (int i = 0; i < nf; i++) finish(e, failed[i], VLLM_FINISH_ERROR, rc, msg);
+        update_stats(e, so);
+        return;
+    }
+    for (int i = 0; i < so->num_entries; i++) so->entries[i].req->num_computed += so->entries[i].num_tokens;
+    pthread_mutex_lock(&e->mu);
+    e->stats.generation_tokens_total += out.num;
+    pthread_mutex_unlock(&e->mu);
+    for (int k = 0; k < out.num; k++) on_token(e, out.reqs[k], out.ids[k], &out, k);
+    update_stats(e, so);
+}
+
+// --------------------------------------------------------------- thread --
+
+static void *engine_main(void *arg) {
+    struct vllm_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    while (!e->stop) {
+        while (e->inbox_head) { // the scheduler is touched only by this thread
+            struct request *r = e->inbox_head;
+            e->inbox_head = r->next;
+            if (!e->inbox_head) e->inbox_tail = NULL;
+            e->num_inbox--;
+            sched_add(&e->sched, r);
+        }
+        e->stats.num_waiting = e->sched.num_waiting;
+        if (!sched_has_work(&e->sched)) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&e->mu);
+        step(e);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+void engine_thread_start(struct vllm_engine *e) { pthread_create(&e->thread, NULL, engine_main, e); }
+
+void engine_abort_all(struct vllm_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (e->inbox_head) {
+        struct request *r = e->inbox_head;
+        e->inbox_head = r->next;
+        e->num_inbox--;
+        sched_add(&e->sched, r);
+    }
+    e->inbox_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (e->sched.num_running) finish(e, e->sched.running[0], VLLM_FINISH_ABORT, VLLM_ERR_SHUTDOWN, "engine shut down");
+    while (e->sched.wait_head) finish(e, e->sched.wait_head, VLLM_FINISH_ABORT, VLLM_ERR_SHUTDOWN, "engine shut down");
+}

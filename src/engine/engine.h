@@ -1,0 +1,48 @@
+// engine.h - the engine behind vllm.h: a thread that repeats
+// step() = schedule, run, postprocess, while requests arrive from any thread.
+#ifndef VLLM_ENGINE_ENGINE_H
+#define VLLM_ENGINE_ENGINE_H
+
+#include <pthread.h>
+
+#include "backend/backend.h"
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "models/model.h"
+#include "runner/runner.h"
+#include "vllm.h"
+
+struct tokenizer;
+struct chat_template;
+
+struct vllm_engine {
+    struct vllm_engine_params params; // strings below owned
+    char *model_dir, *model_name;
+    struct backend *be;
+    struct model *model;
+    struct runner *runner;
+    struct scheduler sched;
+    struct tokenizer *tok;          // NULL without tokenizer.json
+    struct chat_template *chat;     // NULL without a chat template
+    struct vllm_model_info info;
+    int max_model_len;
+
+    pthread_t thread;
+    pthread_mutex_t mu;             // guards everything below
+    pthread_cond_t cv;
+    struct request *inbox_head, *inbox_tail; // submitted, not yet seen by the scheduler
+    int num_inbox;
+    int num_cancel;                 // requests with cancel set, not yet handled
+    int stop;
+    uint64_t next_id;
+    struct vllm_stats stats;
+};
+
+// Internal hooks for tests (not part of the ABI).
+void engine_set_logits_hook(struct vllm_engine *e, runner_logits_hook fn, void *user);
+void request_release(struct vllm_engine *e, struct request *r); // drops one reference (under e->mu)
+void engine_thread_start(struct vllm_engine *e);
+// Aborts what is left (inbox, waiting, running) with VLLM_FINISH_ABORT.
+void engine_abort_all(struct vllm_engine *e);
+
+#endif

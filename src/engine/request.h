@@ -1,0 +1,48 @@
+// request.h - one request inside the engine.
+#ifndef VLLM_ENGINE_REQUEST_H
+#define VLLM_ENGINE_REQUEST_H
+
+#include <stdint.h>
+
+#include "vllm.h"
+
+enum req_state { REQ_WAITING, REQ_RUNNING, REQ_FINISHED };
+
+struct text_stream;
+struct vllm_engine;
+
+struct request {
+    uint64_t id;
+    struct vllm_engine *engine;
+    // prompt then output ids: the host's copy, learned from the device after
+    // each step for output and stop checks. The model never reads it: input
+    // ids come from the runner's token table on the device.
+    int32_t *tokens;
+    int num_prompt, num_tokens, cap_tokens;
+    int num_computed; // tokens whose KV / state is in the caches
+    enum req_state state;
+    int *blocks; // KV block ids
+    int num_blocks, cap_blocks;
+    int slot;    // recurrent-state slot, -1 when none
+    int row;     // token-table row in the runner, -1 when none
+
+    struct vllm_sampling_params sp; // arrays below owned
+    int32_t *stop_ids;
+    char **stop_strs;
+    uint64_t seed;
+    int max_tokens; // clamped to what max_model_len leaves
+
+    vllm_stream_fn cb;
+    void *user;
+    struct text_stream *ts; // NULL without a tokenizer
+
+    int refs;          // caller + engine, under the engine mutex
+    int cancel;        // asked to abort
+    int finished;      // the last event went out
+    double t_submit, t_first, t_last;
+    struct request *next; // waiting-queue link
+};
+
+static inline int req_num_output(const struct request *r) { return r->num_tokens - r->num_prompt; }
+
+#endif

@@ -1,0 +1,50 @@
+// scheduler.h - a vLLM V1 style scheduler: one token budget per step,
+// continuous batching, chunked prefill, FCFS, preemption by recompute.
+#ifndef VLLM_ENGINE_SCHEDULER_H
+#define VLLM_ENGINE_SCHEDULER_H
+
+#include "engine/id_pool.h"
+#include "engine/request.h"
+
+struct sched_entry {
+    struct request *req;
+    int num_tokens; // scheduled this step
+    int is_decode;  // the one token left is a sampled one and state exists
+};
+
+struct sched_output {
+    struct sched_entry *entries; // in scheduling order (the runner puts decodes first)
+    int num_entries, num_tokens;
+    struct request **preempted;  // lost their KV blocks and state slot this step
+    int num_preempted;
+};
+
+struct sched_config {
+    int max_num_seqs, max_num_batched_tokens, block_size;
+    int num_blocks;  // 0: the model has no attention layers
+    int num_slots;   // 0: the model has no recurrent state
+};
+
+struct scheduler {
+    struct sched_config cfg;
+    struct id_pool blocks, slots;
+    struct request *wait_head, *wait_tail;
+    int num_waiting;
+    struct request **running;
+    int num_running;
+    struct sched_output out;
+    uint64_t num_preemptions;
+};
+
+void sched_init(struct scheduler *s, const struct sched_config *cfg);
+void sched_release(struct scheduler *s);
+void sched_add(struct scheduler *s, struct request *r); // to the back of the waiting queue
+// Builds the next step. Preempted requests go back to the front of the queue.
+const struct sched_output *sched_schedule(struct scheduler *s);
+// Removes a finished or aborted request from wherever it is; frees its blocks and slot.
+void sched_remove(struct scheduler *s, struct request *r);
+int sched_has_work(const struct scheduler *s);
+// KV blocks a sequence of n tokens needs.
+int sched_blocks_for(const struct scheduler *s, int n);
+
+#endif

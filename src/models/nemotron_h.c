@@ -1,0 +1,451 @@
+// nemotron_h.c - NemotronHForCausalLM: weights and the forward of one step.
+//
+// h = embed(ids); for each layer: h += mixer(rmsnorm(h)); logits =
+// lm_head(rmsnorm_f(h)) for the rows that sample. Activations are fp32 rows of
+// the flat batch: [T, hidden] with T = b->num_tokens.
+#include <math.h>
+
+#include "core/common.h"
+#include "models/loader.h"
+#include "models/model.h"
+#include "models/nemotron_h.h"
+
+extern const struct model_ops nemotron_h_ops;
+
+struct nh_mamba {
+    struct weight in_proj, out_proj; // [2I+2GN+H, D], [D, I]
+    float *conv_w, *conv_b;          // [C, K], [C]
+    float *dt_bias, *A, *D, *norm_w; // [H], [H] = -exp(A_log), [H], [I]
+};
+
+struct nh_attn {
+    struct weight qkv, o; // [(Hq+2Hkv)*Dh, D] (q, k, v stacked), [D, Hq*Dh]
+};
+
+struct nh_mlp {
+    struct weight up, down;
+};
+
+struct nh_moe {
+    struct weight gate;        // [E, D] fp32: the router runs in fp32
+    float *bias;               // [E] e_score_correction_bias
+    struct moe_experts experts;
+    struct weight shared_up, shared_down;
+    struct weight fc1, fc2;    // latent projections (latent > 0)
+};
+
+struct nh_layer {
+    enum nh_kind kind;
+    float *norm_w;
+    union {
+        struct nh_mamba m;
+        struct nh_attn a;
+        struct nh_mlp f;
+        struct nh_moe e;
+    };
+};
+
+// Step workspace, rows = max_tokens.
+struct nh_ws {
+    float *res, *x, *mix;     // [T, D]
+    float *proj;              // [T, max(in_proj, qkv, mlp, shared) width]
+    float *y, *yn;            // [T, max(I, Hq*Dh, latent)]
+    float *rlogits, *rw;      // [T, E], [T, k]
+    int32_t *rids;            // [T, k]
+    float *xl, *eo;           // [T, L] latent in / expert out
+    float *sel;               // [logit rows, D]
+    void *base;
+};
+
+struct nh_model {
+    struct model base;
+    struct nh_config c;
+    struct backend *be;
+    struct weight embed, lm_head;
+    float *norm_f;
+    struct nh_layer *layers;
+    struct nh_ws ws;
+    struct mamba_dims md;
+    struct attn_dims ad;
+    struct moe_route_cfg rc;
+    int proj_dim, max_tokens, max_rows;
+};
+
+static int mamba_inner(const struct nh_config *c) { return c->m_heads * c->m_head_dim; }
+
+static int load_mamba(struct nh_model *m, struct loader *l, const char *p, struct nh_mamba *w, enum dtype dt) {
+    const struct nh_config *c = &m->c;
+    int I = mamba_inner(c), C = m->md.conv_dim, H = c->m_heads, K = c->m_conv;
+    char n[256];
+    snprintf(n, sizeof n, "%smixer.in_proj.weight", p);
+    TRY(loader_matrix(l, n, m->proj_dim, c->hidden, dt, &w->in_proj, 0.02f));
+    snprintf(n, sizeof n, "%smixer.out_proj.weight", p);
+    TRY(loader_matrix(l, n, c->hidden, I, dt, &w->out_proj, 0.02f));
+    float *tmp = loader_tmp(l, (size_t)C * K);
+    snprintf(n, sizeof n, "%smixer.conv1d.weight", p);
+    TRY(loader_read(l, n, 3, (int64_t[]){C, 1, K}, tmp, DUMMY_NORMAL, 0.2f));
+    TRY(loader_upload_vector(l, tmp, (int64_t)C * K, &w->conv_w));
+    if (c->conv_bias) {
+        snprintf(n, sizeof n, "%smixer.conv1d.bias", p);
+        TRY(loader_vector(l, n, C, &w->conv_b, DUMMY_NORMAL, 0.1f));
+    }
+    snprintf(n, sizeof n, "%smixer.dt_bias", p);
+    TRY(loader_vector(l, n, H, &w->dt_bias, DUMMY_DTBIAS, 0));
+    snprintf(n, sizeof n, "%smixer.D", p);
+    TRY(loader_vector(l, n, H, &w->D, DUMMY_CONST, 1.0f));
+    snprintf(n, sizeof n, "%smixer.norm.weight", p);
+    TRY(loader_vector(l, n, I, &w->norm_w, DUMMY_CONST, 1.0f));
+    snprintf(n, sizeof n, "%smixer.A_log", p);
+    tmp = loader_tmp(l, H);
+    TRY(loader_read(l, n, 1, (int64_t[]){H}, tmp, DUMMY_ALOG, 0));
+    for (int h = 0; h < H; h++) tmp[h] = -expf(tmp[h]); // A = -exp(A_log), once at load
+    return loader_upload_vector(l, tmp, H, &w->A);
+}
+
+static int load_attn(struct nh_model *m, struct loader *l, const char *p, struct nh_attn *w, enum dtype dt) {
+    const struct nh_config *c = &m->c;
+    int64_t D = c->hidden, q = (int64_t)c->heads * c->head_dim, kv = (int64_t)c->kv_heads * c->head_dim;
+    float *tmp = loader_tmp(l, (size_t)(q + 2 * kv) * D);
+    char n[256];
+    const char *names[3] = {"q_proj", "k_proj", "v_proj"};
+    int64_t rows[3] = {q, kv, kv}, off = 0;
+    for (int i = 0; i < 3; i++) { // stack q, k, v into one matrix: one matmul per layer
+        snprintf(n, sizeof n, "%smixer.%s.weight", p, names[i]);
+        TRY(loader_read(l, n, 2, (int64_t[]){rows[i], D}, tmp + off * D, DUMMY_NORMAL, 0.02f));
+        off += rows[i];
+    }
+    TRY(loader_upload_matrix(l, tmp, q + 2 * kv, D, dt, &w->qkv));
+    snprintf(n, sizeof n, "%smixer.o_proj.weight", p);
+    return loader_matrix(l, n, D, q, dt, &w->o, 0.02f);
+}
+
+static int load_mlp(struct loader *l, const char *p, int64_t D, int64_t inter, struct weight *up, struct weight *down,
+                    enum dtype dt) {
+    char n[256];
+    snprintf(n, sizeof n, "%sup_proj.weight", p);
+    TRY(loader_matrix(l, n, inter, D, dt, up, 0.02f));
+    snprintf(n, sizeof n, "%sdown_proj.weight", p);
+    return loader_matrix(l, n, D, inter, dt, down, 0.02f);
+}
+
+// Routed experts come as experts.{e}.up_proj.weight (checkpoints on the Hub)
+// or as one experts.up_proj [E, I, L] tensor (transformers 5 in memory).
+static int load_experts(struct loader *l, const char *p, const struct nh_config *c, struct moe_experts *x,
+                        enum dtype dt) {
+    int64_t E = c->experts, I = c->moe_inter, L = c->latent ? c->latent : c->hidden;
+    x->num_experts = (int)E;
+    x->inter = (int)I;
+    x->dim = (int)L;
+    char n[256];
+    float *tmp = loader_tmp(l, (size_t)E * I * L);
+    const char *proj[2] = {"up_proj", "down_proj"};
+    int64_t r[2] = {I, L}, cl[2] = {L, I};
+    struct weight *dst[2] = {&x->up, &x->down};
+    for (int k = 0; k < 2; k++) {
+        snprintf(n, sizeof n, "%smixer.experts.%s", p, proj[k]);
+        if (l->st && loader_has(l, n)) {
+            TRY(loader_read(l, n, 3, (int64_t[]){E, r[k], cl[k]}, tmp, DUMMY_NORMAL, 0.02f));
+        } else {
+            for (int64_t e = 0; e < E; e++) {
+                snprintf(n, sizeof n, "%smixer.experts.%lld.%s.weight", p, (long long)e, proj[k]);
+                TRY(loader_read(l, n, 2, (int64_t[]){r[k], cl[k]}, tmp + e * I * L, DUMMY_NORMAL, 0.02f));
+            }
+        }
+        TRY(loader_upload_matrix(l, tmp, E * r[k], cl[k], dt, dst[k]));
+    }
+    return VLLM_OK;
+}
+
+static int load_moe(struct nh_model *m, struct loader *l, const char *p, struct nh_moe *w, enum dtype dt) {
+    const struct nh_config *c = &m->c;
+    char n[256], q[256];
+    snprintf(n, sizeof n, "%smixer.gate.weight", p);
+    TRY(loader_matrix(l, n, c->experts, c->hidden, DT_F32, &w->gate, 0.05f));
+    snprintf(n, sizeof n, "%smixer.gate.e_score_correction_bias", p);
+    TRY(loader_vector(l, n, c->experts, &w->bias, DUMMY_CONST, 0.0f));
+    TRY(load_experts(l, p, c, &w->experts, dt));
+    snprintf(q, sizeof q, "%smixer.shared_experts.", p);
+    TRY(load_mlp(l, q, c->hidden, c->shared_inter, &w->shared_up, &w->shared_down, dt));
+    if (c->latent) {
+        snprintf(n, sizeof n, "%smixer.fc1_latent_proj.weight", p);
+        TRY(loader_matrix(l, n, c->latent, c->hidden, dt, &w->fc1, 0.02f));
+        snprintf(n, sizeof n, "%smixer.fc2_latent_proj.weight", p);
+        TRY(loader_matrix(l, n, c->hidden, c->latent, dt, &w->fc2, 0.02f));
+    }
+    return VLLM_OK;
+}
+
+static int load_weights(struct nh_model *m, struct loader *l, enum dtype dt) {
+    const struct nh_config *c = &m->c;
+    const char *root = loader_prefix(l, "backbone.", "model.", "embeddings.weight");
+    char n[256], p[128];
+    snprintf(n, sizeof n, "%sembeddings.weight", root);
+    TRY(loader_matrix(l, n, c->vocab, c->hidden, DT_F32, &m->embed, 1.0f));
+    if (loader_has(l, "lm_head.weight")) TRY(loader_matrix(l, "lm_head.weight", c->vocab, c->hidden, dt, &m->lm_head, 0.05f));
+    else if (c->tie_embeddings) m->lm_head = m->embed;
+    else return vllm_err(VLLM_ERR_FORMAT, "checkpoint has no tensor lm_head.weight and tie_word_embeddings is false");
+    snprintf(n, sizeof n, "%snorm_f.weight", root);
+    TRY(loader_vector(l, n, c->hidden, &m->norm_f, DUMMY_CONST, 1.0f));
+    for (int i = 0; i < c->num_layers; i++) {
+        struct nh_layer *ly = &m->layers[i];
+        ly->kind = c->kinds[i];
+        snprintf(p, sizeof p, "%slayers.%d.", root, i);
+        snprintf(n, sizeof n, "%snorm.weight", p);
+        TRY(loader_vector(l, n, c->hidden, &ly->norm_w, DUMMY_CONST, 1.0f));
+        switch (ly->kind) {
+        case NH_MAMBA: TRY(load_mamba(m, l, p, &ly->m, dt)); break;
+        case NH_ATTN: TRY(load_attn(m, l, p, &ly->a, dt)); break;
+        case NH_MLP:
+            snprintf(n, sizeof n, "%smixer.", p);
+            TRY(load_mlp(l, n, c->hidden, c->mlp_inter, &ly->f.up, &ly->f.down, dt));
+            break;
+        case NH_MOE: TRY(load_moe(m, l, p, &ly->e, dt)); break;
+        }
+    }
+    return VLLM_OK;
+}
+
+// One device allocation for every activation buffer of a step.
+static int alloc_ws(struct nh_model *m) {
+    const struct nh_config *c = &m->c;
+    int64_t T = m->max_tokens, D = c->hidden, R = m->max_rows;
+    int64_t I = c->m_heads ? mamba_inner(c) : 0, q = (int64_t)c->heads * c->head_dim;
+    int64_t qkv = q + 2LL * c->kv_heads * c->head_dim, L = c->latent ? c->latent : D;
+    int64_t wide = MAX(MAX(m->proj_dim, qkv), MAX(c->mlp_inter, c->shared_inter));
+    int64_t mid = MAX(MAX(I, q), MAX(L, D)); // y also takes the shared expert's [T, D] output
+    int64_t k = MAX(c->top_k, 1), E = MAX(c->experts, 1);
+    int64_t sizes[] = {T * D, T * D, T * D, T * wide, T * mid, T * mid, T * E, T * k, T * k, T * L, T * L, R * D};
+    float **dst[] = {&m->ws.res, &m->ws.x, &m->ws.mix, &m->ws.proj, &m->ws.y, &m->ws.yn, &m->ws.rlogits, &m->ws.rw,
+                     (float **)&m->ws.rids, &m->ws.xl, &m->ws.eo, &m->ws.sel};
+    int64_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~63LL; // 256-byte aligned
+    m->ws.base = m->be->ops->alloc(m->be, sizeof(float) * total);
+    if (!m->ws.base)
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the %lld-byte step workspace", (long long)(4 * total));
+    float *p = m->ws.base;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *dst[i] = p;
+        p += (sizes[i] + 63) & ~63LL;
+    }
+    return VLLM_OK;
+}
+
+static void nh_free(struct model *base);
+
+static void fill_spec(struct nh_model *m) {
+    const struct nh_config *c = &m->c;
+    struct model_spec *s = &m->base.spec;
+    s->arch = "NemotronHForCausalLM";
+    s->vocab_size = c->vocab;
+    s->hidden_size = c->hidden;
+    s->num_layers = c->num_layers;
+    s->max_position_embeddings = c->max_position;
+    s->num_eos = c->num_eos;
+    for (int i = 0; i < c->num_eos; i++) s->eos_ids[i] = c->eos[i];
+    s->layers = xcalloc(c->num_layers, sizeof *s->layers);
+    for (int i = 0; i < c->num_layers; i++) {
+        if (c->kinds[i] == NH_ATTN) {
+            s->layers[i].kv_heads = c->kv_heads;
+            s->layers[i].head_dim = c->head_dim;
+            s->caps |= MODEL_CAP_PAGED_KV;
+        } else if (c->kinds[i] == NH_MAMBA) {
+            s->layers[i].conv_floats = (int64_t)(c->m_conv - 1) * m->md.conv_dim;
+            s->layers[i].ssm_floats = (int64_t)c->m_heads * c->m_head_dim * c->m_state;
+            s->caps |= MODEL_CAP_RECURRENT_STATE;
+        }
+    }
+}
+
+static int nh_load(const char *dir, const json_t *config, const struct model_load_opts *o, struct backend *be,
+                   struct model **out) {
+    struct nh_model *m = xcalloc(1, sizeof *m);
+    m->be = be;
+    char *what = path_join(dir, "config.json");
+    int rc = nh_config_parse(config, what, &m->c);
+    free(what);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    m->base.ops = &nemotron_h_ops;
+    const struct nh_config *c = &m->c;
+    int I = c->m_heads * c->m_head_dim, GN = c->m_groups * c->m_state;
+    m->md = (struct mamba_dims){c->m_heads, c->m_head_dim, c->m_groups, c->m_state, c->m_conv, c->chunk,
+                                I + 2 * GN, c->dt_min, c->dt_max};
+    m->proj_dim = 2 * I + 2 * GN + c->m_heads;
+    m->ad = (struct attn_dims){c->heads, c->kv_heads, c->head_dim, 0, c->head_dim ? 1.0f / sqrtf((float)c->head_dim) : 0};
+    m->rc = (struct moe_route_cfg){c->experts, c->top_k, c->n_group, c->topk_group, c->norm_topk, c->routed_scale};
+    m->max_tokens = o->max_tokens;
+    m->max_rows = o->max_logit_rows;
+    m->layers = xcalloc(c->num_layers, sizeof *m->layers);
+    fill_spec(m);
+
+    struct loader l;
+    rc = loader_open(&l, dir, o->dummy, o->seed, be);
+    if (!rc) rc = load_weights(m, &l, o->weight_dtype);
+    m->base.spec.weight_bytes = l.device_bytes;
+    loader_close(&l);
+    if (!rc) rc = alloc_ws(m);
+    if (rc) {
+        nh_free(&m->base);
+        return rc;
+    }
+    *out = &m->base;
+    return VLLM_OK;
+}
+
+static void free_weight(struct backend *be, struct weight *w) {
+    if (w->data) be->ops->free(be, w->data);
+    w->data = NULL;
+}
+
+static void nh_free(struct model *base) {
+    struct nh_model *m = (struct nh_model *)base;
+    struct backend *be = m->be;
+    for (int i = 0; m->layers && i < m->c.num_layers; i++) {
+        struct nh_layer *ly = &m->layers[i];
+        be->ops->free(be, ly->norm_w);
+        switch (ly->kind) {
+        case NH_MAMBA: {
+            struct nh_mamba *w = &ly->m;
+            free_weight(be, &w->in_proj);
+            free_weight(be, &w->out_proj);
+            float *v[] = {w->conv_w, w->conv_b, w->dt_bias, w->A, w->D, w->norm_w};
+            for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) be->ops->free(be, v[k]);
+            break;
+        }
+        case NH_ATTN: free_weight(be, &ly->a.qkv); free_weight(be, &ly->a.o); break;
+        case NH_MLP: free_weight(be, &ly->f.up); free_weight(be, &ly->f.down); break;
+        case NH_MOE: {
+            struct nh_moe *w = &ly->e;
+            struct weight *ws[] = {&w->gate, &w->experts.up, &w->experts.down, &w->shared_up, &w->shared_down,
+                                   &w->fc1, &w->fc2};
+            for (size_t k = 0; k < sizeof ws / sizeof ws[0]; k++) free_weight(be, ws[k]);
+            be->ops->free(be, w->bias);
+            break;
+        }
+        }
+    }
+    if (m->lm_head.data != m->embed.data) free_weight(be, &m->lm_head);
+    free_weight(be, &m->embed);
+    be->ops->free(be, m->norm_f);
+    be->ops->free(be, m->ws.base);
+    free(m->layers);
+    free(m->base.spec.layers);
+    nh_config_free(&m->c);
+    free(m);
+}
+
+// VLLM_DIAG=1: the L2 of each sequence's SSM state as gathered (before the
+// layer) or written (after it).
+static void diag_state(struct nh_model *m, int layer, const struct batch *b, const float *ssm, const char *when) {
+    int64_t n = (int64_t)m->md.heads * m->md.head_dim * m->md.state;
+    for (int s = 0; s < b->num_seqs; s++) {
+        int slot = b->h_state_slots[s], init = b->h_has_initial_state[s] || s < b->num_decodes;
+        double l2 = (init || when[0] == 'o') ? sqrt(m->be->ops->sum_sq(m->be, ssm + slot * n, n)) : 0.0;
+        diag_printf("layer %d mamba seq %d slot %d %s %s l2 %.6g\n", layer, s, slot,
+                    s < b->num_decodes ? "decode" : "prefill", when, l2);
+    }
+}
+
+// x: [T, D] normalized input -> m->ws.mix: [T, D]
+static void mamba_fwd(struct nh_model *m, int li, const struct nh_mamba *w, const struct batch *b, struct caches *c) {
+    struct backend *be = m->be;
+    const struct backend_ops *op = be->ops;
+    struct nh_ws *ws = &m->ws;
+    int T = b->num_tokens, I = m->md.heads * m->md.head_dim, ld = m->proj_dim, nd = b->num_decodes;
+    float *conv = c->conv[li], *ssm = c->ssm[li];
+    int diag = diag_on("1");
+    if (diag) diag_state(m, li, b, ssm, "in");
+    op->matmul(be, ws->proj, ws->x, &w->in_proj, T); // [T, z | xBC | dt]
+    if (nd) {
+        op->conv1d_update(be, ws->proj, ld, w->conv_w, w->conv_b, conv, b, &m->md);
+        op->ssd_decode(be, ws->y, ws->proj, ld, w->dt_bias, w->A, w->D, ssm, b, &m->md);
+    }
+    if (b->num_prefills) {
+        op->conv1d_fwd(be, ws->proj, ld, w->conv_w, w->conv_b, conv, b, nd, b->num_seqs, &m->md);
+        op->ssd_prefill(be, ws->y, ws->proj, ld, w->dt_bias, w->A, w->D, ssm, b, nd, b->num_seqs, &m->md);
+    }
+    if (diag) diag_state(m, li, b, ssm, "out");
+    op->gated_rmsnorm(be, ws->yn, ws->y, ws->proj, ld, w->norm_w, T, I, I / m->md.groups, m->c.eps);
+    op->matmul(be, ws->mix, ws->yn, &w->out_proj, T);
+}
+
+static void attn_fwd(struct nh_model *m, int li, const struct nh_attn *w, const struct batch *b, struct caches *c) {
+    struct backend *be = m->be;
+    const struct backend_ops *op = be->ops;
+    struct nh_ws *ws = &m->ws;
+    int T = b->num_tokens, ld = (int)w->qkv.rows, nd = b->num_decodes;
+    struct attn_dims d = m->ad;
+    d.block_size = c->block_size;
+    op->matmul(be, ws->proj, ws->x, &w->qkv, T);
+    op->kv_write(be, c->k[li], c->v[li], ws->proj, ld, b, &d);
+    if (nd) op->attn_decode(be, ws->y, ws->proj, ld, c->k[li], c->v[li], b, &d);
+    if (b->num_prefills) op->attn_prefill(be, ws->y, ws->proj, ld, c->k[li], c->v[li], b, nd, b->num_seqs, &d);
+    op->matmul(be, ws->mix, ws->y, &w->o, T);
+}
+
+// out = down(relu(up(x))^2), through proj as the hidden buffer
+static void mlp(struct nh_model *m, float *out, const float *x, const struct weight *up, const struct weight *down,
+                int T) {
+    const struct backend_ops *op = m->be->ops;
+    op->matmul(m->be, m->ws.proj, x, up, T);
+    op->relu2(m->be, m->ws.proj, (int64_t)T * up->rows);
+    op->matmul(m->be, out, m->ws.proj, down, T);
+}
+
+static void moe_fwd(struct nh_model *m, const struct nh_moe *w, const struct batch *b) {
+    struct backend *be = m->be;
+    const struct backend_ops *op = be->ops;
+    struct nh_ws *ws = &m->ws;
+    int T = b->num_tokens, k = m->c.top_k;
+    op->matmul(be, ws->rlogits, ws->x, &w->gate, T); // fp32 router
+    op->moe_route(be, ws->rids, ws->rw, ws->rlogits, w->bias, T, &m->rc);
+    const float *xin = ws->x;
+    if (m->c.latent) {
+        op->matmul(be, ws->xl, ws->x, &w->fc1, T);
+        xin = ws->xl;
+    }
+    float *eo = m->c.latent ? ws->eo : ws->mix;
+    op->moe_experts(be, eo, xin, &w->experts, ws->rids, ws->rw, T, k);
+    if (m->c.latent) op->matmul(be, ws->mix, ws->eo, &w->fc2, T);
+    mlp(m, ws->y, ws->x, &w->shared_up, &w->shared_down, T); // shared expert on the un-projected input
+    op->add(be, ws->mix, ws->y, (int64_t)T * m->c.hidden);
+}
+
+static void nh_forward(struct model *base, const struct batch *b, struct caches *c, float *logits, int all_rows) {
+    struct nh_model *m = (struct nh_model *)base;
+    struct backend *be = m->be;
+    const struct backend_ops *op = be->ops;
+    struct nh_ws *ws = &m->ws;
+    int T = b->num_tokens, D = m->c.hidden;
+    float eps = m->c.eps;
+    op->embed(be, ws->res, &m->embed, b->input_ids, T);
+    for (int i = 0; i < m->c.num_layers; i++) {
+        struct nh_layer *ly = &m->layers[i];
+        if (i == 0) op->rmsnorm(be, ws->x, ws->res, ly->norm_w, T, D, eps);
+        else op->add_rmsnorm(be, ws->res, ws->mix, ws->x, ly->norm_w, T, D, eps); // h += previous mixer
+        switch (ly->kind) {
+        case NH_MAMBA: mamba_fwd(m, i, &ly->m, b, c); break;
+        case NH_ATTN: attn_fwd(m, i, &ly->a, b, c); break;
+        case NH_MLP: mlp(m, ws->mix, ws->x, &ly->f.up, &ly->f.down, T); break;
+        case NH_MOE: moe_fwd(m, &ly->e, b); break;
+        }
+    }
+    op->add(be, ws->res, ws->mix, (int64_t)T * D);
+    int rows = all_rows ? T : b->num_sample;
+    if (!rows) return;
+    if (all_rows) op->rmsnorm(be, ws->sel, ws->res, m->norm_f, rows, D, eps);
+    else {
+        op->gather_rows(be, ws->sel, ws->res, b->sample_rows, rows, D);
+        op->rmsnorm(be, ws->sel, ws->sel, m->norm_f, rows, D, eps);
+    }
+    op->matmul(be, logits, ws->sel, &m->lm_head, rows);
+}
+
+const struct model_ops nemotron_h_ops = {
+    .arch = "NemotronHForCausalLM",
+    .load = nh_load,
+    .free = nh_free,
+    .forward = nh_forward,
+};

@@ -1,0 +1,61 @@
+// batch.h - the metadata of one step's flat batch, built by the runner on the
+// host and uploaded to the device in one copy.
+//
+// Sequences [0, num_decodes) are decodes (one token each, state present);
+// [num_decodes, num_seqs) are prefills (a prompt chunk, or a recompute).
+// Which is which comes from the scheduler, never from a token count: a
+// one-token prompt is a prefill.
+#ifndef VLLM_RUNNER_BATCH_H
+#define VLLM_RUNNER_BATCH_H
+
+#include <stdint.h>
+
+// Sampling parameters of one sampled row (device side).
+struct sample_params {
+    float temperature; // 0: greedy
+    float top_p, min_p;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k;        // <= 0: off
+    int32_t row_base;     // token-table index of the request's token 0
+    int32_t num_prompt;   // prompt tokens
+    int32_t num_tokens;   // tokens before this sample (prompt + output)
+    int32_t num_logprobs; // < 0: none
+    uint32_t seed_lo, seed_hi;
+    uint32_t step; // index of the output token being sampled (Philox counter)
+};
+
+struct batch {
+    int num_tokens, num_seqs, num_decodes, num_prefills, num_sample;
+    int max_blocks_per_seq; // row stride of block_tables
+    int max_query_len, max_seq_len;
+
+    // Device arrays (pointers into the step's metadata buffer).
+    int32_t *query_start_loc;   // [S+1] token offsets of the sequences
+    int32_t *seq_lens;          // [S] context length after this step
+    int32_t *context_lens;      // [S] tokens already computed (position of the first query token)
+    int32_t *positions;         // [T]
+    int32_t *slot_mapping;      // [T] KV slot (block * block_size + offset)
+    int32_t *block_tables;      // [S, max_blocks_per_seq]
+    int32_t *state_slots;       // [S] recurrent-state slot
+    int32_t *has_initial_state; // [S] 0: the slot is fresh and must read as zeros
+    int32_t *token_src;         // [T] token-table index of each input token
+    int32_t *sample_rows;       // [num_sample] batch row whose logits are sampled
+    struct sample_params *sample_params; // [num_sample]
+    int32_t *input_ids;         // [T] gathered from the token table: the model reads only this
+
+    // Host mirrors of the arrays above, for launch sizes and diagnostics.
+    const int32_t *h_query_start_loc, *h_seq_lens, *h_context_lens, *h_state_slots,
+        *h_has_initial_state;
+    const struct sample_params *h_sample_params;
+};
+
+// Where the sampler writes (device arrays of the runner).
+struct sample_out {
+    int32_t *ids;         // [num_sample]
+    float *logprobs;      // [num_sample] log-prob of the sampled id
+    int32_t *top_ids;     // [num_sample, max_top]
+    float *top_logprobs;  // [num_sample, max_top]
+    int max_top;
+};
+
+#endif

@@ -1,0 +1,334 @@
+// runner.c - one flat batch per step, on the backend's device.
+//
+// The token table [max_num_seqs, max_model_len] on the device is the one
+// owner of input ids: prompts are uploaded into a request's row once, the
+// sampler writes each sampled id into the row at its position, and every
+// step's input ids are gathered from it on the device. No host copy of an id
+// ever feeds the model, so none can be stale.
+#include "core/common.h"
+#include "runner/runner.h"
+
+struct meta_layout { // offsets (int32 units) into the metadata buffer
+    size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, has_init, src, srows, sparams, total;
+};
+
+struct runner {
+    struct backend *be;
+    struct model *model;
+    struct runner_config cfg;
+    int vocab, max_blocks;
+    struct caches caches;
+    struct id_pool rows;
+    int32_t *table;     // device [max_num_seqs * max_model_len]
+    int32_t *input_ids; // device [max_num_batched_tokens]
+    int32_t *meta;      // device metadata, uploaded in one copy per step
+    int32_t *staging;   // host image of meta
+    struct meta_layout lay;
+    float *logits;      // device [logit rows, vocab]
+    float *logits_all;  // device [max tokens, vocab] with the hook
+    struct sample_out dev_out;
+    // host side of step_out
+    struct request **out_reqs;
+    int32_t *out_ids, *out_top_ids;
+    float *out_lp, *out_top_lp;
+    int32_t *order;
+    runner_logits_hook hook;
+    void *hook_user;
+    float *hook_logits;
+    struct request **hook_req;
+    int32_t *hook_pos;
+    int64_t kv_bytes, state_bytes;
+    uint64_t steps;
+};
+
+static void layout(struct meta_layout *l, int S, int T, int MB) {
+    size_t o = 0;
+    l->qsl = o, o += S + 1;
+    l->seq_lens = o, o += S;
+    l->ctx = o, o += S;
+    l->pos = o, o += T;
+    l->slot_map = o, o += T;
+    l->btab = o, o += (size_t)S * MB;
+    l->state = o, o += S;
+    l->has_init = o, o += S;
+    l->src = o, o += T;
+    l->srows = o, o += S;
+    o = (o + 3) & ~(size_t)3; // 16-byte aligned sample params
+    l->sparams = o, o += S * (sizeof(struct sample_params) / 4);
+    l->total = o;
+}
+
+static void *dev_alloc(struct runner *r, size_t bytes, int *rc, const char *what) {
+    void *p = r->be->ops->alloc(r->be, bytes);
+    if (!p && !*rc) *rc = vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes on the device for %s", bytes, what);
+    return p;
+}
+
+static int alloc_caches(struct runner *r) {
+    const struct model_spec *sp = &r->model->spec;
+    struct caches *c = &r->caches;
+    int L = sp->num_layers, rc = 0;
+    c->num_layers = L;
+    c->block_size = r->cfg.block_size;
+    c->num_blocks = r->cfg.num_blocks;
+    c->num_slots = r->cfg.num_slots;
+    c->k = xcalloc(L, sizeof(void *));
+    c->v = xcalloc(L, sizeof(void *));
+    c->conv = xcalloc(L, sizeof(float *));
+    c->ssm = xcalloc(L, sizeof(float *));
+    for (int i = 0; i < L && !rc; i++) { // addressed by layer id
+        const struct layer_cache_spec *ls = &sp->layers[i];
+        if (ls->kv_heads) {
+            size_t b = (size_t)c->num_blocks * c->block_size * ls->kv_heads * ls->head_dim * dtype_size(r->be->kv_dtype);
+            c->k[i] = dev_alloc(r, b, &rc, "the KV cache");
+            c->v[i] = dev_alloc(r, b, &rc, "the KV cache");
+            r->kv_bytes += 2 * (int64_t)b;
+        }
+        if (ls->conv_floats) {
+            size_t cb = sizeof(float) * c->num_slots * ls->conv_floats, sb = sizeof(float) * c->num_slots * ls->ssm_floats;
+            c->conv[i] = dev_alloc(r, cb, &rc, "the conv state");
+            c->ssm[i] = dev_alloc(r, sb, &rc, "the SSM state");
+            r->state_bytes += (int64_t)(cb + sb);
+        }
+    }
+    return rc;
+}
+
+int runner_create(struct backend *be, struct model *m, const struct runner_config *cfg, struct runner **out) {
+    struct runner *r = xcalloc(1, sizeof *r);
+    r->be = be;
+    r->model = m;
+    r->cfg = *cfg;
+    r->vocab = m->spec.vocab_size;
+    r->max_blocks = CDIV(cfg->max_model_len, cfg->block_size);
+    int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1);
+    layout(&r->lay, S, T, r->max_blocks);
+    id_pool_init(&r->rows, S);
+    int rc = alloc_caches(r);
+    r->table = dev_alloc(r, sizeof(int32_t) * (size_t)S * cfg->max_model_len, &rc, "the token table");
+    r->input_ids = dev_alloc(r, sizeof(int32_t) * T, &rc, "input ids");
+    r->meta = dev_alloc(r, sizeof(int32_t) * r->lay.total, &rc, "batch metadata");
+    r->logits = dev_alloc(r, sizeof(float) * (size_t)S * r->vocab, &rc, "logits");
+    r->dev_out.ids = dev_alloc(r, sizeof(int32_t) * S, &rc, "sampled ids");
+    r->dev_out.logprobs = dev_alloc(r, sizeof(float) * S, &rc, "logprobs");
+    r->dev_out.top_ids = dev_alloc(r, sizeof(int32_t) * S * mt, &rc, "top logprobs");
+    r->dev_out.top_logprobs = dev_alloc(r, sizeof(float) * S * mt, &rc, "top logprobs");
+    r->dev_out.max_top = mt;
+    r->staging = xcalloc(r->lay.total, sizeof(int32_t));
+    r->out_reqs = xcalloc(S, sizeof(struct request *));
+    r->out_ids = xcalloc(S, sizeof(int32_t));
+    r->out_lp = xcalloc(S, sizeof(float));
+    r->out_top_ids = xcalloc((size_t)S * mt, sizeof(int32_t));
+    r->out_top_lp = xcalloc((size_t)S * mt, sizeof(float));
+    r->order = xcalloc(S, sizeof(int32_t));
+    if (rc) {
+        runner_free(r);
+        return rc;
+    }
+    *out = r;
+    return VLLM_OK;
+}
+
+void runner_free(struct runner *r) {
+    if (!r) return;
+    struct backend *be = r->be;
+    struct caches *c = &r->caches;
+    for (int i = 0; i < c->num_layers; i++) {
+        be->ops->free(be, c->k[i]);
+        be->ops->free(be, c->v[i]);
+        be->ops->free(be, c->conv[i]);
+        be->ops->free(be, c->ssm[i]);
+    }
+    free(c->k);
+    free(c->v);
+    free(c->conv);
+    free(c->ssm);
+    void *dev[] = {r->table, r->input_ids, r->meta, r->logits, r->logits_all, r->dev_out.ids, r->dev_out.logprobs,
+                   r->dev_out.top_ids, r->dev_out.top_logprobs};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
+    id_pool_release(&r->rows);
+    free(r->staging);
+    free(r->out_reqs);
+    free(r->out_ids);
+    free(r->out_lp);
+    free(r->out_top_ids);
+    free(r->out_top_lp);
+    free(r->order);
+    free(r->hook_logits);
+    free(r->hook_req);
+    free(r->hook_pos);
+    free(r);
+}
+
+int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes) {
+    if (state_bytes) *state_bytes = r->state_bytes;
+    return r->kv_bytes;
+}
+
+struct caches *runner_caches(struct runner *r) { return &r->caches; }
+
+void runner_remove(struct runner *r, struct request *req) {
+    id_pool_put(&r->rows, req->row);
+    req->row = -1;
+}
+
+void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user) {
+    int T = r->cfg.max_num_batched_tokens;
+    r->hook = fn;
+    r->hook_user = user;
+    if (fn && !r->logits_all) {
+        r->logits_all = r->be->ops->alloc(r->be, sizeof(float) * (size_t)T * r->vocab);
+        r->hook_logits = xmalloc(sizeof(float) * (size_t)T * r->vocab);
+        r->hook_req = xmalloc(sizeof(struct request *) * T);
+        r->hook_pos = xmalloc(sizeof(int32_t) * T);
+    }
+}
+
+// A request entering the running set gets a row holding all its tokens.
+static int ensure_row(struct runner *r, struct request *req) {
+    if (req->row >= 0) return VLLM_OK;
+    req->row = id_pool_alloc(&r->rows);
+    if (req->row < 0) return vllm_err(VLLM_ERR_INTERNAL, "no free token-table row");
+    r->be->ops->upload(r->be, r->table + (int64_t)req->row * r->cfg.max_model_len, req->tokens,
+                       sizeof(int32_t) * req->num_tokens);
+    return VLLM_OK;
+}
+
+static void fill_sample_params(struct runner *r, const struct request *q, struct sample_params *p) {
+    const struct vllm_sampling_params *sp = &q->sp;
+    p->temperature = sp->temperature;
+    p->top_p = sp->top_p;
+    p->min_p = sp->min_p;
+    p->top_k = sp->top_k;
+    p->repetition_penalty = sp->repetition_penalty;
+    p->presence_penalty = sp->presence_penalty;
+    p->frequency_penalty = sp->frequency_penalty;
+    p->row_base = q->row * r->cfg.max_model_len;
+    p->num_prompt = q->num_prompt;
+    p->num_tokens = q->num_tokens;
+    p->num_logprobs = sp->logprobs < 0 ? -1 : MIN(sp->logprobs, r->dev_out.max_top);
+    p->seed_lo = (uint32_t)q->seed;
+    p->seed_hi = (uint32_t)(q->seed >> 32);
+    p->step = (uint32_t)req_num_output(q);
+}
+
+// Fills the host image of the metadata and points b at the device copy.
+static void build_batch(struct runner *r, const struct sched_output *so, struct batch *b) {
+    const struct meta_layout *l = &r->lay;
+    int32_t *st = r->staging, n = so->num_entries, nd = 0, k = 0;
+    for (int i = 0; i < n; i++) // decode rows first, then prefills, each in scheduling order
+        if (so->entries[i].is_decode) r->order[k++] = i;
+    nd = k;
+    for (int i = 0; i < n; i++)
+        if (!so->entries[i].is_decode) r->order[k++] = i;
+    int mb = 1;
+    for (int i = 0; i < n; i++) mb = MAX(mb, so->entries[i].req->num_blocks);
+    struct meta_layout ll = *l; // block tables use this step's widest row as stride
+    memset(b, 0, sizeof *b);
+    b->num_seqs = n;
+    b->num_decodes = nd;
+    b->num_prefills = n - nd;
+    b->max_blocks_per_seq = mb;
+    int t = 0, ns = 0, bs = r->cfg.block_size, has_kv = r->cfg.num_blocks > 0;
+    struct sample_params *sp = (struct sample_params *)(st + ll.sparams);
+    for (int s = 0; s < n; s++) {
+        const struct sched_entry *e = &so->entries[r->order[s]];
+        const struct request *q = e->req;
+        int ctx = q->num_computed;
+        st[ll.qsl + s] = t;
+        st[ll.ctx + s] = ctx;
+        st[ll.seq_lens + s] = ctx + e->num_tokens;
+        st[ll.state + s] = q->slot < 0 ? 0 : q->slot;
+        st[ll.has_init + s] = ctx > 0;
+        for (int j = 0; j < mb; j++) st[ll.btab + s * mb + j] = j < q->num_blocks ? q->blocks[j] : 0;
+        for (int i = 0; i < e->num_tokens; i++, t++) {
+            int pos = ctx + i;
+            st[ll.pos + t] = pos;
+            st[ll.slot_map + t] = has_kv ? q->blocks[pos / bs] * bs + pos % bs : -1;
+            st[ll.src + t] = q->row * r->cfg.max_model_len + pos;
+            if (r->hook) r->hook_req[t] = (struct request *)q, r->hook_pos[t] = pos;
+        }
+        b->max_query_len = MAX(b->max_query_len, e->num_tokens);
+        b->max_seq_len = MAX(b->max_seq_len, ctx + e->num_tokens);
+        if (ctx + e->num_tokens == q->num_tokens) { // the whole sequence is in: sample its next token
+            st[ll.srows + ns] = t - 1;
+            fill_sample_params(r, q, &sp[ns]);
+            r->out_reqs[ns++] = (struct request *)q;
+        }
+    }
+    st[ll.qsl + n] = t;
+    b->num_tokens = t;
+    b->num_sample = ns;
+    int32_t *d = r->meta;
+    b->query_start_loc = d + ll.qsl;
+    b->seq_lens = d + ll.seq_lens;
+    b->context_lens = d + ll.ctx;
+    b->positions = d + ll.pos;
+    b->slot_mapping = d + ll.slot_map;
+    b->block_tables = d + ll.btab;
+    b->state_slots = d + ll.state;
+    b->has_initial_state = d + ll.has_init;
+    b->token_src = d + ll.src;
+    b->sample_rows = d + ll.srows;
+    b->sample_params = (struct sample_params *)(d + ll.sparams);
+    b->input_ids = r->input_ids;
+    b->h_query_start_loc = st + ll.qsl;
+    b->h_seq_lens = st + ll.seq_lens;
+    b->h_context_lens = st + ll.ctx;
+    b->h_state_slots = st + ll.state;
+    b->h_has_initial_state = st + ll.has_init;
+    b->h_sample_params = sp;
+}
+
+static void diag_batch(struct runner *r, const struct sched_output *so, const struct batch *b) {
+    diag_printf("step %llu: %d tokens, %d decodes, %d prefills, %d sampled\n", (unsigned long long)r->steps,
+                b->num_tokens, b->num_decodes, b->num_prefills, b->num_sample);
+    for (int s = 0; s < b->num_seqs; s++) {
+        const struct request *q = so->entries[r->order[s]].req;
+        diag_printf("  seq %d req %llu %s slot %d has_initial %d tokens [%d, %d)\n", s, (unsigned long long)q->id,
+                    s < b->num_decodes ? "decode" : "prefill", b->h_state_slots[s], b->h_has_initial_state[s],
+                    b->h_context_lens[s], b->h_seq_lens[s]);
+    }
+}
+
+static void run_hook(struct runner *r, const struct batch *b) {
+    const struct backend_ops *op = r->be->ops;
+    int T = b->num_tokens, V = r->vocab;
+    op->download(r->be, r->hook_logits, r->logits_all, sizeof(float) * (size_t)T * V);
+    r->hook(r->hook_user, T, V, r->hook_logits, r->hook_req, r->hook_pos);
+    op->gather_rows(r->be, r->logits, r->logits_all, b->sample_rows, b->num_sample, V);
+}
+
+int runner_execute(struct runner *r, const struct sched_output *so, struct step_out *out) {
+    const struct backend_ops *op = r->be->ops;
+    memset(out, 0, sizeof *out);
+    if (so->num_entries == 0) return VLLM_OK;
+    for (int i = 0; i < so->num_entries; i++) TRY(ensure_row(r, so->entries[i].req));
+    struct batch b;
+    build_batch(r, so, &b);
+    size_t used = r->lay.sparams + (size_t)b.num_sample * (sizeof(struct sample_params) / 4);
+    op->upload(r->be, r->meta, r->staging, sizeof(int32_t) * used); // the step's metadata, one copy
+    if (diag_on("1")) diag_batch(r, so, &b);
+    op->gather_ids(r->be, b.input_ids, r->table, b.token_src, b.num_tokens);
+    r->model->ops->forward(r->model, &b, &r->caches, r->hook ? r->logits_all : r->logits, r->hook != NULL);
+    if (r->hook) run_hook(r, &b);
+    r->steps++;
+    if (!b.num_sample) return VLLM_OK;
+    op->sample(r->be, r->logits, r->vocab, r->table, &b, &r->dev_out);
+    int ns = b.num_sample, mt = r->dev_out.max_top;
+    op->download(r->be, r->out_ids, r->dev_out.ids, sizeof(int32_t) * ns);
+    for (int i = 0; i < ns; i++) out->any_logprobs |= b.h_sample_params[i].num_logprobs >= 0;
+    if (out->any_logprobs) {
+        op->download(r->be, r->out_lp, r->dev_out.logprobs, sizeof(float) * ns);
+        op->download(r->be, r->out_top_ids, r->dev_out.top_ids, sizeof(int32_t) * ns * mt);
+        op->download(r->be, r->out_top_lp, r->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    }
+    out->num = ns;
+    out->reqs = r->out_reqs;
+    out->ids = r->out_ids;
+    out->logprobs = r->out_lp;
+    out->top_ids = r->out_top_ids;
+    out->top_logprobs = r->out_top_lp;
+    out->max_top = mt;
+    return VLLM_OK;
+}
