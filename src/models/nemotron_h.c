@@ -435,12 +435,13 @@ static void nh_forward(struct model *base, const struct batch *b, struct caches 
     op->add(be, ws->res, ws->mix, (int64_t)T * D);
     int rows = all_rows ? T : b->num_sample;
     if (!rows) return;
-    if (all_rows) op->rmsnorm(be, ws->sel, ws->res, m->norm_f, rows, D, eps);
-    else {
+    float *h = ws->res; // all rows (a test hook): normalize the residual in place
+    if (!all_rows) {
         op->gather_rows(be, ws->sel, ws->res, b->sample_rows, rows, D);
-        op->rmsnorm(be, ws->sel, ws->sel, m->norm_f, rows, D, eps);
+        h = ws->sel;
     }
-    op->matmul(be, logits, ws->sel, &m->lm_head, rows);
+    op->rmsnorm(be, h, h, m->norm_f, rows, D, eps);
+    op->matmul(be, logits, h, &m->lm_head, rows);
 }
 
 const struct model_ops nemotron_h_ops = {

@@ -1,0 +1,42 @@
+# Engine-core gates: greedy tokens against the transformers oracle, in every
+# scheduling mode, for each tiny fixture model (tests/fixtures/nh_*).
+set(VLLM_GATE_MODES
+  "decode|"
+  "fresh|--fresh-prefill"
+  "both_batch|--both-modes --batch"
+  "chunk1|--max-num-batched-tokens 1"
+  "chunk3_batch|--max-num-batched-tokens 3 --batch"
+  "chunk7_batch|--both-modes --max-num-batched-tokens 7 --batch"
+  "batch|--batch"
+  "preempt|--batch --num-blocks 20 --block-size 4 --require-preemption"
+  "preempt_chunk|--both-modes --batch --num-blocks 20 --block-size 4 --max-num-batched-tokens 5 --require-preemption"
+  "staggered|--staggered 3"
+  "staggered_chunk|--staggered 2 --max-num-batched-tokens 9 --max-num-seqs 3")
+foreach(fx nh_dense nh_moe nh_latent)
+  foreach(mode ${VLLM_GATE_MODES})
+    string(FIND "${mode}" "|" bar)
+    string(SUBSTRING "${mode}" 0 ${bar} mname)
+    math(EXPR bar "${bar} + 1")
+    string(SUBSTRING "${mode}" ${bar} -1 args)
+    separate_arguments(parts UNIX_COMMAND "${args}")
+    add_test(NAME gate_${fx}_${mname}
+             COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/${fx}
+                     --golden ${VLLM_FIXTURES}/${fx}/golden.json --threads 1 ${parts})
+    set_tests_properties(gate_${fx}_${mname} PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
+                         FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
+  endforeach()
+endforeach()
+
+vllm_test_exe(test_logits engine/test_logits.c)
+add_test(NAME gate_logits COMMAND test_logits)
+vllm_test_exe(test_ops ops/test_ops.c)
+add_test(NAME ops_cpu COMMAND test_ops)
+vllm_test_exe(test_config engine/test_config.c)
+add_test(NAME config COMMAND test_config)
+vllm_test_exe(test_safetensors engine/test_safetensors.c)
+add_test(NAME safetensors COMMAND test_safetensors)
+vllm_test_exe(test_api engine/test_api.c)
+add_test(NAME api COMMAND test_api)
+vllm_test_exe(test_scheduler engine/test_scheduler.c)
+add_test(NAME scheduler COMMAND test_scheduler)
+set_tests_properties(gate_logits config safetensors api PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")

@@ -1,0 +1,35 @@
+// util.h - helpers for tests that build model directories on the fly.
+#ifndef VLLM_TESTS_UTIL_H
+#define VLLM_TESTS_UTIL_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// A fresh directory under $TMPDIR (or /tmp); removed by tu_rmdir.
+char *tu_tmpdir(void);
+void tu_rmdir(const char *dir);
+int tu_write(const char *dir, const char *name, const void *data, size_t len);
+int tu_copy(const char *src_dir, const char *dst_dir, const char *name);
+char *tu_fixture(const char *rel); // $VLLM_FIXTURES/rel (malloc'd)
+
+// One tensor for tu_write_safetensors.
+struct tu_tensor {
+    const char *name;
+    const char *dtype; // "F32", "BF16", ...
+    int ndim;
+    int64_t shape[4];
+    const void *data;
+    size_t nbytes;
+};
+// Writes a safetensors file; header_extra (may be NULL) is spliced into the
+// JSON header as-is, for malformed cases.
+int tu_write_safetensors(const char *path, const struct tu_tensor *t, int n);
+// Writes raw header JSON + data bytes (for malformed files).
+int tu_write_raw_safetensors(const char *path, const char *header, const void *data, size_t len);
+
+// Copies a fixture model dir (config.json + model.safetensors) to a temp dir,
+// applying edit(config) to config.json first when edit is not NULL.
+char *tu_model_copy(const char *fixture, void (*edit)(json_t *cfg));
+
+#endif
