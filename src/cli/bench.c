@@ -1,11 +1,193 @@
-// bench.c - `vllm bench` (not built yet).
+// bench.c - `vllm bench`: offline throughput and latency through the C API.
+//
+// Per batch size B, B requests of --input-len random prompt tokens are
+// submitted at once and each generates --output-len tokens (greedy, EOS
+// ignored). Prefill tok/s counts prompt tokens until the last request has its
+// first token; decode tok/s counts the remaining tokens over the time after
+// that; TTFT and TPOT are means over requests.
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "cli/args.h"
 #include "cli/cli.h"
+#include "core/common.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: vllm bench --model DIR [options]\n\n"
+            "  --batch-sizes LIST   concurrent requests per run (default 1,8,32)\n"
+            "  --input-len N        prompt tokens per request (default 512)\n"
+            "  --output-len N       generated tokens per request (default 128)\n"
+            "  --warmup N           warm-up requests before the runs (default 1)\n"
+            "  --json               print one JSON object instead of a table\n\n"
+            "engine (a config-only directory works with --load-format dummy):\n%s",
+            cli_engine_help);
+}
+
+struct breq {
+    double t_submit, t_first, t_last;
+    int n;
+};
+
+struct bstate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;
+};
+
+struct bref {
+    struct bstate *st;
+    struct breq *r;
+};
+
+static void bench_cb(void *user, const struct vllm_output *o) {
+    struct bref *ref = user;
+    double t = now_s();
+    pthread_mutex_lock(&ref->st->mu);
+    if (o->num_token_ids) {
+        if (!ref->r->n) ref->r->t_first = t;
+        ref->r->t_last = t;
+        ref->r->n += o->num_token_ids;
+    }
+    if (o->finish_reason != VLLM_FINISH_NONE) {
+        ref->st->pending--;
+        pthread_cond_signal(&ref->st->cv);
+    }
+    pthread_mutex_unlock(&ref->st->mu);
+}
+
+struct result {
+    int batch;
+    double prefill_tps, decode_tps, ttft_ms, tpot_ms, wall_s;
+};
+
+static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int vocab, uint64_t seed, struct result *res) {
+    struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B};
+    struct breq *rq = xcalloc(B, sizeof *rq);
+    struct bref *refs = xcalloc(B, sizeof *refs);
+    struct vllm_request **h = xcalloc(B, sizeof *h);
+    int32_t *ids = xmalloc(sizeof(int32_t) * in_len);
+    struct vllm_sampling_params sp;
+    vllm_sampling_params_default(&sp);
+    sp.temperature = 0;
+    sp.ignore_eos = 1;
+    sp.max_tokens = out_len;
+    int rc = 0;
+    double t0 = now_s();
+    for (int b = 0; b < B && !rc; b++) {
+        for (int i = 0; i < in_len; i++) { // distinct random prompts
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
+        }
+        struct vllm_prompt p;
+        vllm_prompt_default(&p);
+        p.token_ids = ids;
+        p.num_token_ids = in_len;
+        refs[b] = (struct bref){&st, &rq[b]};
+        rq[b].t_submit = now_s();
+        rc = vllm_submit(e, &p, &sp, bench_cb, &refs[b], &h[b]);
+        if (rc) {
+            pthread_mutex_lock(&st.mu);
+            st.pending -= B - b;
+            pthread_mutex_unlock(&st.mu);
+        }
+    }
+    pthread_mutex_lock(&st.mu);
+    while (st.pending > 0) pthread_cond_wait(&st.cv, &st.mu);
+    pthread_mutex_unlock(&st.mu);
+    double first_all = 0, last_all = 0, ttft = 0, tpot = 0;
+    for (int b = 0; b < B; b++) {
+        if (h[b]) vllm_request_free(h[b]);
+        first_all = MAX(first_all, rq[b].t_first);
+        last_all = MAX(last_all, rq[b].t_last);
+        ttft += rq[b].t_first - rq[b].t_submit;
+        if (rq[b].n > 1) tpot += (rq[b].t_last - rq[b].t_first) / (rq[b].n - 1);
+    }
+    res->batch = B;
+    res->prefill_tps = (double)B * in_len / (first_all - t0);
+    res->decode_tps = out_len > 1 ? (double)B * (out_len - 1) / (last_all - first_all) : 0;
+    res->ttft_ms = 1e3 * ttft / B;
+    res->tpot_ms = 1e3 * tpot / B;
+    res->wall_s = last_all - t0;
+    free(rq), free(refs), free(h), free(ids);
+    return rc;
+}
 
 int cli_bench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "vllm bench: not implemented yet\n");
-    return 2;
+    struct vllm_engine_params ep;
+    vllm_engine_params_default(&ep);
+    const char *sizes = "1,8,32", *v;
+    int in_len = 512, out_len = 128, json = 0, warmup = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int r = cli_engine_flag(argc, argv, &i, &ep);
+        if (r < 0) return 2;
+        if (r) continue;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) return usage(stdout), 0;
+        else if (!strcmp(f, "--batch-sizes")) { if (!(sizes = cli_value(argc, argv, &i))) return 2; }
+        else if (!strcmp(f, "--input-len")) { if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 24, &in_len)) return 2; }
+        else if (!strcmp(f, "--output-len")) { if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 24, &out_len)) return 2; }
+        else if (!strcmp(f, "--warmup")) { if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 0, 100, &warmup)) return 2; }
+        else if (!strcmp(f, "--json")) json = 1;
+        else {
+            fprintf(stderr, "vllm bench: unknown option '%s'\n", f);
+            usage(stderr);
+            return 2;
+        }
+    }
+    int32_t *bs;
+    int nb = cli_ids(sizes, &bs);
+    if (!ep.model || nb <= 0) {
+        usage(stderr);
+        return 2;
+    }
+    int maxb = 0;
+    for (int i = 0; i < nb; i++) maxb = MAX(maxb, bs[i]);
+    if (ep.max_num_seqs < maxb) ep.max_num_seqs = maxb;
+    if (!ep.max_model_len) ep.max_model_len = in_len + out_len;
+    struct vllm_engine *e;
+    double tl = now_s();
+    if (vllm_engine_load(&ep, &e)) {
+        fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
+        free(bs);
+        return 2;
+    }
+    tl = now_s() - tl;
+    struct vllm_model_info info;
+    vllm_engine_info(e, &info);
+    struct result *res = xcalloc(nb, sizeof *res);
+    int rc = 0;
+    if (warmup) {
+        struct result w;
+        rc = run_batch(e, warmup, MIN(in_len, 64), MIN(out_len, 4), info.vocab_size, 7, &w);
+    }
+    for (int i = 0; i < nb && !rc; i++) rc = run_batch(e, bs[i], in_len, out_len, info.vocab_size, 1000 + i, &res[i]);
+    if (rc) fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
+    else if (json) {
+        printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, "
+               "\"load_format\": \"%s\", \"weight_bytes\": %lld, \"load_s\": %.3f, \"input_len\": %d, \"output_len\": %d, "
+               "\"results\": [",
+               info.model_name, info.architecture, ep.device, ep.dtype, ep.num_threads, ep.load_format,
+               (long long)info.weight_bytes, tl, in_len, out_len);
+        for (int i = 0; i < nb; i++)
+            printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
+                   "\"tpot_ms\": %.3f, \"wall_s\": %.3f}",
+                   i ? ", " : "", res[i].batch, res[i].prefill_tps, res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms,
+                   res[i].wall_s);
+        printf("]}\n");
+    } else {
+        printf("model %s (%s), device %s, dtype %s, weights %.1f MB, loaded in %.2f s\n", info.model_name,
+               info.architecture, ep.device, ep.dtype, info.weight_bytes / 1e6, tl);
+        printf("input %d, output %d tokens per request\n", in_len, out_len);
+        printf("%6s %14s %14s %10s %10s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms", "TPOT ms");
+        for (int i = 0; i < nb; i++)
+            printf("%6d %14.1f %14.1f %10.1f %10.2f\n", res[i].batch, res[i].prefill_tps, res[i].decode_tps,
+                   res[i].ttft_ms, res[i].tpot_ms);
+    }
+    vllm_engine_free(e);
+    free(res);
+    free(bs);
+    return rc ? 1 : 0;
 }
