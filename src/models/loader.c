@@ -124,8 +124,19 @@ int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **
     return VLLM_OK;
 }
 
+static uint64_t name_seed(const char *name, uint64_t seed) {
+    uint64_t s = seed ^ 0x5bd1e995u;
+    for (const char *p = name; *p; p++) s = s * 1099511628211ull + (unsigned char)*p;
+    return s;
+}
+
 int loader_matrix(struct loader *l, const char *name, int64_t rows, int64_t cols, enum dtype dt, struct weight *w,
                   float dummy_std) {
+    if (!l->st) { // dummy: made on the device
+        TRY(l->be->ops->weight_random(l->be, w, rows, cols, dt, name_seed(name, l->seed), dummy_std));
+        l->device_bytes += (int64_t)dtype_size(w->dtype) * rows * cols;
+        return VLLM_OK;
+    }
     float *tmp = loader_tmp(l, rows * cols);
     TRY(loader_read(l, name, 2, (int64_t[]){rows, cols}, tmp, DUMMY_NORMAL, dummy_std));
     return loader_upload_matrix(l, tmp, rows, cols, dt, w);

@@ -94,6 +94,36 @@ static int cu_weight_upload(struct backend *be, struct weight *w, const float *s
     return VLLM_OK;
 }
 
+// Uniform values with standard deviation std from a counter hash, so every
+// element is independent of launch shape.
+template <typename T>
+__global__ void k_random(T *w, size_t n, uint64_t seed, float std) {
+    float a = std * 1.7320508f * 0x1.0p-31f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float v = a * (float)(int32_t)(z >> 32);
+        if constexpr (sizeof(T) == 2) w[i] = __float2bfloat16(v);
+        else w[i] = v;
+    }
+}
+
+static int cu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
+                            uint64_t seed, float std) {
+    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+    w->data = cu_alloc(be, bytes);
+    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
+    w->dtype = dt;
+    w->rows = rows;
+    w->cols = cols;
+    if (dt == DT_BF16) k_random<<<4096, 256, 0, cu(be)->stream>>>((__nv_bfloat16 *)w->data, n, seed, std);
+    else k_random<<<4096, 256, 0, cu(be)->stream>>>((float *)w->data, n, seed, std);
+    LAUNCH_CHECK();
+    return VLLM_OK;
+}
+
 __global__ void k_gather_ids(int32_t *ids, const int32_t *table, const int32_t *src, int n) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n) ids[t] = table[src[t]];
@@ -239,6 +269,7 @@ static const struct backend_ops cuda_ops = {
     cu_memset0,
     cu_sync,
     cu_weight_upload,
+    cu_weight_random,
     cu_gather_ids,
     cu_embed,
     cu_rmsnorm,
