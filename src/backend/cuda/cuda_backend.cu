@@ -79,8 +79,12 @@ static int cu_weight_upload(struct backend *be, struct weight *w, const float *s
     w->dtype = dt;
     w->rows = rows;
     w->cols = cols;
+    // On our stream, after the zeroing memset that cu_alloc queued there (a plain
+    // cudaMemcpy runs on the legacy stream, which does not wait for ours).
+    cudaStream_t s = cu(be)->stream;
     if (dt == DT_F32) {
-        CUDA_CHECK(cudaMemcpy(w->data, src, bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpyAsync(w->data, src, bytes, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
         return VLLM_OK;
     }
     // bf16: convert on the host in slabs, round to nearest even
@@ -89,7 +93,8 @@ static int cu_weight_upload(struct backend *be, struct weight *w, const float *s
     for (size_t i = 0; i < n; i += slab) {
         size_t m = n - i < slab ? n - i : slab;
         for (size_t k = 0; k < m; k++) tmp[k] = f32_to_bf16(src[i + k]);
-        CUDA_CHECK(cudaMemcpy((uint16_t *)w->data + i, tmp.data(), m * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpyAsync((uint16_t *)w->data + i, tmp.data(), m * 2, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s)); // tmp is reused by the next slab
     }
     return VLLM_OK;
 }
