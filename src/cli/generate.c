@@ -83,6 +83,10 @@ static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct
             while (!jobs[i - 1].done && (stagger < 0 || jobs[i - 1].ngot < stagger)) pthread_cond_wait(&all.cv, &all.mu);
             pthread_mutex_unlock(&all.mu);
         }
+        if (jobs[i].want == 0) { // nothing to compare for this prompt
+            jobs[i].done = 1;
+            continue;
+        }
         struct vllm_sampling_params sp = *base;
         sp.max_tokens = jobs[i].want;
         struct vllm_prompt p;

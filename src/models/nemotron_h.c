@@ -294,6 +294,11 @@ static int nh_load(const char *dir, const json_t *config, const struct model_loa
 
     struct loader l;
     rc = loader_open(&l, dir, o->dummy, o->seed, be);
+    // bf16: the parameters kept in fp32 on the device (norms, conv, dt_bias, D,
+    // A_log, embeddings, router) hold bf16 values too, as when a model is cast to
+    // bf16; the MoE correction bias stays fp32, as transformers and vLLM keep it
+    l.round_bf16 = o->weight_dtype == DT_BF16;
+    l.keep_fp32 = "e_score_correction_bias";
     if (!rc) rc = load_weights(m, &l, o->weight_dtype);
     m->base.spec.weight_bytes = l.device_bytes;
     loader_close(&l);
