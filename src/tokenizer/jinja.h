@@ -33,7 +33,7 @@ struct chat_template;
 struct jinja_render_opts {
     int64_t now;          // unix seconds for strftime_now (0: the current time)
     size_t max_output;    // bytes of output, and of any one string (default 64 MiB)
-    int64_t max_steps;    // evaluation steps: nodes, loop items, bytes / 64 (default 200M)
+    int64_t max_steps;    // evaluation steps: nodes, loop items, bytes / 64 (default 50M)
     int max_call_depth;   // nested macro calls (default 64)
 };
 void jinja_render_opts_default(struct jinja_render_opts *o);

@@ -7,7 +7,7 @@
 void jinja_render_opts_default(struct jinja_render_opts *o) {
     o->now = 0;
     o->max_output = (size_t)64 << 20;
-    o->max_steps = 200 * 1000 * 1000;
+    o->max_steps = 50 * 1000 * 1000;
     o->max_call_depth = 64;
 }
 

