@@ -9,11 +9,16 @@
 //   - strip/lstrip/rstrip(chars) strip only chars (the oracle ignores chars);
 //   - floats stay floats: 1.0 prints and serializes as "1.0", Python's repr
 //     rules for exponents, NaN / Infinity in tojson, tojson(indent=0) indents;
+//     division by zero is an error, not Infinity;
 //   - string length, indexing and slicing count code points, not UTF-16 units;
-//   - == is Python's (none != undefined, "1" != 1, lists compare by value);
+//   - == is Python's (none != undefined, "" != 0, lists compare by value);
 //     % and // follow Python's signs; sort_keys sorts by code point;
+//   - ~ and join print lists and dicts as JSON (the oracle prints
+//     JavaScript's "1,2" / "[object Map]"), and string + list is an error;
+//     "12abc"|int is 0, not 12;
 //   - whitespace (trim, strip, split(), {%- -%}) is Python's str.isspace set;
-//   - upper/lower use utf8proc's simple case mapping (ß stays ß);
+//   - upper/lower: utf8proc's simple case mapping plus ß -> SS, the Latin
+//     ligatures, İ and final sigma (not the rarer multi-character casings);
 //   - a for-else block runs only when the loop has no items.
 // Where the oracle raises an error we may render as Python's Jinja2 does
 // (iterating a string or undefined, string comparison, "ab" * 2, tests with
