@@ -16,7 +16,7 @@ for src in tests/fuzz/fuzz_*.c; do
     name=$(basename "$src" .c); short=${name#fuzz_}
     mkdir -p "build-fuzz/corpus/$short" "build-fuzz/crashes/$short"
     echo "fuzz: $short for ${secs}s"
-    if ! build-fuzz/$name -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    if ! build-fuzz/tests/$name -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
             -artifact_prefix="build-fuzz/crashes/$short/" \
             "build-fuzz/corpus/$short" "tests/fuzz/corpus/$short" 2>build-fuzz/$short.log; then
         tail -30 build-fuzz/$short.log; status=1

@@ -26,12 +26,3 @@ int text_stream_push(struct text_stream *s, int32_t id, char **out, size_t *len)
 }
 void text_stream_flush(struct text_stream *s, char **out, size_t *len) { (void)s, (void)out, (void)len; }
 void text_stream_free(struct text_stream *s) { (void)s; }
-int chat_template_load(const char *model_dir, struct chat_template **out) {
-    (void)model_dir, (void)out;
-    return VLLM_ERR_IO;
-}
-int chat_template_render(const struct chat_template *ct, const json_t *request, char **out) {
-    (void)ct, (void)request, (void)out;
-    return vllm_err(VLLM_ERR_UNSUPPORTED, "no chat template");
-}
-void chat_template_free(struct chat_template *ct) { (void)ct; }
