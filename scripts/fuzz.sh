@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
-cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DVLLM_FUZZ=ON \
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DVLLM_FUZZ=ON -DVLLM_CUDA=OFF \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link,address,undefined" >/dev/null
 cmake --build build-fuzz -j "$(nproc)" --target $(cd tests/fuzz && ls fuzz_*.c | sed 's/\.c$//') >/dev/null
