@@ -35,8 +35,8 @@ const char *tok_token_str(const struct tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->vocab_size) return NULL;
     if (t->added_by_id[id] >= 0) {
         const struct added_token *a = &t->added[t->added_by_id[id]];
-        *len = a->len;
-        return a->content;
+        *len = a->piece_len;
+        return a->piece;
     }
     if (id < t->n_ids && t->tok_len[id] != UINT32_MAX) {
         *len = t->tok_len[id];

@@ -154,7 +154,7 @@ int tok_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
 
 const char *tok_id_to_piece(const struct tokenizer *t, int32_t id) {
     if (id < 0 || id >= t->vocab_size) return NULL;
-    if (t->added_by_id[id] >= 0) return t->added[t->added_by_id[id]].content;
+    if (t->added_by_id[id] >= 0) return t->added[t->added_by_id[id]].piece;
     if (id < t->n_ids && t->tok_len[id] != UINT32_MAX) return t->arena.p + t->tok_off[id];
     return NULL;
 }

@@ -118,6 +118,8 @@ struct added_token {
     int32_t id;
     char *content;
     size_t len;
+    char *piece; // its string for decoding: content, normalized when `normalized` (as HF)
+    size_t piece_len;
     int special, lstrip, rstrip, single_word, normalized;
 };
 

@@ -422,7 +422,13 @@ static int build_matchers(struct tokenizer *t) {
             int cut = 0;
             TRY(tok_normalize(t->normalizer, a->content, a->len, &ns, &nl, &cut));
             matcher_add(&t->match_norm, ns, nl, i);
-            free(ns);
+            t->added[i].piece = ns;
+            t->added[i].piece_len = nl;
+        }
+    for (int i = 0; i < t->n_added; i++)
+        if (!t->added[i].piece) {
+            t->added[i].piece = xstrdup(t->added[i].content);
+            t->added[i].piece_len = t->added[i].len;
         }
     t->vocab_size = t->n_ids;
     for (int i = 0; i < t->n_added; i++) t->vocab_size = MAX(t->vocab_size, t->added[i].id + 1);
@@ -556,7 +562,10 @@ void tok_free(struct tokenizer *t) {
     free(t->cont_prefix);
     free(t->eow_suffix);
     free(t->char_id);
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
+    for (int i = 0; i < t->n_added; i++) {
+        free(t->added[i].content);
+        free(t->added[i].piece);
+    }
     free(t->added);
     free(t->added_by_id);
     strmap_free(&t->added_map);

@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
         if (ci >= nc) break;
         size_t len = 0;
         char *text = tokfx_entry(corpus[ci], &len);
-        json_t *e = json_loads(fx[i], 0, NULL);
+        json_t *e = json_loads(fx[i], JSON_ALLOW_NUL, NULL);
         if (!text || !e) {
             CHECKF(0, "bad line %d", i);
             free(text);

@@ -101,7 +101,7 @@ async function run(name, corpus) {
   console.log(`oracle: ${name} (${source}): ${corpus.length} strings, ${diffs} decode != input`);
 }
 
-export const SYNTH = ['synth_metaspace', 'synth_norms', 'synth_split', 'synth_ws', 'synth_wssplit'];
+export const SYNTH = ['synth_metaspace', 'synth_meta2', 'synth_norms', 'synth_split', 'synth_ws', 'synth_wssplit'];
 
 if (process.argv[1] === fileURLToPath(import.meta.url)) {
   const corpus = readCorpus();
