@@ -53,6 +53,7 @@ struct text_stream *text_stream_create(const struct tokenizer *t, const int32_t 
     s->skip_special = skip_special;
     s->include_stop = include_stop;
     s->byte_fallback = has_byte_fallback(t->decoder);
+    xgrow((void **)&s->ids, &s->cap, 16, sizeof *s->ids);
     int k = MIN(MAX(num_prompt, 0), CONTEXT_IDS);
     for (int i = num_prompt - k; i < num_prompt; i++) {
         if (prompt_ids[i] < 0 || prompt_ids[i] >= t->vocab_size) continue;

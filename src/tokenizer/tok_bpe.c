@@ -114,12 +114,15 @@ int tok_merges_build(struct tokenizer *t, const json_t *merges) {
         const char *a, *b;
         size_t al, bl;
         char *sp = NULL;
+        int rc = VLLM_OK;
         if (json_is_string(e)) {
             a = json_string_value(e);
             size_t l = json_string_length(e);
             sp = memchr(a, ' ', l);
-            if (!sp || memchr(sp + 1, ' ', l - (size_t)(sp + 1 - a)))
+            if (!sp || memchr(sp + 1, ' ', l - (size_t)(sp + 1 - a))) {
+                free(cat.p);
                 return vllm_err(VLLM_ERR_FORMAT, "model.merges[%zu]: '%.80s' is not two tokens", i, a);
+            }
             al = (size_t)(sp - a);
             b = sp + 1;
             bl = l - al - 1;
@@ -130,13 +133,18 @@ int tok_merges_build(struct tokenizer *t, const json_t *merges) {
             b = json_string_value(json_array_get(e, 1));
             bl = json_string_length(json_array_get(e, 1));
         } else {
+            free(cat.p);
             return vllm_err(VLLM_ERR_FORMAT, "model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", i);
         }
         int32_t ia = vocab_get(t, a, al), ib = vocab_get(t, b, bl);
         if (ia < 0 || ib < 0)
-            return vllm_err(VLLM_ERR_FORMAT, "model.merges[%zu]: token '%.*s' is not in the vocab", i,
-                            (int)MIN(ia < 0 ? al : bl, 80), ia < 0 ? a : b);
-        if (bl < pl) return vllm_err(VLLM_ERR_FORMAT, "model.merges[%zu]: token shorter than the prefix", i);
+            rc = vllm_err(VLLM_ERR_FORMAT, "model.merges[%zu]: token '%.*s' is not in the vocab", i,
+                          (int)MIN(ia < 0 ? al : bl, 80), ia < 0 ? a : b);
+        else if (bl < pl) rc = vllm_err(VLLM_ERR_FORMAT, "model.merges[%zu]: token shorter than the prefix", i);
+        if (rc) {
+            free(cat.p);
+            return rc;
+        }
         cat.len = 0;
         sbuf_add(&cat, a, al);
         sbuf_add(&cat, b + pl, bl - pl);

@@ -446,6 +446,7 @@ struct ids {
 };
 
 static void ids_cat(struct ids *d, const int32_t *s, int n, int at_front) {
+    if (n <= 0) return;
     d->v = xrealloc(d->v, (size_t)(d->n + n + 1) * sizeof *d->v);
     if (at_front) {
         memmove(d->v + n, d->v, (size_t)d->n * sizeof *d->v);

@@ -125,7 +125,7 @@ int uni_is_punctuation(uint32_t cp) {
 // ------------------------------------------------------------------ sbuf --
 
 void sbuf_reserve(struct sbuf *b, size_t extra) {
-    if (b->len + extra <= b->cap) return;
+    if (b->p && b->len + extra <= b->cap) return; // after any call, p is not NULL
     size_t c = b->cap ? b->cap : 64;
     while (c < b->len + extra) c *= 2;
     b->p = xrealloc(b->p, c);

@@ -18,9 +18,19 @@
 #define VLLM_SOURCE_DIR "."
 #endif
 
+// The source tree: VLLM_FIXTURES/../.. when set (fuzz harnesses), else the
+// compile-time VLLM_SOURCE_DIR.
+static inline const char *tokfx_root(void) {
+    static char root[4096];
+    const char *fx = getenv("VLLM_FIXTURES");
+    if (fx && *fx) snprintf(root, sizeof root, "%s/../..", fx);
+    else snprintf(root, sizeof root, "%s", VLLM_SOURCE_DIR);
+    return root;
+}
+
 static inline char *tokfx_path(const char *fmt, const char *name) {
     char buf[4096];
-    snprintf(buf, sizeof buf, fmt, VLLM_SOURCE_DIR, name);
+    snprintf(buf, sizeof buf, fmt, tokfx_root(), name);
     return xstrdup(buf);
 }
 
