@@ -6,6 +6,12 @@
 #include "tokenizer/tok_internal.h"
 
 static int unicode_form(const char *s, size_t n, int flags, struct sbuf *o) {
+    size_t i = 0;
+    while (i < n && (uint8_t)s[i] < 0x80) i++;
+    if (i == n) { // ASCII is already in every normal form
+        sbuf_add(o, s, n);
+        return VLLM_OK;
+    }
     utf8proc_uint8_t *r = NULL;
     utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &r,
                                       (utf8proc_option_t)(UTF8PROC_STABLE | flags));
