@@ -179,7 +179,7 @@ void text_stream_flush(struct text_stream *s, char **out, size_t *out_len) {
     if (wl >= s->text.len && !memcmp(want, s->text.p, s->text.len)) {
         add_text(s, want + s->text.len, wl - s->text.len, 1, out, out_len);
     } else {
-        diag_printf("text_stream: streamed text is not a prefix of the full decode\n");
+        if (diag_on("tokenizer")) diag_printf("text_stream: streamed text is not a prefix of the full decode\n");
         add_text(s, "", 0, 1, out, out_len);
     }
     free(ctx);
