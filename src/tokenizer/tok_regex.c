@@ -148,12 +148,20 @@ int tok_regex_find_all(const struct tok_regex *re, const char *s, size_t n, int 
         return VLLM_OK;
     }
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    pcre2_match_context *mc = NULL;
+    pcre2_jit_stack *js = NULL;
     size_t pos = 0, last_end = (size_t)-1;
     int rc = VLLM_OK;
     while (pos <= n) {
-        int r = re->jit ? pcre2_jit_match(re->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL)
+        int r = re->jit ? pcre2_jit_match(re->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mc)
                         : -999;
-        if (r < 0 && r != PCRE2_ERROR_NOMATCH) // no JIT, or its stack ran out
+        if (r == PCRE2_ERROR_JIT_STACKLIMIT && !mc) { // the default 32 KiB: retry with up to 64 MiB
+            js = pcre2_jit_stack_create(1 << 16, 1 << 26, NULL);
+            mc = pcre2_match_context_create(NULL);
+            pcre2_jit_stack_assign(mc, NULL, js);
+            continue;
+        }
+        if (r < 0 && r != PCRE2_ERROR_NOMATCH) // no JIT, or its stack ran out anyway
             r = pcre2_match(re->code, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
         if (r == PCRE2_ERROR_NOMATCH) break;
         if (r < 0) {
@@ -174,5 +182,7 @@ int tok_regex_find_all(const struct tok_regex *re, const char *s, size_t n, int 
         pos = me;
     }
     pcre2_match_data_free(md);
+    pcre2_match_context_free(mc);
+    if (js) pcre2_jit_stack_free(js);
     return rc;
 }
