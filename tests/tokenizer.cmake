@@ -2,7 +2,7 @@
 # tools/oracle/tokenizer/node_modules (scripts/install-deps.sh) and the
 # oracle's outputs from tests/fixtures/tokenizer (tools/oracle/tokenizer/oracle.mjs).
 set(VLLM_TOK_ORACLE qwen3 llama3 gpt4o gptoss deepseek_v3 llama2 gemma3
-    synth_metaspace synth_norms synth_split synth_ws synth_wssplit)
+    synth_metaspace synth_meta2 synth_norms synth_split synth_ws synth_wssplit)
 vllm_test_exe(test_tok_oracle tokenizer/test_tok_oracle.c)
 target_compile_definitions(test_tok_oracle PRIVATE VLLM_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 foreach(name ${VLLM_TOK_ORACLE})
