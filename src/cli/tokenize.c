@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "core/common.h"
+#include "core/json.h"
 #include "tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {
@@ -103,6 +104,26 @@ static int run_jsonl(const struct tokenizer *t, const char *path, int decode) {
     return rc;
 }
 
+// Prints the chat template of `model` rendered for the request in `path`:
+// {"messages": [...], "add_generation_prompt": bool, "tools": [...]}.
+static int run_chat(const char *model, const char *path) {
+    struct chat_template *ct;
+    json_t *req = NULL;
+    char *out = NULL;
+    int rc = chat_template_load(model, &ct);
+    if (rc == VLLM_ERR_IO && !strstr(vllm_last_error(), model)) vllm_err(rc, "%s has no chat template", model);
+    if (!rc) {
+        rc = json_load_path(path, &req);
+        if (!rc) rc = chat_template_render(ct, req, &out);
+        chat_template_free(ct);
+    }
+    if (rc) fprintf(stderr, "vllm tokenize: %s\n", vllm_last_error());
+    else fputs(out, stdout);
+    free(out);
+    json_decref(req);
+    return rc ? 1 : 0;
+}
+
 int cli_tokenize(int argc, char **argv) {
     const char *model = NULL, *jsonl = NULL, *chat = NULL, *text = NULL;
     int ids_only = 0, decode = 0, add_special = 1;
@@ -136,12 +157,7 @@ int cli_tokenize(int argc, char **argv) {
         fprintf(stderr, "vllm tokenize: --decode needs --jsonl FILE\n");
         return 2;
     }
-    if (chat) {
-        // TODO(chat templates): render via chat_template_load / chat_template_render
-        // once the chat template branch is merged.
-        fprintf(stderr, "vllm tokenize: --chat is not available in this build yet\n");
-        return 2;
-    }
+    if (chat) return run_chat(model, chat);
     struct tokenizer *t;
     if (tok_load(model, &t)) {
         fprintf(stderr, "vllm tokenize: %s\n", vllm_last_error());
