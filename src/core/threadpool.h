@@ -1,5 +1,6 @@
-// threadpool.h - a fixed pool of worker threads for parallel loops. Idle
-// workers sleep on a condition variable: nothing spins between calls.
+// threadpool.h - a fixed pool of worker threads for parallel loops. Between
+// calls a worker polls for at most VLLM_CPU_SPIN_US microseconds (default
+// 100), then sleeps on a condition variable: an idle pool does not spin.
 #ifndef VLLM_CORE_THREADPOOL_H
 #define VLLM_CORE_THREADPOOL_H
 

@@ -2,16 +2,28 @@
 #ifndef VLLM_BACKEND_CPU_H
 #define VLLM_BACKEND_CPU_H
 
+#include <math.h>
+
 #include "backend/backend.h"
 #include "core/threadpool.h"
+
+struct fast_kern;
 
 struct cpu_impl {
     struct tpool *pool;
     void **scratch;       // per thread
     size_t *scratch_size; // bytes of each
+    int reference;        // 1: the reference ops (VLLM_CPU_REFERENCE=1)
+    struct fast_kern *kern; // the fast path's kernels (fast.h)
+    void *shared[4];      // scratch shared by the threads of one fast op
+    size_t shared_size[4];
 };
 
 static inline struct cpu_impl *cpu_of(struct backend *be) { return be->impl; }
+// A CPU backend with the reference ops (reference=1) or the fast path on the
+// kernels of `isa` (enum fast_isa; -1: the best this CPU has). backend_cpu_create
+// picks from VLLM_CPU_REFERENCE and VLLM_CPU_ISA; tests make both.
+int cpu_backend_create(int num_threads, int reference, int isa, struct backend **out);
 // Per-thread scratch of at least `bytes` (kept between calls).
 void *cpu_scratch(struct backend *be, int thread, size_t bytes);
 void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);

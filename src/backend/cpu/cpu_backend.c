@@ -1,4 +1,5 @@
-// cpu_backend.c - the CPU fp32 reference backend: memory, dense ops, sampling.
+// cpu_backend.c - the CPU fp32 reference backend: memory, dense ops, sampling;
+// and the choice between it and the fast path (fast.h) at creation.
 // Device memory is host memory, but every op still goes through this table,
 // so the CPU tests cover the engine's device path.
 #include <cblas.h>
@@ -6,7 +7,9 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/fast.h"
 #include "core/common.h"
+#include "io/dtype.h"
 #include "sample/sampler.h"
 
 void *cpu_scratch(struct backend *be, int thread, size_t bytes) {
@@ -26,6 +29,8 @@ void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int th
 static void cpu_destroy(struct backend *be) {
     struct cpu_impl *c = cpu_of(be);
     for (int i = 0; i < be->num_threads; i++) free(c->scratch[i]);
+    for (int i = 0; i < 4; i++) free(c->shared[i]);
+    free(c->kern);
     free(c->scratch);
     free(c->scratch_size);
     tpool_free(c->pool);
@@ -51,14 +56,20 @@ static void cpu_memset0(struct backend *be, void *dst, size_t n) {
 }
 static void cpu_sync(struct backend *be) { (void)be; }
 
-// The reference keeps fp32 weights whatever dtype is asked for.
+// The reference keeps fp32 weights whatever dtype is asked for; a bf16
+// weight holds bf16 values (rounded to nearest even), as the fast path's.
+static void round_bf16(float *d, size_t n, enum dtype dt) {
+    if (dt == DT_BF16)
+        for (size_t i = 0; i < n; i++) d[i] = bf16_to_f32(f32_to_bf16(d[i]));
+}
+
 static int cpu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
                              enum dtype dt) {
-    (void)dt;
     size_t bytes = sizeof(float) * rows * cols;
     w->data = cpu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
     memcpy(w->data, src, bytes);
+    round_bf16(w->data, (size_t)rows * cols, dt);
     w->dtype = DT_F32;
     w->rows = rows;
     w->cols = cols;
@@ -67,7 +78,6 @@ static int cpu_weight_upload(struct backend *be, struct weight *w, const float *
 
 static int cpu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
                              uint64_t seed, float std) {
-    (void)dt;
     size_t n = (size_t)rows * cols;
     w->data = cpu_alloc(be, sizeof(float) * n);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", sizeof(float) * n);
@@ -80,6 +90,7 @@ static int cpu_weight_random(struct backend *be, struct weight *w, int64_t rows,
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         d[i] = a * (float)(int32_t)(x >> 32);
     }
+    round_bf16(d, n, dt);
     return VLLM_OK;
 }
 
@@ -205,19 +216,112 @@ static const struct backend_ops cpu_ops = {
     .sample = cpu_sample,
 };
 
-int backend_cpu_create(int num_threads, struct backend **out) {
+// Row-parallel rmsnorm for the fast path: the reference's row function, so
+// the results are the reference's bit for bit.
+struct norm_ctx {
+    float *res, *out;
+    const float *x, *w;
+    int n, dim, per;
+    float eps;
+};
+
+static void norm_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct norm_ctx *c = ctx;
+    for (int t = i * c->per; t < MIN(c->n, (i + 1) * c->per); t++) {
+        int64_t o = (int64_t)t * c->dim;
+        if (c->res) {
+            for (int k = 0; k < c->dim; k++) c->res[o + k] += c->x[o + k];
+            rmsnorm_row(c->out + o, c->res + o, c->w, c->dim, c->eps);
+        } else {
+            rmsnorm_row(c->out + o, c->x + o, c->w, c->dim, c->eps);
+        }
+    }
+}
+
+static void par_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    struct norm_ctx c = {NULL, out, x, w, n, dim, 16, eps};
+    cpu_parallel(be, CDIV(n, c.per), norm_task, &c);
+}
+
+static void par_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
+                            float eps) {
+    struct norm_ctx c = {res, out, x, w, n, dim, 16, eps};
+    cpu_parallel(be, CDIV(n, c.per), norm_task, &c);
+}
+
+// The fast path: its own weights, matmul, Mamba2, attention and experts;
+// the reference elsewhere (row-parallel where rows are many).
+static const struct backend_ops fast_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .weight_upload = fast_weight_upload,
+    .weight_random = fast_weight_random,
+    .gather_ids = cpu_gather_ids,
+    .embed = fast_embed,
+    .rmsnorm = par_rmsnorm,
+    .add_rmsnorm = par_add_rmsnorm,
+    .matmul = fast_matmul,
+    .gather_rows = cpu_gather_rows,
+    .add = cpu_add,
+    .relu2 = cpu_relu2,
+    .sum_sq = cpu_sum_sq,
+    .conv1d_fwd = fast_conv1d_fwd,
+    .conv1d_update = fast_conv1d_update,
+    .ssd_prefill = fast_ssd_prefill,
+    .ssd_decode = fast_ssd_decode,
+    .gated_rmsnorm = fast_gated_rmsnorm,
+    .kv_write = cpu_kv_write,
+    .attn_prefill = fast_attn_prefill,
+    .attn_decode = fast_attn_decode,
+    .moe_route = cpu_moe_route,
+    .moe_experts = fast_moe_experts,
+    .sample = cpu_sample,
+};
+
+int cpu_backend_create(int num_threads, int reference, int isa, struct backend **out) {
     if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (num_threads <= 0) num_threads = 1;
+    enum fast_isa best = fast_detect();
+    if (isa < 0) isa = best;
+    if (!reference && isa > (int)best)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "this CPU lacks %s (it has %s)", fast_isa_name(isa), fast_isa_name(best));
     struct backend *be = xcalloc(1, sizeof *be);
     struct cpu_impl *c = xcalloc(1, sizeof *c);
     c->pool = tpool_create(num_threads);
     c->scratch = xcalloc(num_threads, sizeof(void *));
     c->scratch_size = xcalloc(num_threads, sizeof(size_t));
-    be->ops = &cpu_ops;
+    c->reference = reference;
+    c->kern = xcalloc(1, sizeof *c->kern);
+    fast_kern_for(reference ? FAST_SCALAR : (enum fast_isa)isa, c->kern);
+    be->ops = reference ? &cpu_ops : &fast_ops;
     be->num_threads = num_threads;
     be->kv_dtype = DT_F32;
     be->impl = c;
-    openblas_set_num_threads(num_threads);
+    // The reference lets OpenBLAS thread each call; the fast path calls it
+    // single-threaded from its own pool's tasks (its threads never run, so
+    // they never spin in sched_yield after a call).
+    openblas_set_num_threads(reference ? num_threads : 1);
     *out = be;
     return VLLM_OK;
+}
+
+// VLLM_CPU_REFERENCE=1: the reference ops; VLLM_CPU_ISA=scalar|avx2|avx512|
+// avx512_bf16 caps the fast path's kernels (default: the best this CPU has).
+int backend_cpu_create(int num_threads, struct backend **out) {
+    const char *r = getenv("VLLM_CPU_REFERENCE"), *s = getenv("VLLM_CPU_ISA");
+    int reference = r && *r && strcmp(r, "0") != 0, isa = -1;
+    if (s && *s) {
+        for (int i = FAST_SCALAR; i <= FAST_AVX512_BF16; i++)
+            if (!strcmp(s, fast_isa_name(i))) isa = i;
+        if (isa < 0)
+            return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_CPU_ISA=%s: expected scalar, avx2, avx512 or avx512_bf16", s);
+    }
+    return cpu_backend_create(num_threads, reference, isa, out);
 }

@@ -1,0 +1,112 @@
+// fast.h - the CPU fast path: kernels chosen at run time by CPU features
+// (AVX-512 with AVX512_BF16, AVX2 + FMA, portable C), bf16 weights packed for
+// them, and the ops built on them. The reference ops (cpu.h) stay the ground
+// truth; VLLM_CPU_REFERENCE=1 selects them instead.
+//
+// Weights on the fast path:
+// - DT_F32: row-major [rows, cols], as the reference keeps them.
+// - DT_BF16: packed in panels of 16 rows. Panel p holds rows 16p..16p+15; its
+//   pair q (columns 2q, 2q+1) is 16 uint32 lanes, lane j = W[16p+j][2q] |
+//   W[16p+j][2q+1] << 16. Columns are padded to an even count (kp), rows to a
+//   multiple of 16, with zeros. One layout serves both kernels: the fp32
+//   kernel turns a lane into two fp32 weights with a shift and a mask and
+//   multiplies them by broadcast activations (no horizontal sums), and the
+//   bf16 dot kernel feeds the lanes to vdpbf16ps as they are.
+#ifndef VLLM_BACKEND_CPU_FAST_H
+#define VLLM_BACKEND_CPU_FAST_H
+
+#include "backend/cpu/cpu.h"
+
+#define PK 16 // rows per panel
+
+static inline int64_t pk_kp(int64_t cols) { return (cols + 1) & ~(int64_t)1; }
+static inline int64_t pk_panels(int64_t rows) { return (rows + PK - 1) / PK; }
+// uint32 lanes per panel
+static inline int64_t pk_stride(int64_t cols) { return pk_kp(cols) / 2 * PK; }
+static inline const uint32_t *pk_panel(const struct weight *w, int64_t p) {
+    return (const uint32_t *)w->data + p * pk_stride(w->cols);
+}
+
+// One ISA's kernels. Every kernel computes y[i][c - c0] for rows i < m and
+// output columns c in [c0, c1) (weight rows), y rows ldy floats apart.
+struct fast_kern {
+    const char *name;
+    // packed bf16 weight, fp32 activations, fp32 arithmetic: x [m, ldx],
+    // 2*kp readable floats per row (the caller pads odd cols)
+    void (*mm_pk)(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                  int64_t c1);
+    // packed bf16 weight, bf16 activations xb [m, ldxb] (kp used), fp32
+    // accumulation; NULL where the CPU has no bf16 dot product
+    void (*mm_pk_dot)(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m, const struct weight *w,
+                      int64_t c0, int64_t c1);
+    // row-major fp32 weight
+    void (*mm_f32)(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                   int64_t c1);
+    void (*vexp)(float *y, const float *x, int64_t n);  // y = exp(x), in place allowed
+    void (*vsilu)(float *y, const float *x, int64_t n); // y = x * sigmoid(x), in place allowed
+    void (*to_bf16)(uint16_t *y, const float *x, int64_t n); // round to nearest even
+};
+
+extern const struct fast_kern fast_kern_scalar;
+#if defined(__x86_64__)
+extern const struct fast_kern fast_kern_avx2, fast_kern_avx512;
+// AVX512_BF16 kernels (fast_avx512bf16.c)
+void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
+                               const struct weight *w, int64_t c0, int64_t c1);
+void fast_to_bf16_avx512bf16(uint16_t *y, const float *x, int64_t n);
+#endif
+
+enum fast_isa { FAST_SCALAR, FAST_AVX2, FAST_AVX512, FAST_AVX512_BF16 };
+// The best ISA this CPU (and OS) supports.
+enum fast_isa fast_detect(void);
+const char *fast_isa_name(enum fast_isa isa);
+// Fills k with the kernels of isa (which the CPU must support).
+void fast_kern_for(enum fast_isa isa, struct fast_kern *k);
+
+static inline const struct fast_kern *fast_k(struct backend *be) { return cpu_of(be)->kern; }
+// Scratch shared by all threads of one op (slot 0..3), kept between calls.
+void *fast_shared(struct backend *be, int slot, size_t bytes);
+
+// Packs src [rows, cols] fp32 into the bf16 panel layout (rounding to
+// nearest even) in dst of fast_pk_bytes(rows, cols).
+size_t fast_pk_bytes(int64_t rows, int64_t cols);
+void fast_pack_bf16(struct backend *be, uint32_t *dst, const float *src, int64_t rows, int64_t cols);
+
+// y [n, ldy] (columns [c0, c1) of x @ W^T, written at y[i*ldy + c - c0]),
+// x [n, ldx]: the fast matmul on a column range, threaded.
+void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, int n,
+                      const struct weight *w, int64_t c0, int64_t c1);
+// The same for one calling thread (inside a parallel task). xb: x already
+// converted to bf16 ([n, ldxb]), or NULL.
+void fast_mm_serial(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, const uint16_t *xb,
+                    int64_t ldxb, int n, const struct weight *w, int64_t c0, int64_t c1);
+// Whether an n-row product with w runs the bf16 dot kernel (x converted to bf16).
+int fast_use_dot(struct backend *be, const struct weight *w, int n);
+
+// Fast ops (fast_*.c)
+void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+int fast_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
+                       enum dtype dt);
+int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
+                       uint64_t seed, float std);
+void fast_embed(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n);
+void fast_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                     float *conv_state, const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);
+void fast_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                        float *conv_state, const struct batch *b, const struct mamba_dims *d);
+void fast_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
+                      const float *A, const float *D, float *ssm_state, const struct batch *b, int seq0, int seq1,
+                      const struct mamba_dims *d);
+void fast_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
+                     const float *A, const float *D, float *ssm_state, const struct batch *b,
+                     const struct mamba_dims *d);
+void fast_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w,
+                        int n, int dim, int group_size, float eps);
+void fast_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                       const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
+void fast_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                      const void *v_cache, const struct batch *b, const struct attn_dims *d);
+void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
+                      const int32_t *ids, const float *weights, int n, int top_k);
+
+#endif

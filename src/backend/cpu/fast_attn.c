@@ -1,0 +1,88 @@
+// fast_attn.c - paged attention of the fast path as matrix products: per
+// (sequence, KV head, block of queries), the block's context is gathered
+// from the paged caches once for the H/Hkv query heads that share it; then
+// per head S = Q K^T, causal softmax, O = P V. Decode is the same with one
+// query per sequence. Caches and rows as in cpu_attn.c (the reference).
+#include <cblas.h>
+#undef I // complex.h's imaginary unit, pulled in by cblas.h
+#include <float.h>
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+#define QBLK 64 // queries per task
+
+struct attn_ctx {
+    struct backend *be;
+    float *out;
+    const float *qkv;
+    int ld;
+    const float *kc, *vc;
+    const struct batch *b;
+    int seq0;
+    const struct attn_dims *d;
+    int *task_seq, *task_q0; // per task: sequence, first query
+};
+
+static void attn_task(void *ctx, int task, int thread) {
+    struct attn_ctx *c = ctx;
+    const struct attn_dims *d = c->d;
+    const struct batch *b = c->b;
+    const struct fast_kern *k = fast_k(c->be);
+    int H = d->heads, Hkv = d->kv_heads, Dh = d->head_dim, hg = H / Hkv, bs = d->block_size, kvd = Hkv * Dh;
+    int kvh = task % Hkv, s = c->task_seq[task / Hkv], q0 = c->task_q0[task / Hkv];
+    int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, ctx0 = b->context_lens[s];
+    int nq = MIN(QBLK, L - q0), n = ctx0 + q0 + nq; // keys [0, n) cover the block's last query
+    const int32_t *bt = b->block_tables + (int64_t)s * b->max_blocks_per_seq;
+    float *kk = cpu_scratch(c->be, thread, sizeof(float) * ((size_t)2 * n * Dh + (size_t)nq * n));
+    float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh;
+    for (int j = 0; j < n; j++) {
+        int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
+        memcpy(kk + (int64_t)j * Dh, c->kc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
+        memcpy(vv + (int64_t)j * Dh, c->vc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
+    }
+    for (int hh = 0; hh < hg; hh++) {
+        int h = kvh * hg + hh;
+        const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + h * Dh;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, Dh, d->scale, q, c->ld, kk, Dh, 0.0f, sc, n);
+        for (int i = 0; i < nq; i++) { // query i sees keys [0, ctx0 + q0 + i]
+            float *r = sc + (int64_t)i * n, mx = -FLT_MAX, sum = 0;
+            int m = ctx0 + q0 + i + 1;
+            for (int j = 0; j < m; j++) mx = fmaxf(mx, r[j]);
+            for (int j = 0; j < m; j++) r[j] -= mx;
+            k->vexp(r, r, m);
+            for (int j = 0; j < m; j++) sum += r[j];
+            float inv = 1.0f / sum;
+            for (int j = 0; j < m; j++) r[j] *= inv;
+            for (int j = m; j < n; j++) r[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dh, n, 1.0f, sc, n, vv, Dh, 0.0f,
+                    c->out + (int64_t)(t0 + q0) * H * Dh + h * Dh, H * Dh);
+    }
+}
+
+static void attn_run(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                     const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
+    int nt = 0;
+    for (int s = seq0; s < seq1; s++) nt += CDIV(b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], QBLK);
+    int *ts = fast_shared(be, 0, sizeof(int) * 2 * (size_t)MAX(nt, 1)), *tq = ts + nt;
+    nt = 0;
+    for (int s = seq0; s < seq1; s++)
+        for (int q0 = 0; q0 < b->h_query_start_loc[s + 1] - b->h_query_start_loc[s]; q0 += QBLK) {
+            ts[nt] = s;
+            tq[nt++] = q0;
+        }
+    struct attn_ctx c = {be, out, qkv, ld, k_cache, v_cache, b, seq0, d, ts, tq};
+    cpu_parallel(be, nt * d->kv_heads, attn_task, &c);
+}
+
+void fast_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                       const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
+    attn_run(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d);
+}
+
+void fast_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                      const void *v_cache, const struct batch *b, const struct attn_dims *d) {
+    attn_run(be, out, qkv, ld, k_cache, v_cache, b, 0, b->num_decodes, d);
+}

@@ -1,0 +1,175 @@
+// fast_avx2.c - AVX2 + FMA kernels of the fast path (16 ymm registers: at
+// most 8 accumulators per tile). Built with -mavx2 -mfma; called only when
+// fast_detect() found them.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+#define INL static inline __attribute__((always_inline))
+
+INL void store_cols(float *yrow, __m256 lo8, __m256 hi8, int64_t pc, int64_t c0, int64_t c1) {
+    if (pc >= c0 && pc + 16 <= c1) {
+        _mm256_storeu_ps(yrow + (pc - c0), lo8);
+        _mm256_storeu_ps(yrow + (pc - c0) + 8, hi8);
+        return;
+    }
+    float t[16];
+    _mm256_storeu_ps(t, lo8);
+    _mm256_storeu_ps(t + 8, hi8);
+    for (int64_t c = MAX(c0, pc); c < MIN(c1, pc + 16); c++) yrow[c - c0] = t[c - pc];
+}
+
+// mb (<= 2) rows against np (<= 2) panels; each accumulator takes the even
+// and the odd column of a pair (two FMAs in a row, 8 chains in flight).
+INL void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint32_t *w, int64_t ps, int64_t kp2,
+                 int64_t pc, int64_t c0, int64_t c1, const int mb, const int np) {
+    __m256 acc[2][2][2];
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 2
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < np; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    for (int64_t q = 0; q < kp2; q++) {
+#pragma GCC unroll 2
+        for (int j = 0; j < np; j++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + j * ps + q * 16 + h * 8));
+                __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+#pragma GCC unroll 2
+                for (int i = 0; i < mb; i++) {
+                    acc[i][j][h] = _mm256_fmadd_ps(we, _mm256_set1_ps(x[i * ldx + 2 * q]), acc[i][j][h]);
+                    acc[i][j][h] = _mm256_fmadd_ps(wo, _mm256_set1_ps(x[i * ldx + 2 * q + 1]), acc[i][j][h]);
+                }
+            }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 2
+        for (int j = 0; j < np; j++) store_cols(y + i * ldy, acc[i][j][0], acc[i][j][1], pc + 16 * j, c0, c1);
+}
+
+static void mm_pk(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                  int64_t c1) {
+    int64_t kp2 = pk_kp(w->cols) / 2, ps = pk_stride(w->cols), p1 = (c1 + PK - 1) / PK;
+    for (int64_t p = c0 / PK; p < p1; p += 2) {
+        int np = (int)MIN(2, p1 - p);
+        for (int i = 0; i < m; i += 2) {
+            int mb = MIN(2, m - i);
+            float *yy = y + (int64_t)i * ldy;
+            const float *xx = x + (int64_t)i * ldx;
+            const uint32_t *wp = pk_panel(w, p);
+            if (mb == 1 && np == 1) pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 1, 1);
+            else if (mb == 1) pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 1, 2);
+            else if (np == 1) pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 2, 1);
+            else pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 2, 2);
+        }
+    }
+}
+
+INL float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// mb (<= 2) rows of x against rb (<= 4) weight rows, dot products along K.
+INL void f32_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t K, int64_t yoff,
+                  const int mb, const int rb) {
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < rb; j++) acc[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+#pragma GCC unroll 2
+        for (int i = 0; i < mb; i++) {
+            __m256 xv = _mm256_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < rb; j++) acc[i][j] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w + j * K + k), acc[i][j]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < rb; j++) {
+            float s = hsum8(acc[i][j]);
+            for (int64_t kk = k; kk < K; kk++) s += x[i * ldx + kk] * w[j * K + kk];
+            y[i * ldy + yoff + j] = s;
+        }
+}
+
+static void mm_f32(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                   int64_t c1) {
+    int64_t K = w->cols;
+    for (int64_t c = c0; c < c1; c += 4) {
+        int rb = (int)MIN(4, c1 - c);
+        const float *wr = (const float *)w->data + c * K;
+        for (int i = 0; i < m; i += 2) {
+            float *yy = y + (int64_t)i * ldy;
+            const float *xx = x + (int64_t)i * ldx;
+            if (m - i >= 2 && rb == 4) f32_tile(yy, ldy, xx, ldx, wr, K, c - c0, 2, 4);
+            else if (rb == 4) f32_tile(yy, ldy, xx, ldx, wr, K, c - c0, 1, 4);
+            else
+                for (int ii = i; ii < MIN(m, i + 2); ii++)
+                    for (int j = 0; j < rb; j++) f32_tile(y + (int64_t)ii * ldy, ldy, x + (int64_t)ii * ldx, ldx,
+                                                         wr + j * K, K, c - c0 + j, 1, 1);
+        }
+    }
+}
+
+// exp(x) as in fast_avx512.c, with 2^n built in the exponent bits: inputs
+// are clamped to [-87.3, 88.7] and below -87.3 the result is 0.
+INL __m256 exp8(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_set1_ps(88.7f), _mm256_max_ps(_mm256_set1_ps(-87.3f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    // 2^n as two factors, so n = 128 (x near 88.7) does not overflow the exponent
+    __m256i ni = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
+}
+
+static void vexp(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = expf(x[i]);
+}
+
+static void vsilu(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
+    }
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+const struct fast_kern fast_kern_avx2 = {
+    .name = "avx2",
+    .mm_pk = mm_pk,
+    .mm_pk_dot = NULL,
+    .mm_f32 = mm_f32,
+    .vexp = vexp,
+    .vsilu = vsilu,
+    .to_bf16 = NULL,
+};
+#endif

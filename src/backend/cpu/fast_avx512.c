@@ -1,0 +1,205 @@
+// fast_avx512.c - AVX-512 (F, BW, VL, DQ) + FMA kernels of the fast path.
+// Built with those flags (CMakeLists.txt); called only when fast_detect()
+// found them.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+#define INL static inline __attribute__((always_inline))
+
+// Stores the lanes of v (panel columns pc..pc+15) that fall in [c0, c1) at
+// yrow[c - c0].
+INL void store_cols(float *yrow, __m512 v, int64_t pc, int64_t c0, int64_t c1) {
+    if (pc >= c0 && pc + 16 <= c1) {
+        _mm512_storeu_ps(yrow + (pc - c0), v);
+        return;
+    }
+    int64_t lo = MAX(c0, pc), hi = MIN(c1, pc + 16);
+    if (lo >= hi) return;
+    __mmask16 keep = (__mmask16)(((1u << (hi - lo)) - 1) << (lo - pc));
+    _mm512_mask_storeu_ps(yrow + (lo - c0), (__mmask16)((1u << (hi - lo)) - 1), _mm512_maskz_compress_ps(keep, v));
+}
+
+// mb rows of x against np panels (w: the first, ps lanes apart), fp32
+// arithmetic: each uint32 lane yields the even-column weight (<< 16) and the
+// odd-column one (& 0xffff0000), multiplied by broadcast x values.
+INL void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint32_t *w, int64_t ps, int64_t kp2,
+                 int64_t pc, int64_t c0, int64_t c1, const int mb, const int np) {
+    __m512 acc[4][4][2];
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 4
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < kp2; q++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            __m512i v = _mm512_loadu_si512(w + j * ps + q * 16);
+            __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+#pragma GCC unroll 4
+            for (int i = 0; i < mb; i++) {
+                acc[i][j][0] = _mm512_fmadd_ps(we, _mm512_set1_ps(x[i * ldx + 2 * q]), acc[i][j][0]);
+                acc[i][j][1] = _mm512_fmadd_ps(wo, _mm512_set1_ps(x[i * ldx + 2 * q + 1]), acc[i][j][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++)
+            store_cols(y + i * ldy, _mm512_add_ps(acc[i][j][0], acc[i][j][1]), pc + 16 * j, c0, c1);
+}
+
+#define PK_CASE(MB, NP)                                                                                      \
+    case (MB) * 8 + (NP): pk_tile(y, ldy, x, ldx, w, ps, kp2, pc, c0, c1, MB, NP); break;
+
+static void pk_tile_any(float *y, int64_t ldy, const float *x, int64_t ldx, const uint32_t *w, int64_t ps,
+                        int64_t kp2, int64_t pc, int64_t c0, int64_t c1, int mb, int np) {
+    switch (mb * 8 + np) {
+        PK_CASE(1, 1) PK_CASE(1, 2) PK_CASE(1, 3) PK_CASE(1, 4)
+        PK_CASE(2, 1) PK_CASE(2, 2) PK_CASE(2, 3)
+        PK_CASE(3, 1) PK_CASE(3, 2)
+        PK_CASE(4, 1) PK_CASE(4, 2)
+    }
+}
+
+static void mm_pk(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                  int64_t c1) {
+    int64_t kp2 = pk_kp(w->cols) / 2, ps = pk_stride(w->cols), p1 = (c1 + PK - 1) / PK;
+    int mbmax = m >= 4 ? 4 : m, npmax = mbmax == 1 ? 4 : mbmax == 2 ? 3 : 2; // <= 16 accumulators
+    for (int64_t p = c0 / PK; p < p1; p += npmax) {
+        int np = (int)MIN(npmax, p1 - p);
+        for (int i = 0; i < m; i += mbmax) {
+            int mb = MIN(mbmax, m - i);
+            int n2 = mb == 1 ? np : mb == 2 ? MIN(np, 3) : MIN(np, 2);
+            for (int j = 0; j < np; j += n2) // mb < mbmax on the last rows: fewer panels at a time
+                pk_tile_any(y + (int64_t)i * ldy, ldy, x + (int64_t)i * ldx, ldx, pk_panel(w, p + j), ps, kp2,
+                            (p + j) * PK, c0, c1, mb, MIN(n2, np - j));
+        }
+    }
+}
+
+// mb rows of x against rb rows of a row-major fp32 weight: dot products
+// along K, summed across lanes at the end.
+INL void f32_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t K, int64_t yoff,
+                  const int mb, const int rb) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < rb; j++) acc[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < rb; j++) wv[j] = _mm512_loadu_ps(w + j * K + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < mb; i++) {
+            __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < rb; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < rb; j++) wv[j] = _mm512_maskz_loadu_ps(mk, w + j * K + k);
+#pragma GCC unroll 4
+        for (int i = 0; i < mb; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(mk, x + i * ldx + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < rb; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < rb; j++) y[i * ldy + yoff + j] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+#define F32_CASE(MB, RB)                                                                                     \
+    case (MB) * 8 + (RB): f32_tile(y, ldy, x, ldx, wr, K, yoff, MB, RB); break;
+
+static void mm_f32(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                   int64_t c1) {
+    int64_t K = w->cols;
+    for (int64_t c = c0; c < c1; c += 4) {
+        int rb = (int)MIN(4, c1 - c);
+        const float *wr = (const float *)w->data + c * K;
+        int64_t yoff = c - c0;
+        for (int i = 0; i < m; i += 4) {
+            int mb = MIN(4, m - i);
+            float *yy = y + (int64_t)i * ldy;
+            const float *xx = x + (int64_t)i * ldx;
+            {
+                float *y = yy;
+                const float *x = xx;
+                switch (mb * 8 + rb) {
+                    F32_CASE(1, 1) F32_CASE(1, 2) F32_CASE(1, 3) F32_CASE(1, 4)
+                    F32_CASE(2, 1) F32_CASE(2, 2) F32_CASE(2, 3) F32_CASE(2, 4)
+                    F32_CASE(3, 1) F32_CASE(3, 2) F32_CASE(3, 3) F32_CASE(3, 4)
+                    F32_CASE(4, 1) F32_CASE(4, 2) F32_CASE(4, 3) F32_CASE(4, 4)
+                }
+            }
+        }
+    }
+}
+
+// exp(x): x = n ln2 + r, |r| <= ln2/2, a degree-7 Taylor polynomial in r
+// (relative error under 1e-7), scaled by 2^n with vscalefps (which gives 0
+// below the float range). NaN stays NaN (max/min return their second operand).
+INL __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void vexp(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, exp16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+INL __m512 silu16(__m512 x) {
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+static void vsilu(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, silu16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, silu16(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+const struct fast_kern fast_kern_avx512 = {
+    .name = "avx512",
+    .mm_pk = mm_pk,
+    .mm_pk_dot = NULL,
+    .mm_f32 = mm_f32,
+    .vexp = vexp,
+    .vsilu = vsilu,
+    .to_bf16 = NULL,
+};
+#endif

@@ -1,0 +1,91 @@
+// fast_avx512bf16.c - the AVX512_BF16 kernels: the prefill GEMM on the
+// packed bf16 weights with vdpbf16ps (bf16 x bf16 products, fp32 sums), and
+// fp32 -> bf16 rounding of its activations. Built with -mavx512bf16; called
+// only when fast_detect() found AVX512_BF16.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+#define INL static inline __attribute__((always_inline))
+
+INL void store_cols(float *yrow, __m512 v, int64_t pc, int64_t c0, int64_t c1) {
+    if (pc >= c0 && pc + 16 <= c1) {
+        _mm512_storeu_ps(yrow + (pc - c0), v);
+        return;
+    }
+    int64_t lo = MAX(c0, pc), hi = MIN(c1, pc + 16);
+    if (lo >= hi) return;
+    __mmask16 keep = (__mmask16)(((1u << (hi - lo)) - 1) << (lo - pc));
+    _mm512_mask_storeu_ps(yrow + (lo - c0), (__mmask16)((1u << (hi - lo)) - 1), _mm512_maskz_compress_ps(keep, v));
+}
+
+INL __m512bh pair_of(const uint16_t *p) { // two bf16 values broadcast to every lane
+    int32_t v;
+    memcpy(&v, p, 4);
+    return (__m512bh)_mm512_set1_epi32(v);
+}
+
+// mb (<= 6) rows of xb against np (<= 4) panels: 24 accumulators, np panel
+// loads and mb broadcasts per column pair.
+INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t ps,
+                  int64_t kp2, int64_t pc, int64_t c0, int64_t c1, const int mb, const int np) {
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t q = 0; q < kp2; q++) {
+        __m512bh b[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) b[j] = (__m512bh)_mm512_loadu_si512(w + j * ps + q * 16);
+#pragma GCC unroll 6
+        for (int i = 0; i < mb; i++) {
+            __m512bh a = pair_of(xb + i * ldxb + 2 * q);
+#pragma GCC unroll 4
+            for (int j = 0; j < np; j++) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < mb; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) store_cols(y + i * ldy, acc[i][j], pc + 16 * j, c0, c1);
+}
+
+#define DOT_CASE(MB, NP)                                                                                     \
+    case (MB) * 8 + (NP): dot_tile(y, ldy, xb, ldxb, w, ps, kp2, pc, c0, c1, MB, NP); break;
+
+static void dot_tile_any(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t ps,
+                         int64_t kp2, int64_t pc, int64_t c0, int64_t c1, int mb, int np) {
+    switch (mb * 8 + np) {
+        DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
+        DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
+        DOT_CASE(3, 1) DOT_CASE(3, 2) DOT_CASE(3, 3) DOT_CASE(3, 4)
+        DOT_CASE(4, 1) DOT_CASE(4, 2) DOT_CASE(4, 3) DOT_CASE(4, 4)
+        DOT_CASE(5, 1) DOT_CASE(5, 2) DOT_CASE(5, 3) DOT_CASE(5, 4)
+        DOT_CASE(6, 1) DOT_CASE(6, 2) DOT_CASE(6, 3) DOT_CASE(6, 4)
+    }
+}
+
+void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
+                               const struct weight *w, int64_t c0, int64_t c1) {
+    int64_t kp2 = pk_kp(w->cols) / 2, ps = pk_stride(w->cols), p1 = (c1 + PK - 1) / PK;
+    for (int64_t p = c0 / PK; p < p1; p += 4) {
+        int np = (int)MIN(4, p1 - p);
+        for (int i = 0; i < m; i += 6)
+            dot_tile_any(y + (int64_t)i * ldy, ldy, xb + (int64_t)i * ldxb, ldxb, pk_panel(w, p), ps, kp2, p * PK,
+                         c0, c1, MIN(6, m - i), np);
+    }
+}
+
+void fast_to_bf16_avx512bf16(uint16_t *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(y + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i));
+        _mm256_mask_storeu_epi16(y + i, m, v);
+    }
+}
+#endif

@@ -1,0 +1,281 @@
+// fast_backend.c - the fast path's CPU detection, weights (fp32 row-major or
+// bf16 panels) and matmul: row-parallel tasks over output columns, each
+// streaming its slice of the weight once for all rows of the batch.
+#include <cblas.h>
+#undef I // complex.h's imaginary unit, pulled in by cblas.h
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+#include "io/dtype.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+static uint64_t xgetbv0(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+
+enum fast_isa fast_detect(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return FAST_SCALAR;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1;
+    if (!osxsave) return FAST_SCALAR;
+    uint64_t xcr0 = xgetbv0();
+    int ymm_os = (xcr0 & 6) == 6, zmm_os = (xcr0 & 0xe6) == 0xe6;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return FAST_SCALAR;
+    int avx2 = (b >> 5) & 1, f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    unsigned a1 = 0, b1, c1, d1;
+    __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+    int bf16 = (a1 >> 5) & 1;
+    if (zmm_os && f && dq && bw && vl && fma) return bf16 ? FAST_AVX512_BF16 : FAST_AVX512;
+    if (ymm_os && avx2 && fma) return FAST_AVX2;
+#endif
+    return FAST_SCALAR;
+}
+
+const char *fast_isa_name(enum fast_isa isa) {
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512_bf16"};
+    return names[isa];
+}
+
+void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
+    *k = fast_kern_scalar;
+#if defined(__x86_64__)
+    if (isa >= FAST_AVX512) *k = fast_kern_avx512;
+    else if (isa == FAST_AVX2) *k = fast_kern_avx2;
+    if (isa == FAST_AVX512_BF16) {
+        k->name = "avx512_bf16";
+        k->mm_pk_dot = fast_mm_pk_dot_avx512bf16;
+        k->to_bf16 = fast_to_bf16_avx512bf16;
+    }
+#endif
+    if (!k->to_bf16) k->to_bf16 = fast_kern_scalar.to_bf16;
+}
+
+void *fast_shared(struct backend *be, int slot, size_t bytes) {
+    struct cpu_impl *c = cpu_of(be);
+    if (c->shared_size[slot] < bytes) {
+        free(c->shared[slot]);
+        c->shared[slot] = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+        if (!c->shared[slot]) {
+            fprintf(stderr, "vllm: out of memory (%zu bytes of CPU scratch)\n", bytes);
+            abort();
+        }
+        c->shared_size[slot] = bytes;
+    }
+    return c->shared[slot];
+}
+
+// ---- weights ----
+
+size_t fast_pk_bytes(int64_t rows, int64_t cols) { return sizeof(uint32_t) * pk_panels(rows) * pk_stride(cols); }
+
+struct pack_ctx {
+    uint32_t *dst;
+    const float *src;
+    int64_t rows, cols;
+};
+
+static void pack_panel(void *ctx, int p, int thread) {
+    (void)thread;
+    struct pack_ctx *c = ctx;
+    int64_t kp2 = pk_kp(c->cols) / 2;
+    uint32_t *d = c->dst + p * pk_stride(c->cols);
+    for (int j = 0; j < PK; j++) {
+        int64_t r = (int64_t)p * PK + j;
+        const float *s = c->src + r * c->cols;
+        for (int64_t q = 0; q < kp2; q++) {
+            uint32_t lo = 0, hi = 0;
+            if (r < c->rows) {
+                lo = f32_to_bf16(s[2 * q]);
+                if (2 * q + 1 < c->cols) hi = f32_to_bf16(s[2 * q + 1]);
+            }
+            d[q * PK + j] = lo | hi << 16;
+        }
+    }
+}
+
+void fast_pack_bf16(struct backend *be, uint32_t *dst, const float *src, int64_t rows, int64_t cols) {
+    struct pack_ctx c = {dst, src, rows, cols};
+    cpu_parallel(be, (int)pk_panels(rows), pack_panel, &c);
+}
+
+static int alloc_weight(struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
+    size_t bytes = dt == DT_BF16 ? fast_pk_bytes(rows, cols) : sizeof(float) * (size_t)rows * cols;
+    w->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
+    w->dtype = dt;
+    w->rows = rows;
+    w->cols = cols;
+    return VLLM_OK;
+}
+
+int fast_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
+                       enum dtype dt) {
+    TRY(alloc_weight(w, rows, cols, dt));
+    if (dt == DT_BF16) fast_pack_bf16(be, w->data, src, rows, cols);
+    else memcpy(w->data, src, sizeof(float) * (size_t)rows * cols);
+    return VLLM_OK;
+}
+
+// The reference's values (the same xorshift64 stream), rounded to bf16 and
+// packed 16 rows at a time when dt is bf16.
+int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
+                       uint64_t seed, float std) {
+    (void)be;
+    TRY(alloc_weight(w, rows, cols, dt));
+    float a = std * 1.7320508f * 0x1.0p-31f;
+    uint64_t x = seed | 1;
+    if (dt == DT_F32) {
+        float *d = w->data;
+        for (int64_t i = 0; i < rows * cols; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            d[i] = a * (float)(int32_t)(x >> 32);
+        }
+        return VLLM_OK;
+    }
+    float *tmp = xmalloc(sizeof(float) * PK * cols);
+    for (int64_t p = 0; p < pk_panels(rows); p++) {
+        int64_t r0 = p * PK, nr = MIN(PK, rows - r0);
+        for (int64_t i = 0; i < nr * cols; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            tmp[i] = a * (float)(int32_t)(x >> 32);
+        }
+        struct pack_ctx c = {(uint32_t *)w->data + p * pk_stride(cols), tmp, nr, cols};
+        pack_panel(&c, 0, 0);
+    }
+    free(tmp);
+    return VLLM_OK;
+}
+
+void fast_embed(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n) {
+    (void)be;
+    int64_t d = table->cols;
+    for (int t = 0; t < n; t++) {
+        float *o = out + (int64_t)t * d;
+        if (table->dtype == DT_F32) {
+            memcpy(o, (const float *)table->data + (int64_t)ids[t] * d, sizeof(float) * d);
+            continue;
+        }
+        const uint32_t *v = pk_panel(table, ids[t] / PK) + ids[t] % PK;
+        for (int64_t k = 0; k < d; k++) o[k] = bf16_to_f32((uint16_t)(v[k / 2 * PK] >> (k % 2 * 16)));
+    }
+}
+
+// ---- matmul ----
+
+// From this many rows on, a bf16 weight runs the bf16 dot kernel (x rounded
+// to bf16): below it the fp32 kernel is bandwidth-bound anyway and exact.
+#define DOT_MIN_ROWS 16
+// Up to this many rows an fp32 weight runs the dot-product kernel, above it
+// OpenBLAS sgemm (single-threaded, on each task's columns).
+#define F32_KERNEL_MAX_ROWS 8
+
+int fast_use_dot(struct backend *be, const struct weight *w, int n) {
+    return w->dtype == DT_BF16 && fast_k(be)->mm_pk_dot && n >= DOT_MIN_ROWS;
+}
+
+void fast_mm_serial(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, const uint16_t *xb,
+                    int64_t ldxb, int n, const struct weight *w, int64_t c0, int64_t c1) {
+    const struct fast_kern *k = fast_k(be);
+    if (c0 >= c1 || n <= 0) return;
+    if (w->dtype == DT_BF16) {
+        if (xb) k->mm_pk_dot(y, ldy, xb, ldxb, n, w, c0, c1);
+        else k->mm_pk(y, ldy, x, ldx, n, w, c0, c1);
+    } else if (n <= F32_KERNEL_MAX_ROWS) {
+        k->mm_f32(y, ldy, x, ldx, n, w, c0, c1);
+    } else {
+        int K = (int)w->cols;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)(c1 - c0), K, 1.0f, x, (int)ldx,
+                    (const float *)w->data + c0 * K, K, 0.0f, y, (int)ldy);
+    }
+}
+
+struct mm_ctx {
+    struct backend *be;
+    float *y;
+    int64_t ldy;
+    const float *x;
+    int64_t ldx;
+    const uint16_t *xb;
+    int64_t ldxb;
+    int n;
+    const struct weight *w;
+    int64_t c0, c1, per;
+};
+
+static void mm_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct mm_ctx *c = ctx;
+    int64_t a = c->c0 + i * c->per, b = MIN(c->c1, a + c->per);
+    fast_mm_serial(c->be, c->y + (a - c->c0), c->ldy, c->x, c->ldx, c->xb, c->ldxb, c->n, c->w, a, b);
+}
+
+struct cvt_ctx {
+    const struct fast_kern *k;
+    uint16_t *dst;
+    int64_t ldd;
+    const float *src;
+    int64_t lds, cols;
+    int rows_per;
+    int n;
+};
+
+static void cvt_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct cvt_ctx *c = ctx;
+    for (int r = i * c->rows_per; r < MIN(c->n, (i + 1) * c->rows_per); r++) {
+        c->k->to_bf16(c->dst + r * c->ldd, c->src + r * c->lds, c->cols);
+        if (c->ldd > c->cols) c->dst[r * c->ldd + c->cols] = 0; // the odd column's pad
+    }
+}
+
+// x [n, ldx] fp32 -> bf16 [n, pk_kp(cols)] in shared scratch slot.
+static uint16_t *to_bf16_rows(struct backend *be, int slot, const float *x, int64_t ldx, int n, int64_t cols) {
+    int64_t kp = pk_kp(cols);
+    uint16_t *xb = fast_shared(be, slot, sizeof(uint16_t) * (size_t)n * kp);
+    struct cvt_ctx c = {fast_k(be), xb, kp, x, ldx, cols, 16, n};
+    cpu_parallel(be, (n + 15) / 16, cvt_task, &c);
+    return xb;
+}
+
+void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, int n,
+                      const struct weight *w, int64_t c0, int64_t c1) {
+    if (n <= 0 || c0 >= c1) return;
+    int nt = be->num_threads;
+    struct mm_ctx c = {be, y, ldy, x, ldx, NULL, 0, n, w, c0, c1, 0};
+    int64_t cols = c1 - c0, K = w->cols;
+    if (w->dtype == DT_BF16) {
+        if (fast_use_dot(be, w, n)) {
+            c.xb = to_bf16_rows(be, 0, x, ldx, n, K);
+            c.ldxb = pk_kp(K);
+        } else if (K % 2) { // the fp32 kernel reads whole column pairs: pad x with a zero column
+            float *xp = fast_shared(be, 0, sizeof(float) * (size_t)n * (K + 1));
+            for (int i = 0; i < n; i++) {
+                memcpy(xp + (int64_t)i * (K + 1), x + (int64_t)i * ldx, sizeof(float) * K);
+                xp[(int64_t)i * (K + 1) + K] = 0;
+            }
+            c.x = xp;
+            c.ldx = K + 1;
+        }
+        // panels per task: about 4 tasks per thread, whole panels (and groups of
+        // 4 panels for the dot kernel's tiles)
+        int64_t panels = CDIV(cols, PK), unit = c.xb ? 4 : 1;
+        int64_t per = MAX(unit, (panels / (4 * nt) + unit - 1) / unit * unit);
+        c.per = per * PK;
+    } else if (n <= F32_KERNEL_MAX_ROWS) {
+        c.per = MAX(16, CDIV(CDIV(cols, 4 * nt), 16) * 16);
+    } else {
+        c.per = MAX(16, CDIV(CDIV(cols, 2 * nt), 16) * 16);
+    }
+    cpu_parallel(be, (int)CDIV(cols, c.per), mm_task, &c);
+}
+
+void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+    fast_matmul_cols(be, y, w->rows, x, w->cols, n, w, 0, w->rows);
+}

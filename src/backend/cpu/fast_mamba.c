@@ -1,0 +1,251 @@
+// fast_mamba.c - Mamba2 ops of the fast path: the causal conv in channel
+// blocks, the chunked SSD scan as matrix products, the decode recurrence, the
+// gated norm. Same math and layouts as cpu_mamba.c (the reference).
+//
+// zxbcdt row layout (ld floats per token): z [I] | xBC [conv_dim] | dt [H],
+// I = H*P, xBC = x [H*P] | B [G*N] | C [G*N]. Head h reads group h / (H/G).
+#include <cblas.h>
+#undef I // complex.h's imaginary unit, pulled in by cblas.h
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+#define CB_CH 64 // conv channels per task
+
+struct conv_ctx {
+    struct backend *be;
+    float *zxbcdt;
+    int ld;
+    const float *w, *bias;
+    float *conv_state;
+    const struct batch *b;
+    int seq0, decode, nblk;
+    const struct mamba_dims *d;
+};
+
+// One (sequence, block of CB_CH channels): the K-1 inputs before the current
+// token ride in win (oldest first), so the rows can be overwritten in place.
+static void conv_task(void *ctx, int task, int thread) {
+    (void)thread;
+    struct conv_ctx *c = ctx;
+    const struct batch *b = c->b;
+    int C = c->d->conv_dim, K = c->d->conv_kernel, I = c->d->heads * c->d->head_dim;
+    int s = c->seq0 + task / c->nblk, c0 = task % c->nblk * CB_CH, nc = MIN(CB_CH, C - c0);
+    int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
+    float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C;
+    int init = c->decode ? 1 : b->has_initial_state[s];
+    float win[8][CB_CH], wt[8][CB_CH], bias[CB_CH], acc[CB_CH]; // K <= 8 (checked by the caller)
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < nc; i++) wt[k][i] = c->w[(int64_t)(c0 + i) * K + k];
+    for (int i = 0; i < nc; i++) bias[i] = c->bias ? c->bias[c0 + i] : 0.0f;
+    for (int k = 0; k < K - 1; k++)
+        for (int i = 0; i < nc; i++) win[k][i] = init ? state[(int64_t)k * C + c0 + i] : 0.0f;
+    for (int t = 0; t < L; t++) {
+        float *row = c->zxbcdt + (int64_t)(t0 + t) * c->ld + I + c0;
+        for (int i = 0; i < nc; i++) win[K - 1][i] = row[i];
+        for (int i = 0; i < nc; i++) acc[i] = bias[i];
+        for (int k = 0; k < K; k++) // the reference's order: bias, then taps oldest first
+            for (int i = 0; i < nc; i++) acc[i] += wt[k][i] * win[k][i];
+        fast_k(c->be)->vsilu(row, acc, nc);
+        for (int k = 0; k < K - 1; k++) memcpy(win[k], win[k + 1], sizeof(float) * nc);
+    }
+    for (int k = 0; k < K - 1; k++) memcpy(state + (int64_t)k * C + c0, win[k], sizeof(float) * nc);
+}
+
+static void conv_run(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
+                     const struct batch *b, int seq0, int seq1, int decode, const struct mamba_dims *d) {
+    if (d->conv_kernel > 8) { // wider than any Mamba2 checkpoint: the reference handles it
+        if (decode) cpu_conv1d_update(be, zxbcdt, ld, w, bias, conv_state, b, d);
+        else cpu_conv1d_fwd(be, zxbcdt, ld, w, bias, conv_state, b, seq0, seq1, d);
+        return;
+    }
+    int nblk = CDIV(d->conv_dim, CB_CH);
+    struct conv_ctx c = {be, zxbcdt, ld, w, bias, conv_state, b, seq0, decode, nblk, d};
+    cpu_parallel(be, (seq1 - seq0) * nblk, conv_task, &c);
+}
+
+void fast_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                     float *conv_state, const struct batch *b, int seq0, int seq1, const struct mamba_dims *d) {
+    conv_run(be, zxbcdt, ld, w, bias, conv_state, b, seq0, seq1, 0, d);
+}
+
+void fast_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                        float *conv_state, const struct batch *b, const struct mamba_dims *d) {
+    conv_run(be, zxbcdt, ld, w, bias, conv_state, b, 0, b->num_decodes, 1, d);
+}
+
+static inline float dt_of(const float *row, int dt_off, int h, const float *dt_bias, const struct mamba_dims *d) {
+    float v = softplus_th(row[dt_off + h] + dt_bias[h]);
+    return fminf(fmaxf(v, d->dt_min), d->dt_max);
+}
+
+struct ssd_ctx {
+    struct backend *be;
+    float *y;
+    const float *zxbcdt;
+    int ld;
+    const float *dt_bias, *A, *D;
+    float *ssm_state;
+    const struct batch *b;
+    int seq0;
+    const struct mamba_dims *d;
+};
+
+// One (sequence, group) of the chunked scan; its hg = H/G heads share B and
+// C. Per chunk of Lc tokens (chunks end at absolute multiples of chunk_size,
+// as in the reference), with a = cumsum(dt * A) inside the chunk:
+//   CB   = C B^T                                   [Lc, Lc]  (once per group)
+//   Yoff = C S^T, S the state entering the chunk   [Lc, hg*P] (all heads at once)
+//   y_h  = exp(a_i) Yoff_h + (CB o decay_h) X_h + D_h x,
+//          decay_h[i][j] = exp(a_i - a_j) dt_j for j <= i, else 0
+//   S_h  = exp(a_last) S_h + Xs_h^T B, Xs_h[j] = exp(a_last - a_j) dt_j x_j
+//                                                  (all heads in one product)
+static void ssd_prefill_task(void *ctx, int task, int thread) {
+    struct ssd_ctx *c = ctx;
+    const struct mamba_dims *d = c->d;
+    const struct batch *b = c->b;
+    const struct fast_kern *k = fast_k(c->be);
+    int H = d->heads, P = d->head_dim, N = d->state, G = d->groups, I = H * P, hg = H / G, cs = d->chunk_size;
+    int s = c->seq0 + task / G, g = task % G, h0 = g * hg, W = hg * P, ld = c->ld;
+    int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, p0 = b->context_lens[s];
+    float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h0) * P * N; // [W, N]
+    if (!b->has_initial_state[s]) memset(st, 0, sizeof(float) * W * N); // a fresh slot reads as zeros
+    size_t need = (size_t)2 * cs * cs + (size_t)3 * cs * W + (size_t)(2 * hg + 2) * cs;
+    float *cb = cpu_scratch(c->be, thread, sizeof(float) * need), *mh = cb + cs * cs, *yoff = mh + cs * cs;
+    float *yd = yoff + cs * W, *xs = yd + cs * W, *dt = xs + cs * W, *acum = dt + hg * cs, *tmp = acum + hg * cs;
+    float *ein = tmp + cs;
+    for (int i0 = 0; i0 < L;) {
+        int lc = MIN(L - i0, cs - (p0 + i0) % cs); // chunk [i0, i0 + lc)
+        const float *row0 = c->zxbcdt + (int64_t)(t0 + i0) * ld;
+        const float *X = row0 + I + h0 * P, *B = row0 + 2 * I + g * N, *C = row0 + 2 * I + G * N + g * N;
+        for (int hh = 0; hh < hg; hh++) {
+            float run = 0, A = c->A[h0 + hh];
+            for (int i = 0; i < lc; i++) {
+                float v = dt_of(row0 + (int64_t)i * ld, I + d->conv_dim, h0 + hh, c->dt_bias, d);
+                dt[hh * cs + i] = v;
+                run += v * A;
+                acum[hh * cs + i] = run;
+            }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, lc, lc, N, 1.0f, C, ld, B, ld, 0.0f, cb, cs);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, lc, W, N, 1.0f, C, ld, st, N, 0.0f, yoff, W);
+        for (int hh = 0; hh < hg; hh++) {
+            const float *a = acum + hh * cs, *dth = dt + hh * cs;
+            for (int i = 0; i < lc; i++) {
+                float *m = mh + i * cs;
+                for (int j = 0; j <= i; j++) tmp[j] = a[i] - a[j];
+                k->vexp(m, tmp, i + 1);
+                for (int j = 0; j <= i; j++) m[j] *= cb[i * cs + j] * dth[j];
+                for (int j = i + 1; j < lc; j++) m[j] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, lc, P, lc, 1.0f, mh, cs, X + hh * P, ld, 0.0f,
+                        yd + hh * P, W);
+        }
+        // y, then the state: decays exp(a_i) (into the chunk) and exp(a_last - a_j)
+        for (int hh = 0; hh < hg; hh++) {
+            const float *a = acum + hh * cs;
+            float Dh = c->D[h0 + hh], last = a[lc - 1];
+            k->vexp(ein, a, lc);
+            for (int i = 0; i < lc; i++) tmp[i] = last - a[i];
+            k->vexp(tmp, tmp, lc);
+            for (int i = 0; i < lc; i++) {
+                const float *x = X + (int64_t)i * ld + hh * P;
+                float *yi = c->y + (int64_t)(t0 + i0 + i) * I + (h0 + hh) * P;
+                const float *yo = yoff + i * W + hh * P, *ydi = yd + i * W + hh * P;
+                float wgt = tmp[i] * dt[hh * cs + i];
+                float *xsi = xs + i * W + hh * P;
+                for (int p = 0; p < P; p++) {
+                    yi[p] = ein[i] * yo[p] + Dh * x[p] + ydi[p];
+                    xsi[p] = wgt * x[p];
+                }
+            }
+            float decay = expf(last);
+            float *sh = st + (int64_t)hh * P * N;
+            for (int q = 0; q < P * N; q++) sh[q] *= decay;
+        }
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, N, lc, 1.0f, xs, W, B, ld, 1.0f, st, N);
+        i0 += lc;
+    }
+}
+
+void fast_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
+                      const float *D, float *ssm_state, const struct batch *b, int seq0, int seq1,
+                      const struct mamba_dims *d) {
+    struct ssd_ctx c = {be, y, zxbcdt, ld, dt_bias, A, D, ssm_state, b, seq0, d};
+    cpu_parallel(be, (seq1 - seq0) * d->groups, ssd_prefill_task, &c);
+}
+
+// One (sequence, head): S = S dA + dt x B^T, y = S C + D x. Partial sums in
+// 16 independent lanes, so the compiler can vectorize without reassociating.
+static void ssd_decode_task(void *ctx, int task, int thread) {
+    (void)thread;
+    struct ssd_ctx *c = ctx;
+    const struct mamba_dims *d = c->d;
+    const struct batch *b = c->b;
+    int H = d->heads, P = d->head_dim, N = d->state, G = d->groups, I = H * P;
+    int s = task / H, h = task % H, g = h / (H / G);
+    int t = b->query_start_loc[s];
+    const float *r = c->zxbcdt + (int64_t)t * c->ld;
+    const float *x = r + I + h * P, *B = r + I + I + g * N, *C = r + I + I + G * N + g * N;
+    float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h) * P * N;
+    float dt = dt_of(r, I + d->conv_dim, h, c->dt_bias, d), dA = expf(dt * c->A[h]);
+    float *y = c->y + (int64_t)t * I + h * P;
+    int n16 = N & ~15;
+    for (int p = 0; p < P; p++) {
+        float *sp = st + (int64_t)p * N, dx = dt * x[p], part[16] = {0};
+        for (int n0 = 0; n0 < n16; n0 += 16)
+            for (int l = 0; l < 16; l++) {
+                float v = sp[n0 + l] * dA + dx * B[n0 + l];
+                sp[n0 + l] = v;
+                part[l] += v * C[n0 + l];
+            }
+        float acc = 0;
+        for (int n = n16; n < N; n++) {
+            float v = sp[n] * dA + dx * B[n];
+            sp[n] = v;
+            acc += v * C[n];
+        }
+        for (int l = 0; l < 16; l++) acc += part[l];
+        y[p] = acc + c->D[h] * x[p];
+    }
+}
+
+void fast_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
+                     const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
+    struct ssd_ctx c = {be, y, zxbcdt, ld, dt_bias, A, D, ssm_state, b, 0, d};
+    cpu_parallel(be, b->num_decodes * d->heads, ssd_decode_task, &c);
+}
+
+struct gnorm_ctx {
+    struct backend *be;
+    float *out;
+    const float *y, *z;
+    int zld;
+    const float *w;
+    int n, dim, gs, per;
+    float eps;
+};
+
+static void gnorm_task(void *ctx, int task, int thread) {
+    (void)thread;
+    struct gnorm_ctx *c = ctx;
+    for (int t = task * c->per; t < MIN(c->n, (task + 1) * c->per); t++) {
+        const float *yt = c->y + (int64_t)t * c->dim, *zt = c->z + (int64_t)t * c->zld;
+        float *ot = c->out + (int64_t)t * c->dim;
+        fast_k(c->be)->vsilu(ot, zt, c->dim);
+        for (int i = 0; i < c->dim; i++) ot[i] *= yt[i];
+        for (int g0 = 0; g0 < c->dim; g0 += c->gs) {
+            double ss = 0;
+            for (int i = g0; i < g0 + c->gs; i++) ss += (double)ot[i] * ot[i];
+            float r = 1.0f / sqrtf((float)(ss / c->gs) + c->eps);
+            for (int i = g0; i < g0 + c->gs; i++) ot[i] = c->w[i] * (ot[i] * r);
+        }
+    }
+}
+
+void fast_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,
+                        int dim, int group_size, float eps) {
+    struct gnorm_ctx c = {be, out, y, z, zld, w, n, dim, group_size, 8, eps};
+    cpu_parallel(be, CDIV(n, c.per), gnorm_task, &c);
+}

@@ -1,0 +1,124 @@
+// fast_moe.c - routed experts of the fast path. Only the selected experts'
+// weights are read, each once per call for all of its tokens:
+//   1. bucket the (token, slot) assignments by expert, gather their inputs;
+//   2. up: tasks over (expert, block of I), h = relu(x_e up_e^T)^2;
+//   3. down: tasks over blocks of L output columns; each walks the experts in
+//      ascending order and adds weight * h_e down_e^T into its columns of out
+//      (the reference's order of summation, per output element).
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+struct moe_ctx {
+    struct backend *be;
+    float *out;
+    const struct moe_experts *w;
+    const float *weights;
+    int top_k, nact;
+    int *act, *off, *cnt; // active experts, their first row in the buckets, their row counts
+    int32_t *tok, *slot;  // per bucket row: token and top-k slot
+    float *xs, *h;        // [A, ldx] gathered inputs, [A, ldh] hidden
+    uint16_t *xsb, *hb;   // bf16 copies for the dot kernel (NULL when unused)
+    int64_t ldx, ldh, ldxb, ldhb;
+    int up_blocks; // I blocks per expert
+    int64_t up_per, down_per;
+};
+
+static void up_task(void *ctx, int task, int thread) {
+    (void)thread;
+    struct moe_ctx *c = ctx;
+    const struct moe_experts *w = c->w;
+    int e = c->act[task / c->up_blocks], I = w->inter, r0 = c->off[e], m = c->cnt[e];
+    int64_t a = (int64_t)(task % c->up_blocks) * c->up_per, b = MIN(I, a + c->up_per);
+    if (a >= b) return;
+    int dot = fast_use_dot(c->be, &w->up, m);
+    float *h = c->h + (int64_t)r0 * c->ldh + a;
+    fast_mm_serial(c->be, h, c->ldh, c->xs + (int64_t)r0 * c->ldx, c->ldx,
+                   dot ? c->xsb + (int64_t)r0 * c->ldxb : NULL, c->ldxb, m, &w->up, (int64_t)e * I + a,
+                   (int64_t)e * I + b);
+    for (int r = 0; r < m; r++) {
+        float *hr = h + (int64_t)r * c->ldh;
+        for (int64_t i = 0; i < b - a; i++) hr[i] = hr[i] > 0 ? hr[i] * hr[i] : 0.0f;
+        if (c->hb && fast_use_dot(c->be, &w->down, m))
+            fast_k(c->be)->to_bf16(c->hb + (int64_t)(r0 + r) * c->ldhb + a, hr, b - a);
+    }
+}
+
+static void down_task(void *ctx, int task, int thread) {
+    struct moe_ctx *c = ctx;
+    const struct moe_experts *w = c->w;
+    int L = w->dim;
+    int64_t a = task * c->down_per, b = MIN(L, a + c->down_per), nc = b - a;
+    int maxm = 0;
+    for (int i = 0; i < c->nact; i++) maxm = MAX(maxm, c->cnt[c->act[i]]);
+    float *ys = cpu_scratch(c->be, thread, sizeof(float) * (size_t)maxm * nc);
+    for (int i = 0; i < c->nact; i++) {
+        int e = c->act[i], r0 = c->off[e], m = c->cnt[e];
+        int dot = c->hb && fast_use_dot(c->be, &w->down, m);
+        fast_mm_serial(c->be, ys, nc, c->h + (int64_t)r0 * c->ldh, c->ldh, dot ? c->hb + (int64_t)r0 * c->ldhb : NULL,
+                       c->ldhb, m, &w->down, (int64_t)e * L + a, (int64_t)e * L + b);
+        for (int r = 0; r < m; r++) {
+            float wt = c->weights[(int64_t)c->tok[r0 + r] * c->top_k + c->slot[r0 + r]];
+            float *o = c->out + (int64_t)c->tok[r0 + r] * L + a;
+            const float *yr = ys + (int64_t)r * nc;
+            for (int64_t j = 0; j < nc; j++) o[j] += wt * yr[j];
+        }
+    }
+}
+
+static int64_t panel_block(int64_t cols, int tasks_wanted, int unit) {
+    int64_t panels = CDIV(cols, PK), per = MAX(unit, CDIV(panels, MAX(tasks_wanted, 1)));
+    return CDIV(per, unit) * unit * PK;
+}
+
+void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
+                      const float *weights, int n, int top_k) {
+    int E = w->num_experts, I = w->inter, L = w->dim, A = n * top_k, nt = be->num_threads;
+    memset(out, 0, sizeof(float) * (size_t)n * L);
+    if (n <= 0) return;
+    const struct fast_kern *k = fast_k(be);
+    int64_t ldx = pk_kp(L), ldh = pk_kp(I); // even: whole column pairs, zero padded
+    size_t ints = (size_t)3 * E + 2 * (size_t)A;
+    int *cnt = fast_shared(be, 1, sizeof(int) * ints), *off = cnt + E, *act = off + E;
+    int32_t *tok = act + E, *slot = tok + A;
+    memset(cnt, 0, sizeof(int) * E);
+    for (int i = 0; i < A; i++) cnt[ids[i]]++;
+    int nact = 0;
+    for (int e = 0, o = 0; e < E; e++) {
+        off[e] = o;
+        o += cnt[e];
+        if (cnt[e]) act[nact++] = e;
+        cnt[e] = 0;
+    }
+    for (int t = 0; t < n; t++) // token order within an expert, as the reference
+        for (int j = 0; j < top_k; j++) {
+            int e = ids[(int64_t)t * top_k + j], r = off[e] + cnt[e]++;
+            tok[r] = t;
+            slot[r] = j;
+        }
+    int any_dot = 0;
+    for (int i = 0; i < nact; i++) any_dot |= fast_use_dot(be, &w->up, cnt[act[i]]);
+    size_t fl = (size_t)A * (ldx + ldh), bl = any_dot ? (size_t)A * (ldx + ldh) : 0;
+    float *xs = fast_shared(be, 2, sizeof(float) * fl + sizeof(uint16_t) * bl), *h = xs + (size_t)A * ldx;
+    uint16_t *xsb = any_dot ? (uint16_t *)(h + (size_t)A * ldh) : NULL, *hb = any_dot ? xsb + (size_t)A * ldx : NULL;
+    for (int r = 0; r < A; r++) {
+        float *d = xs + (int64_t)r * ldx;
+        memcpy(d, x + (int64_t)tok[r] * L, sizeof(float) * L);
+        if (ldx > L) d[L] = 0;
+        if (ldh > I) h[(int64_t)r * ldh + I] = 0;
+        if (any_dot) {
+            k->to_bf16(xsb + (int64_t)r * ldx, d, ldx);
+            if (ldh > I) hb[(int64_t)r * ldh + I] = 0;
+        }
+    }
+    struct moe_ctx c = {be, out, w, weights, top_k, nact, act, off, cnt, tok, slot, xs, h, xsb, hb,
+                        ldx, ldh, ldx, ldh, 1, 0, 0};
+    // about 4 tasks per thread in each phase, whole panels (groups of 4 for the dot kernel)
+    int unit = any_dot ? 4 : 1;
+    c.up_per = panel_block(I, CDIV(4 * nt, nact), unit);
+    c.up_blocks = (int)CDIV(I, c.up_per);
+    c.down_per = panel_block(L, 4 * nt, unit);
+    cpu_parallel(be, nact * c.up_blocks, up_task, &c);
+    cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
+}

@@ -1,0 +1,79 @@
+// fast_scalar.c - portable C kernels of the fast path: the same tiling as
+// the vector kernels (weights streamed once per tile of rows), left to the
+// compiler to vectorize. Any CPU runs them.
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+#include "io/dtype.h"
+
+// Up to 4 rows of x against one panel: 16 columns at a time.
+static void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, int mb, const uint32_t *w, int64_t kp2,
+                    int64_t pc, int64_t c0, int64_t c1) {
+    float acc[4][PK] = {{0}};
+    for (int64_t q = 0; q < kp2; q++) {
+        const uint32_t *v = w + q * PK;
+        float we[PK], wo[PK];
+        for (int j = 0; j < PK; j++) {
+            uint32_t e = v[j] << 16, o = v[j] & 0xffff0000u;
+            memcpy(&we[j], &e, 4);
+            memcpy(&wo[j], &o, 4);
+        }
+        for (int i = 0; i < mb; i++) {
+            float a = x[i * ldx + 2 * q], b = x[i * ldx + 2 * q + 1];
+            for (int j = 0; j < PK; j++) acc[i][j] += we[j] * a + wo[j] * b;
+        }
+    }
+    for (int i = 0; i < mb; i++)
+        for (int64_t c = MAX(c0, pc); c < MIN(c1, pc + PK); c++) y[i * ldy + c - c0] = acc[i][c - pc];
+}
+
+static void mm_pk(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                  int64_t c1) {
+    int64_t kp2 = pk_kp(w->cols) / 2, p1 = (c1 + PK - 1) / PK;
+    for (int64_t p = c0 / PK; p < p1; p++)
+        for (int i = 0; i < m; i += 4)
+            pk_tile(y + (int64_t)i * ldy, ldy, x + (int64_t)i * ldx, ldx, MIN(4, m - i), pk_panel(w, p), kp2, p * PK,
+                    c0, c1);
+}
+
+static void mm_f32(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                   int64_t c1) {
+    int64_t K = w->cols;
+    for (int64_t c = c0; c < c1; c++) {
+        const float *wr = (const float *)w->data + c * K;
+        for (int i = 0; i < m; i++) {
+            const float *xr = x + (int64_t)i * ldx;
+            float acc[8] = {0}; // independent partial sums: vectorizable without reassociation
+            int64_t k = 0;
+            for (; k + 8 <= K; k += 8)
+                for (int l = 0; l < 8; l++) acc[l] += xr[k + l] * wr[k + l];
+            float s = 0;
+            for (int l = 0; l < 8; l++) s += acc[l];
+            for (; k < K; k++) s += xr[k] * wr[k];
+            y[(int64_t)i * ldy + c - c0] = s;
+        }
+    }
+}
+
+static void vexp(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+static void vsilu(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void to_bf16(uint16_t *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = f32_to_bf16(x[i]);
+}
+
+const struct fast_kern fast_kern_scalar = {
+    .name = "scalar",
+    .mm_pk = mm_pk,
+    .mm_pk_dot = NULL,
+    .mm_f32 = mm_f32,
+    .vexp = vexp,
+    .vsilu = vsilu,
+    .to_bf16 = to_bf16,
+};
