@@ -1,0 +1,283 @@
+// test_fast_ops.c - every fast-path op against the reference op of the same
+// name, for every kernel set this CPU runs (scalar, avx2, avx512,
+// avx512_bf16), on random inputs with awkward shapes (rows not a multiple of
+// 16, odd columns, chunk and block boundaries, experts straddling panels).
+//
+// Tolerances, as max |fast - ref| / max |ref|:
+//   fp32 arithmetic (every op but the bf16 dot kernel): 2e-5 (summation order
+//   and the vector exp differ);
+//   bf16 weights: the reference holds the same bf16 values in fp32, so the
+//   fp32-arithmetic kernel is held to 2e-5 too; the bf16 dot kernel (x rounded
+//   to bf16) to 2e-5 against the reference fed bf16-rounded x, and to 1e-2
+//   against the reference fed x itself.
+// Each comparison is a CHECK; the test fails when none ran.
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+#include "io/dtype.h"
+#include "test.h"
+
+#define TOL 2e-5
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static float frand(void) { // uniform in [-1, 1)
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * 0x1.0p-53 * 2 - 1);
+}
+static float *rnd(size_t n, float s) {
+    float *x = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = s * frand();
+    return x;
+}
+static float *dup(const float *x, size_t n) {
+    float *y = xmalloc(sizeof(float) * (n ? n : 1));
+    memcpy(y, x, sizeof(float) * n);
+    return y;
+}
+
+static struct backend *ref, *fast;
+static const char *isa;
+static long values; // compared in this run
+
+static double cmp(const char *what, const float *got, const float *want, size_t n, double tol) {
+    double m = 0, s = 1e-30;
+    int bad = n == 0;
+    for (size_t i = 0; i < n; i++) {
+        s = fmax(s, fabs(want[i]));
+        if (!isfinite(got[i])) bad = 1;
+        m = fmax(m, fabs((double)got[i] - want[i]));
+    }
+    double e = bad ? INFINITY : m / s;
+    CHECKF(e <= tol, "%s %s: rel err %.3g > %.0g over %zu values", isa, what, e, tol, n);
+    values += (long)n;
+    return e;
+}
+
+// A host batch of decode and prefill sequences with paged KV.
+struct hb {
+    struct batch b;
+    int32_t qsl[17], seq_lens[16], ctx[16], slots[16], init[16], pos[1024], slot_map[1024], btab[16 * 64];
+};
+
+static void make_batch(struct hb *h, int n, const int *qlen, const int *ctx, const int *init, int nd, int bs) {
+    memset(h, 0, sizeof *h);
+    int t = 0, mb = 64;
+    for (int s = 0; s < n; s++) {
+        h->qsl[s] = t;
+        h->ctx[s] = ctx[s];
+        h->seq_lens[s] = ctx[s] + qlen[s];
+        h->slots[s] = (s * 5 + 3) % 16; // scattered slots
+        h->init[s] = init[s];
+        for (int j = 0; j < mb; j++) h->btab[s * mb + j] = (s * mb + j) * 7 % (16 * mb); // scattered blocks
+        for (int i = 0; i < qlen[s]; i++, t++) {
+            int p = ctx[s] + i;
+            h->pos[t] = p;
+            h->slot_map[t] = h->btab[s * mb + p / bs] * bs + p % bs;
+        }
+    }
+    h->qsl[n] = t;
+    struct batch *b = &h->b;
+    b->num_tokens = t;
+    b->num_seqs = n;
+    b->num_decodes = nd;
+    b->num_prefills = n - nd;
+    b->max_blocks_per_seq = mb;
+    b->query_start_loc = h->qsl;
+    b->seq_lens = h->seq_lens;
+    b->context_lens = h->ctx;
+    b->positions = h->pos;
+    b->state_slots = h->slots;
+    b->has_initial_state = h->init;
+    b->slot_mapping = h->slot_map;
+    b->block_tables = h->btab;
+    b->h_query_start_loc = h->qsl;
+    b->h_seq_lens = h->seq_lens;
+    b->h_context_lens = h->ctx;
+    b->h_state_slots = h->slots;
+    b->h_has_initial_state = h->init;
+}
+
+static void test_matmul(void) {
+    int shapes[][2] = {{37, 23}, {64, 64}, {100, 130}, {1000, 257}, {16, 1}};
+    int ns[] = {1, 2, 3, 4, 5, 7, 9, 16, 17, 40};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int dt = DT_F32; dt <= DT_BF16; dt++) {
+            int N = shapes[si][0], K = shapes[si][1];
+            float *wh = rnd((size_t)N * K, 0.5f);
+            struct weight wr, wf;
+            CHECK(ref->ops->weight_upload(ref, &wr, wh, N, K, dt) == 0);
+            CHECK(fast->ops->weight_upload(fast, &wf, wh, N, K, dt) == 0);
+            CHECK(wf.dtype == (enum dtype)dt && wr.dtype == DT_F32);
+            for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+                int n = ns[ni];
+                float *x = rnd((size_t)n * K, 1.0f), *yr = rnd((size_t)n * N, 1), *yf = rnd((size_t)n * N, 1);
+                char what[96];
+                snprintf(what, sizeof what, "matmul %s [%d,%d] n=%d", dt ? "bf16" : "fp32", N, K, n);
+                fast->ops->matmul(fast, yf, x, &wf, n);
+                if (fast_use_dot(fast, &wf, n)) {
+                    ref->ops->matmul(ref, yr, x, &wr, n);
+                    cmp(what, yf, yr, (size_t)n * N, 1e-2);
+                    for (size_t i = 0; i < (size_t)n * K; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+                    strcat(what, " (dot, bf16 x)");
+                }
+                ref->ops->matmul(ref, yr, x, &wr, n);
+                cmp(what, yf, yr, (size_t)n * N, TOL);
+                free(x), free(yr), free(yf);
+            }
+            // the same values from weight_random on both: rows read back by embed
+            struct weight rr, rf;
+            CHECK(ref->ops->weight_random(ref, &rr, N, K, dt, 99 + si, 0.3f) == 0);
+            CHECK(fast->ops->weight_random(fast, &rf, N, K, dt, 99 + si, 0.3f) == 0);
+            int32_t ids[] = {0, N - 1, N / 2, N / 3};
+            float *er = xmalloc(sizeof(float) * 4 * K), *ef = xmalloc(sizeof(float) * 4 * K);
+            ref->ops->embed(ref, er, &rr, ids, 4);
+            fast->ops->embed(fast, ef, &rf, ids, 4);
+            cmp(dt ? "weight_random+embed bf16" : "weight_random+embed fp32", ef, er, (size_t)4 * K, 0);
+            ref->ops->embed(ref, er, &wr, ids, 4);
+            fast->ops->embed(fast, ef, &wf, ids, 4);
+            cmp(dt ? "embed bf16" : "embed fp32", ef, er, (size_t)4 * K, 0);
+            free(er), free(ef), free(wh);
+            struct weight *all[] = {&wr, &wf, &rr, &rf};
+            for (int i = 0; i < 4; i++) free(all[i]->data);
+        }
+}
+
+static void test_norms(void) {
+    int n = 37, D = 96;
+    float *x = rnd((size_t)n * D, 2), *w = rnd(D, 1), *res = rnd((size_t)n * D, 1), *res2 = dup(res, (size_t)n * D);
+    float *o1 = rnd((size_t)n * D, 1), *o2 = rnd((size_t)n * D, 1);
+    ref->ops->rmsnorm(ref, o1, x, w, n, D, 1e-5f);
+    fast->ops->rmsnorm(fast, o2, x, w, n, D, 1e-5f);
+    cmp("rmsnorm", o2, o1, (size_t)n * D, 0);
+    ref->ops->add_rmsnorm(ref, res, x, o1, w, n, D, 1e-5f);
+    fast->ops->add_rmsnorm(fast, res2, x, o2, w, n, D, 1e-5f);
+    cmp("add_rmsnorm out", o2, o1, (size_t)n * D, 0);
+    cmp("add_rmsnorm res", res2, res, (size_t)n * D, 0);
+    // gated: z in a wider row, groups of 24
+    int zld = 130;
+    float *z = rnd((size_t)n * zld, 3), *gw = rnd(D, 1);
+    ref->ops->gated_rmsnorm(ref, o1, x, z, zld, gw, n, D, 24, 1e-5f);
+    fast->ops->gated_rmsnorm(fast, o2, x, z, zld, gw, n, D, 24, 1e-5f);
+    cmp("gated_rmsnorm", o2, o1, (size_t)n * D, TOL);
+    free(x), free(w), free(res), free(res2), free(o1), free(o2), free(z), free(gw);
+}
+
+// Mamba2 dims: 8 heads of 4 in 2 groups, state 24, conv 4, chunk 8.
+static struct mamba_dims mdims(void) {
+    struct mamba_dims d = {8, 4, 2, 24, 4, 8, 0, 0.0f, INFINITY};
+    d.conv_dim = d.heads * d.head_dim + 2 * d.groups * d.state;
+    return d;
+}
+
+static void test_mamba(void) {
+    struct mamba_dims d = mdims();
+    int H = d.heads, P = d.head_dim, N = d.state, I = H * P, C = d.conv_dim, K = d.conv_kernel;
+    int ld = I + C + H + 3; // a wider row, as in_proj's
+    // two decodes, then prefills: fresh, chunk-crossing continuation, one token
+    int qlen[] = {1, 1, 21, 13, 1, 30}, ctx[] = {5, 9, 0, 6, 11, 3}, init[] = {1, 1, 0, 1, 1, 1}, S = 6, nd = 2;
+    struct hb h;
+    make_batch(&h, S, qlen, ctx, init, nd, 4);
+    int T = h.b.num_tokens;
+    size_t csn = (size_t)16 * (K - 1) * C, ssn = (size_t)16 * H * P * N;
+    float *zx = rnd((size_t)T * ld, 1), *zx2 = dup(zx, (size_t)T * ld), *cw = rnd((size_t)C * K, 0.5f), *cb = rnd(C, 0.3f);
+    float *cs1 = rnd(csn, 1), *cs2 = dup(cs1, csn);
+    ref->ops->conv1d_update(ref, zx, ld, cw, cb, cs1, &h.b, &d);
+    fast->ops->conv1d_update(fast, zx2, ld, cw, cb, cs2, &h.b, &d);
+    ref->ops->conv1d_fwd(ref, zx, ld, cw, cb, cs1, &h.b, nd, S, &d);
+    fast->ops->conv1d_fwd(fast, zx2, ld, cw, cb, cs2, &h.b, nd, S, &d);
+    cmp("conv1d rows", zx2, zx, (size_t)T * ld, TOL);
+    cmp("conv1d state", cs2, cs1, csn, TOL);
+    float *dtb = rnd(H, 0.5f), *A = rnd(H, 1), *D = rnd(H, 1);
+    for (int i = 0; i < H; i++) A[i] = -expf(A[i]);
+    float *st1 = rnd(ssn, 1), *st2 = dup(st1, ssn), *y1 = rnd((size_t)T * I, 1), *y2 = rnd((size_t)T * I, 1);
+    ref->ops->ssd_decode(ref, y1, zx, ld, dtb, A, D, st1, &h.b, &d);
+    fast->ops->ssd_decode(fast, y2, zx, ld, dtb, A, D, st2, &h.b, &d);
+    cmp("ssd_decode y", y2, y1, (size_t)nd * I, TOL);
+    ref->ops->ssd_prefill(ref, y1, zx, ld, dtb, A, D, st1, &h.b, nd, S, &d);
+    fast->ops->ssd_prefill(fast, y2, zx, ld, dtb, A, D, st2, &h.b, nd, S, &d);
+    cmp("ssd_prefill y", y2 + (size_t)nd * I, y1 + (size_t)nd * I, (size_t)(T - nd) * I, TOL);
+    cmp("ssd state", st2, st1, ssn, TOL);
+    free(zx), free(zx2), free(cw), free(cb), free(cs1), free(cs2), free(dtb), free(A), free(D);
+    free(st1), free(st2), free(y1), free(y2);
+}
+
+static void test_attention(void) {
+    struct attn_dims d = {8, 2, 16, 4, 0.25f};
+    int qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd + 5;
+    int qlen[] = {1, 1, 70, 9, 1}, ctx[] = {13, 2, 0, 17, 30}, init[] = {1, 1, 0, 1, 1}, S = 5, nd = 2;
+    struct hb h;
+    make_batch(&h, S, qlen, ctx, init, nd, d.block_size);
+    int T = h.b.num_tokens;
+    size_t cn = (size_t)16 * 64 * d.block_size * kvd;
+    float *kc = rnd(cn, 1), *vc = rnd(cn, 1), *qkv = rnd((size_t)T * ld, 1);
+    float *o1 = rnd((size_t)T * qd, 1), *o2 = rnd((size_t)T * qd, 1);
+    ref->ops->kv_write(ref, kc, vc, qkv, ld, &h.b, &d);
+    ref->ops->attn_decode(ref, o1, qkv, ld, kc, vc, &h.b, &d);
+    fast->ops->attn_decode(fast, o2, qkv, ld, kc, vc, &h.b, &d);
+    cmp("attn_decode", o2, o1, (size_t)nd * qd, TOL);
+    ref->ops->attn_prefill(ref, o1, qkv, ld, kc, vc, &h.b, nd, S, &d);
+    fast->ops->attn_prefill(fast, o2, qkv, ld, kc, vc, &h.b, nd, S, &d);
+    cmp("attn_prefill", o2 + (size_t)nd * qd, o1 + (size_t)nd * qd, (size_t)(T - nd) * qd, TOL);
+    free(kc), free(vc), free(qkv), free(o1), free(o2);
+}
+
+// Experts of inter 24 (panels straddle experts) and dim 40; from one token
+// (decode) to 96 (each expert past the dot kernel's row threshold).
+static void test_moe(void) {
+    int E = 6, I = 24, L = 40, top_k = 2, ns[] = {1, 3, 96};
+    for (int dt = DT_F32; dt <= DT_BF16; dt++) {
+        float *up = rnd((size_t)E * I * L, 0.3f), *down = rnd((size_t)E * L * I, 0.3f);
+        struct moe_experts wr = {.num_experts = E, .inter = I, .dim = L}, wf = wr;
+        CHECK(ref->ops->weight_upload(ref, &wr.up, up, (int64_t)E * I, L, dt) == 0);
+        CHECK(ref->ops->weight_upload(ref, &wr.down, down, (int64_t)E * L, I, dt) == 0);
+        CHECK(fast->ops->weight_upload(fast, &wf.up, up, (int64_t)E * I, L, dt) == 0);
+        CHECK(fast->ops->weight_upload(fast, &wf.down, down, (int64_t)E * L, I, dt) == 0);
+        for (int k = 0; k < 3; k++) {
+            int n = ns[k];
+            float *x = rnd((size_t)n * L, 1), *wt = rnd((size_t)n * top_k, 1);
+            int32_t *ids = xmalloc(sizeof(int32_t) * n * top_k);
+            for (int t = 0; t < n; t++) { // two distinct experts per token; expert 4 never chosen
+                ids[t * 2] = t % 3;
+                ids[t * 2 + 1] = 3 + t % 2 * 2;
+            }
+            float *o1 = rnd((size_t)n * L, 1), *o2 = rnd((size_t)n * L, 1);
+            char what[64];
+            snprintf(what, sizeof what, "moe_experts %s n=%d", dt ? "bf16" : "fp32", n);
+            fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k);
+            ref->ops->moe_experts(ref, o1, x, &wr, ids, wt, n, top_k);
+            if (dt == DT_BF16 && fast_k(fast)->mm_pk_dot && n >= 48) {
+                // the dot kernel rounds x and the hidden activations to bf16
+                cmp(what, o2, o1, (size_t)n * L, 2e-2);
+            } else {
+                cmp(what, o2, o1, (size_t)n * L, TOL);
+            }
+            free(x), free(wt), free(ids), free(o1), free(o2);
+        }
+        free(up), free(down);
+        free(wr.up.data), free(wr.down.data), free(wf.up.data), free(wf.down.data);
+    }
+}
+
+int main(void) {
+    int best = fast_detect(), runs = 0;
+    printf("this CPU: %s\n", fast_isa_name(best));
+    for (int i = FAST_SCALAR; i <= best; i++) {
+        CHECK(cpu_backend_create(2, 1, -1, &ref) == 0);
+        CHECK(cpu_backend_create(2, 0, i, &fast) == 0);
+        isa = fast_isa_name(i);
+        values = 0;
+        test_matmul();
+        test_norms();
+        test_mamba();
+        test_attention();
+        test_moe();
+        printf("%-12s %ld values compared against the reference\n", isa, values);
+        CHECKF(values > 0, "%s: nothing compared", isa);
+        backend_free(fast);
+        backend_free(ref);
+        runs++;
+    }
+    CHECK(runs >= 1);
+    return test_summary("cpu_fast_ops");
+}
