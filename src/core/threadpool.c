@@ -1,16 +1,22 @@
-// threadpool.c - workers take loop indices from a shared atomic counter.
+// threadpool.c - a parallel loop whose caller takes part and never waits for
+// a worker that has not started: on a shared machine a worker may sit
+// descheduled for a time slice, and the loop must not stall on it.
 //
-// Waiting is spin-then-sleep: after a job, a worker polls for the next one
-// for at most spin_us microseconds (a decode step issues ~100 parallel loops
-// a few microseconds apart, and a condition-variable wake-up costs tens of
-// microseconds), then sleeps on a condition variable. An idle pool therefore
-// spins for at most spin_us and then costs nothing. The caller waits for the
-// workers the same way.
+// The job word packs generation (32 bits) | count (16) | next index (16).
+// Anyone claims index i by a compare-and-swap from (gen, count, i) to
+// (gen, count, i + 1) while i < count; the caller returns once `done` reaches
+// count. A worker that wakes late sees a new generation (or an exhausted
+// one) and claims nothing, so fn and ctx it read are only used while their
+// job is unfinished (a successful claim proves it).
 //
-// Wake-ups are lost by neither side: a sleeper announces itself (seq_cst)
-// before it re-reads the generation under the mutex, and the caller publishes
-// the generation (seq_cst) before it reads the sleeper count, so at least one
-// of them sees the other (the same for done / caller_sleeping).
+// Waiting is spin-then-sleep: a worker polls for the next job for at most
+// VLLM_CPU_SPIN_US microseconds (a decode step issues ~100 parallel loops a
+// few microseconds apart; a condition-variable wake-up costs tens), then
+// sleeps on a condition variable, so an idle pool costs nothing. A sleeper
+// announces itself (seq_cst) before it re-reads the job word under the
+// mutex, and the caller publishes the word (seq_cst) before it reads the
+// sleeper count, so one of them always sees the other (likewise for done
+// and caller_sleeping).
 #include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -25,22 +31,21 @@
 #define cpu_relax() ((void)0)
 #endif
 
+#define MAX_COUNT 0xffff
+
 struct tpool {
     int n;
-    int spin_ns;
+    int64_t spin_ns;
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
-    atomic_uint_fast64_t generation; // bumped once per tpool_for
-    atomic_int pending;              // workers still in the current job
-    atomic_int sleepers;             // workers blocked on work_cv
+    atomic_uint_fast64_t job; // gen << 32 | count << 16 | next
+    _Atomic(void (*)(void *, int, int)) fn;
+    _Atomic(void *) ctx;
+    atomic_int done;    // items of the current job finished
+    atomic_int sleepers; // workers blocked on work_cv
     atomic_int caller_sleeping;
     atomic_int quit;
-    // the current job
-    void (*fn)(void *, int, int);
-    void *ctx;
-    int count;
-    atomic_int next;
 };
 
 static int64_t mono_ns(void) {
@@ -48,6 +53,11 @@ static int64_t mono_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
+
+static int new_job(struct tpool *p, uint64_t gen) {
+    return (atomic_load(&p->job) >> 32) != gen || atomic_load(&p->quit);
+}
+static int job_done(struct tpool *p, uint64_t count) { return (uint64_t)atomic_load(&p->done) == count; }
 
 // Polls until pred(p, arg) holds or spin_ns passed; returns whether it holds.
 static int spin_until(struct tpool *p, int (*pred)(struct tpool *, uint64_t), uint64_t arg) {
@@ -63,19 +73,22 @@ static int spin_until(struct tpool *p, int (*pred)(struct tpool *, uint64_t), ui
     }
 }
 
-static int new_job(struct tpool *p, uint64_t seen) {
-    return atomic_load_explicit(&p->generation, memory_order_acquire) != seen || atomic_load(&p->quit);
-}
-static int job_done(struct tpool *p, uint64_t unused) {
-    (void)unused;
-    return atomic_load_explicit(&p->pending, memory_order_acquire) == 0;
-}
-
-static void run_job(struct tpool *p, int thread) {
+// Claims and runs items of generation gen until none is left.
+static void run_items(struct tpool *p, uint64_t gen, void (*fn)(void *, int, int), void *ctx, int thread) {
+    uint64_t v = atomic_load_explicit(&p->job, memory_order_acquire);
     for (;;) {
-        int i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (i >= p->count) break;
-        p->fn(p->ctx, i, thread);
+        uint64_t next = v & 0xffff, count = (v >> 16) & 0xffff;
+        if ((v >> 32) != gen || next >= count) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->job, &v, v + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        fn(ctx, (int)next, thread);
+        if ((uint64_t)atomic_fetch_add(&p->done, 1) + 1 == count &&
+            atomic_load(&p->caller_sleeping)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+        v = atomic_load_explicit(&p->job, memory_order_acquire);
     }
 }
 
@@ -98,13 +111,10 @@ static void *worker(void *arg) {
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->quit)) break;
-        seen = atomic_load(&p->generation);
-        run_job(p, wa.id);
-        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeping)) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->done_cv);
-            pthread_mutex_unlock(&p->mu);
-        }
+        seen = atomic_load_explicit(&p->job, memory_order_acquire) >> 32;
+        void (*fn)(void *, int, int) = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        run_items(p, seen, fn, ctx, wa.id);
     }
     return NULL;
 }
@@ -114,7 +124,7 @@ struct tpool *tpool_create(int n_threads) {
     p->n = n_threads < 1 ? 1 : n_threads;
     const char *s = getenv("VLLM_CPU_SPIN_US");
     int us = s && *s ? atoi(s) : 100;
-    p->spin_ns = (us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
+    p->spin_ns = (int64_t)(us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
@@ -144,29 +154,50 @@ void tpool_free(struct tpool *p) {
 
 int tpool_size(const struct tpool *p) { return p->n; }
 
+// Indices [base, base + count) as one job (count <= MAX_COUNT).
+struct offset_ctx {
+    void (*fn)(void *, int, int);
+    void *ctx;
+    int base;
+};
+static void offset_fn(void *c, int i, int thread) {
+    struct offset_ctx *o = c;
+    o->fn(o->ctx, o->base + i, thread);
+}
+
+static void run_job(struct tpool *p, int count, void (*fn)(void *, int, int), void *ctx) {
+    uint64_t gen = (atomic_load_explicit(&p->job, memory_order_relaxed) >> 32) + 1;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store(&p->job, (gen & 0xffffffffu) << 32 | (uint64_t)count << 16); // publishes the job (seq_cst)
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->work_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    run_items(p, gen & 0xffffffffu, fn, ctx, 0);
+    if (!spin_until(p, job_done, (uint64_t)count)) {
+        pthread_mutex_lock(&p->mu);
+        atomic_store(&p->caller_sleeping, 1);
+        while (!job_done(p, (uint64_t)count)) pthread_cond_wait(&p->done_cv, &p->mu);
+        atomic_store(&p->caller_sleeping, 0);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
 void tpool_for(struct tpool *p, int n, void (*fn)(void *ctx, int i, int thread), void *ctx) {
     if (n <= 0) return;
     if (p->n == 1 || n == 1) {
         for (int i = 0; i < n; i++) fn(ctx, i, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->count = n;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&p->generation, 1); // publishes the job (seq_cst)
-    if (atomic_load(&p->sleepers) > 0) {
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->work_cv);
-        pthread_mutex_unlock(&p->mu);
+    if (n <= MAX_COUNT) {
+        run_job(p, n, fn, ctx);
+        return;
     }
-    run_job(p, 0);
-    if (!spin_until(p, job_done, 0)) {
-        pthread_mutex_lock(&p->mu);
-        atomic_store(&p->caller_sleeping, 1);
-        while (!job_done(p, 0)) pthread_cond_wait(&p->done_cv, &p->mu);
-        atomic_store(&p->caller_sleeping, 0);
-        pthread_mutex_unlock(&p->mu);
+    for (int base = 0; base < n; base += MAX_COUNT) {
+        struct offset_ctx o = {fn, ctx, base};
+        run_job(p, MIN(MAX_COUNT, n - base), offset_fn, &o);
     }
 }

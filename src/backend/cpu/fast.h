@@ -45,7 +45,22 @@ struct fast_kern {
     void (*vexp)(float *y, const float *x, int64_t n);  // y = exp(x), in place allowed
     void (*vsilu)(float *y, const float *x, int64_t n); // y = x * sigmoid(x), in place allowed
     void (*to_bf16)(uint16_t *y, const float *x, int64_t n); // round to nearest even
+    // One head of the SSD decode step: S[p] = S[p] dA + (dt x[p]) B, y[p] =
+    // S[p] . C + D x[p], for p < P; S [P, N].
+    void (*ssd_step)(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
+                     float D, float *y);
+    // Small fp32 GEMM, one thread: C [M, N] = alpha op(A) op(B) + beta C,
+    // op(A) [M, K] (ta: A is [K, M]), op(B) [K, N] (tb: B is [N, K]); pack
+    // holds fast_sgemm_pack_floats(M, N, K). NULL: OpenBLAS sgemm instead.
+    void (*sgemm)(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B, int ldb, int tb,
+                  float beta, float *C, int ldc, float *pack);
 };
+
+// Floats of packing space fast_sgemm needs.
+size_t fast_sgemm_pack_floats(int M, int N, int K);
+// The kernel set's sgemm (or OpenBLAS's, single-threaded), as above.
+void fast_sgemm(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B,
+                int ldb, int tb, float beta, float *C, int ldc, float *pack);
 
 extern const struct fast_kern fast_kern_scalar;
 #if defined(__x86_64__)

@@ -3,8 +3,6 @@
 // from the paged caches once for the H/Hkv query heads that share it; then
 // per head S = Q K^T, causal softmax, O = P V. Decode is the same with one
 // query per sequence. Caches and rows as in cpu_attn.c (the reference).
-#include <cblas.h>
-#undef I // complex.h's imaginary unit, pulled in by cblas.h
 #include <float.h>
 #include <math.h>
 
@@ -35,8 +33,9 @@ static void attn_task(void *ctx, int task, int thread) {
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, ctx0 = b->context_lens[s];
     int nq = MIN(QBLK, L - q0), n = ctx0 + q0 + nq; // keys [0, n) cover the block's last query
     const int32_t *bt = b->block_tables + (int64_t)s * b->max_blocks_per_seq;
-    float *kk = cpu_scratch(c->be, thread, sizeof(float) * ((size_t)2 * n * Dh + (size_t)nq * n));
-    float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh;
+    size_t pk = fast_sgemm_pack_floats(nq, MAX(n, Dh), MAX(n, Dh));
+    float *kk = cpu_scratch(c->be, thread, sizeof(float) * ((size_t)2 * n * Dh + (size_t)nq * n + pk));
+    float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh, *pack = sc + (size_t)nq * n;
     for (int j = 0; j < n; j++) {
         int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
         memcpy(kk + (int64_t)j * Dh, c->kc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
@@ -45,7 +44,7 @@ static void attn_task(void *ctx, int task, int thread) {
     for (int hh = 0; hh < hg; hh++) {
         int h = kvh * hg + hh;
         const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + h * Dh;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, Dh, d->scale, q, c->ld, kk, Dh, 0.0f, sc, n);
+        fast_sgemm(c->be, nq, n, Dh, d->scale, q, c->ld, 0, kk, Dh, 1, 0.0f, sc, n, pack);
         for (int i = 0; i < nq; i++) { // query i sees keys [0, ctx0 + q0 + i]
             float *r = sc + (int64_t)i * n, mx = -FLT_MAX, sum = 0;
             int m = ctx0 + q0 + i + 1;
@@ -57,8 +56,8 @@ static void attn_task(void *ctx, int task, int thread) {
             for (int j = 0; j < m; j++) r[j] *= inv;
             for (int j = m; j < n; j++) r[j] = 0.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, Dh, n, 1.0f, sc, n, vv, Dh, 0.0f,
-                    c->out + (int64_t)(t0 + q0) * H * Dh + h * Dh, H * Dh);
+        fast_sgemm(c->be, nq, Dh, n, 1.0f, sc, n, 0, vv, Dh, 0, 0.0f, c->out + (int64_t)(t0 + q0) * H * Dh + h * Dh, H * Dh,
+                   pack);
     }
 }
 

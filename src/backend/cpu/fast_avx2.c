@@ -163,6 +163,28 @@ static void vsilu(float *y, const float *x, int64_t n) {
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
+static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
+                     float D, float *y) {
+    __m256 va = _mm256_set1_ps(dA);
+    for (int p = 0; p < P; p++) {
+        float *sp = S + (int64_t)p * N, d = dt * x[p];
+        __m256 dx = _mm256_set1_ps(d), acc = _mm256_setzero_ps();
+        int n = 0;
+        for (; n + 8 <= N; n += 8) {
+            __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(sp + n), va, _mm256_mul_ps(dx, _mm256_loadu_ps(B + n)));
+            _mm256_storeu_ps(sp + n, v);
+            acc = _mm256_fmadd_ps(v, _mm256_loadu_ps(C + n), acc);
+        }
+        float s = hsum8(acc);
+        for (; n < N; n++) {
+            float v = sp[n] * dA + d * B[n];
+            sp[n] = v;
+            s += v * C[n];
+        }
+        y[p] = s + D * x[p];
+    }
+}
+
 const struct fast_kern fast_kern_avx2 = {
     .name = "avx2",
     .mm_pk = mm_pk,
@@ -171,5 +193,6 @@ const struct fast_kern fast_kern_avx2 = {
     .vexp = vexp,
     .vsilu = vsilu,
     .to_bf16 = NULL,
+    .ssd_step = ssd_step,
 };
 #endif

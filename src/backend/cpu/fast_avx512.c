@@ -193,6 +193,97 @@ static void vsilu(float *y, const float *x, int64_t n) {
     }
 }
 
+static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
+                     float D, float *y) {
+    __m512 va = _mm512_set1_ps(dA);
+    for (int p = 0; p < P; p++) {
+        float *sp = S + (int64_t)p * N;
+        __m512 dx = _mm512_set1_ps(dt * x[p]), acc = _mm512_setzero_ps();
+        int n = 0;
+        for (; n + 16 <= N; n += 16) {
+            __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(sp + n), va, _mm512_mul_ps(dx, _mm512_loadu_ps(B + n)));
+            _mm512_storeu_ps(sp + n, v);
+            acc = _mm512_fmadd_ps(v, _mm512_loadu_ps(C + n), acc);
+        }
+        if (n < N) {
+            __mmask16 m = (__mmask16)((1u << (N - n)) - 1);
+            __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, sp + n), va, _mm512_mul_ps(dx, _mm512_maskz_loadu_ps(m, B + n)));
+            _mm512_mask_storeu_ps(sp + n, m, v);
+            acc = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, C + n), acc);
+        }
+        y[p] = _mm512_reduce_add_ps(acc) + D * x[p];
+    }
+}
+
+// Small fp32 GEMM: A packed in panels of 8 rows ([K][8], alpha folded in),
+// B in panels of 32 columns ([K][32]), zero padded; an 8 x 32 tile of C in
+// 16 accumulators, B panel kept hot in L1/L2 while the A panels stream.
+#define SG_MR 8
+#define SG_NR 32
+INL void sg_tile(int K, const float *ap, const float *bp, float *C, int ldc, float beta, int mr, int nr) {
+    __m512 acc[SG_MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < SG_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 b0 = _mm512_loadu_ps(bp + k * SG_NR), b1 = _mm512_loadu_ps(bp + k * SG_NR + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < SG_MR; i++) {
+            __m512 a = _mm512_set1_ps(ap[k * SG_MR + i]);
+            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+    }
+    __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1), m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+    __m512 vb = _mm512_set1_ps(beta);
+    for (int i = 0; i < mr; i++) {
+        float *c = C + (int64_t)i * ldc;
+        if (beta != 0.0f) {
+            acc[i][0] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, c), acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, c + 16), acc[i][1]);
+        }
+        _mm512_mask_storeu_ps(c, m0, acc[i][0]);
+        _mm512_mask_storeu_ps(c + 16, m1, acc[i][1]);
+    }
+}
+
+static void sgemm(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B, int ldb, int tb,
+                  float beta, float *C, int ldc, float *pack) {
+    int mp = (M + SG_MR - 1) / SG_MR, np = (N + SG_NR - 1) / SG_NR;
+    float *ap = (float *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *bp = ap + (size_t)mp * SG_MR * K;
+    for (int ip = 0; ip < mp; ip++) {
+        float *d = ap + (size_t)ip * SG_MR * K;
+        for (int i = 0; i < SG_MR; i++) {
+            int r = ip * SG_MR + i;
+            if (r >= M)
+                for (int k = 0; k < K; k++) d[k * SG_MR + i] = 0.0f;
+            else if (ta)
+                for (int k = 0; k < K; k++) d[k * SG_MR + i] = alpha * A[(int64_t)k * lda + r];
+            else
+                for (int k = 0; k < K; k++) d[k * SG_MR + i] = alpha * A[(int64_t)r * lda + k];
+        }
+    }
+    for (int jp = 0; jp < np; jp++) {
+        float *d = bp + (size_t)jp * SG_NR * K;
+        int n0 = jp * SG_NR, nc = MIN(SG_NR, N - n0);
+        if (tb) {
+            for (int j = 0; j < SG_NR; j++)
+                for (int k = 0; k < K; k++) d[k * SG_NR + j] = j < nc ? B[(int64_t)(n0 + j) * ldb + k] : 0.0f;
+        } else {
+            __mmask16 m0 = (__mmask16)(nc >= 16 ? 0xffff : (1u << nc) - 1);
+            __mmask16 m1 = (__mmask16)(nc >= 32 ? 0xffff : nc > 16 ? (1u << (nc - 16)) - 1 : 0);
+            for (int k = 0; k < K; k++) {
+                const float *b = B + (int64_t)k * ldb + n0;
+                _mm512_storeu_ps(d + k * SG_NR, _mm512_maskz_loadu_ps(m0, b));
+                _mm512_storeu_ps(d + k * SG_NR + 16, _mm512_maskz_loadu_ps(m1, b + 16));
+            }
+        }
+    }
+    for (int jp = 0; jp < np; jp++)
+        for (int ip = 0; ip < mp; ip++)
+            sg_tile(K, ap + (size_t)ip * SG_MR * K, bp + (size_t)jp * SG_NR * K, C + (int64_t)ip * SG_MR * ldc + jp * SG_NR,
+                    ldc, beta, MIN(SG_MR, M - ip * SG_MR), MIN(SG_NR, N - jp * SG_NR));
+}
+
 const struct fast_kern fast_kern_avx512 = {
     .name = "avx512",
     .mm_pk = mm_pk,
@@ -201,5 +292,7 @@ const struct fast_kern fast_kern_avx512 = {
     .vexp = vexp,
     .vsilu = vsilu,
     .to_bf16 = NULL,
+    .ssd_step = ssd_step,
+    .sgemm = sgemm,
 };
 #endif

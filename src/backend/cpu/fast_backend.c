@@ -71,6 +71,22 @@ void *fast_shared(struct backend *be, int slot, size_t bytes) {
     return c->shared[slot];
 }
 
+// ---- small fp32 GEMM ----
+
+size_t fast_sgemm_pack_floats(int M, int N, int K) {
+    return ((size_t)(M + 7) / 8 * 8 + (size_t)(N + 31) / 32 * 32) * (size_t)K + 64;
+}
+
+void fast_sgemm(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B,
+                int ldb, int tb, float beta, float *C, int ldc, float *pack) {
+    if (M <= 0 || N <= 0) return;
+    const struct fast_kern *k = fast_k(be);
+    if (k->sgemm && K > 0) k->sgemm(M, N, K, alpha, A, lda, ta, B, ldb, tb, beta, C, ldc, pack);
+    else
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                    lda, B, ldb, beta, C, ldc);
+}
+
 // ---- weights ----
 
 size_t fast_pk_bytes(int64_t rows, int64_t cols) { return sizeof(uint32_t) * pk_panels(rows) * pk_stride(cols); }

@@ -4,8 +4,6 @@
 //
 // zxbcdt row layout (ld floats per token): z [I] | xBC [conv_dim] | dt [H],
 // I = H*P, xBC = x [H*P] | B [G*N] | C [G*N]. Head h reads group h / (H/G).
-#include <cblas.h>
-#undef I // complex.h's imaginary unit, pulled in by cblas.h
 #include <math.h>
 
 #include "backend/cpu/fast.h"
@@ -111,10 +109,12 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, p0 = b->context_lens[s];
     float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h0) * P * N; // [W, N]
     if (!b->has_initial_state[s]) memset(st, 0, sizeof(float) * W * N); // a fresh slot reads as zeros
-    size_t need = (size_t)2 * cs * cs + (size_t)3 * cs * W + (size_t)(2 * hg + 2) * cs;
+    size_t pk = fast_sgemm_pack_floats(MAX(cs, W), MAX(MAX(cs, W), N), MAX(N, cs));
+    size_t need = (size_t)2 * cs * cs + (size_t)3 * cs * W + (size_t)(2 * hg + 2) * cs + pk;
     float *cb = cpu_scratch(c->be, thread, sizeof(float) * need), *mh = cb + cs * cs, *yoff = mh + cs * cs;
     float *yd = yoff + cs * W, *xs = yd + cs * W, *dt = xs + cs * W, *acum = dt + hg * cs, *tmp = acum + hg * cs;
-    float *ein = tmp + cs;
+    float *ein = tmp + cs, *pack = ein + cs;
+    struct backend *be = c->be;
     for (int i0 = 0; i0 < L;) {
         int lc = MIN(L - i0, cs - (p0 + i0) % cs); // chunk [i0, i0 + lc)
         const float *row0 = c->zxbcdt + (int64_t)(t0 + i0) * ld;
@@ -128,8 +128,8 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
                 acum[hh * cs + i] = run;
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, lc, lc, N, 1.0f, C, ld, B, ld, 0.0f, cb, cs);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, lc, W, N, 1.0f, C, ld, st, N, 0.0f, yoff, W);
+        fast_sgemm(be, lc, lc, N, 1.0f, C, ld, 0, B, ld, 1, 0.0f, cb, cs, pack);
+        fast_sgemm(be, lc, W, N, 1.0f, C, ld, 0, st, N, 1, 0.0f, yoff, W, pack);
         for (int hh = 0; hh < hg; hh++) {
             const float *a = acum + hh * cs, *dth = dt + hh * cs;
             for (int i = 0; i < lc; i++) {
@@ -139,8 +139,7 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
                 for (int j = 0; j <= i; j++) m[j] *= cb[i * cs + j] * dth[j];
                 for (int j = i + 1; j < lc; j++) m[j] = 0.0f;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, lc, P, lc, 1.0f, mh, cs, X + hh * P, ld, 0.0f,
-                        yd + hh * P, W);
+            fast_sgemm(be, lc, P, lc, 1.0f, mh, cs, 0, X + hh * P, ld, 0, 0.0f, yd + hh * P, W, pack);
         }
         // y, then the state: decays exp(a_i) (into the chunk) and exp(a_last - a_j)
         for (int hh = 0; hh < hg; hh++) {
@@ -164,7 +163,7 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
             float *sh = st + (int64_t)hh * P * N;
             for (int q = 0; q < P * N; q++) sh[q] *= decay;
         }
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, W, N, lc, 1.0f, xs, W, B, ld, 1.0f, st, N);
+        fast_sgemm(be, W, N, lc, 1.0f, xs, W, 1, B, ld, 0, 1.0f, st, N, pack);
         i0 += lc;
     }
 }
@@ -176,8 +175,8 @@ void fast_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     cpu_parallel(be, (seq1 - seq0) * d->groups, ssd_prefill_task, &c);
 }
 
-// One (sequence, head): S = S dA + dt x B^T, y = S C + D x. Partial sums in
-// 16 independent lanes, so the compiler can vectorize without reassociating.
+// One (sequence, head): S = S dA + dt x B^T, y = S C + D x (a kernel: the
+// state is read and written once, at memory speed).
 static void ssd_decode_task(void *ctx, int task, int thread) {
     (void)thread;
     struct ssd_ctx *c = ctx;
@@ -187,28 +186,10 @@ static void ssd_decode_task(void *ctx, int task, int thread) {
     int s = task / H, h = task % H, g = h / (H / G);
     int t = b->query_start_loc[s];
     const float *r = c->zxbcdt + (int64_t)t * c->ld;
-    const float *x = r + I + h * P, *B = r + I + I + g * N, *C = r + I + I + G * N + g * N;
     float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h) * P * N;
     float dt = dt_of(r, I + d->conv_dim, h, c->dt_bias, d), dA = expf(dt * c->A[h]);
-    float *y = c->y + (int64_t)t * I + h * P;
-    int n16 = N & ~15;
-    for (int p = 0; p < P; p++) {
-        float *sp = st + (int64_t)p * N, dx = dt * x[p], part[16] = {0};
-        for (int n0 = 0; n0 < n16; n0 += 16)
-            for (int l = 0; l < 16; l++) {
-                float v = sp[n0 + l] * dA + dx * B[n0 + l];
-                sp[n0 + l] = v;
-                part[l] += v * C[n0 + l];
-            }
-        float acc = 0;
-        for (int n = n16; n < N; n++) {
-            float v = sp[n] * dA + dx * B[n];
-            sp[n] = v;
-            acc += v * C[n];
-        }
-        for (int l = 0; l < 16; l++) acc += part[l];
-        y[p] = acc + c->D[h] * x[p];
-    }
+    fast_k(c->be)->ssd_step(st, P, N, r + I + h * P, r + I + I + g * N, r + I + I + G * N + g * N, dt, dA, c->D[h],
+                            c->y + (int64_t)t * I + h * P);
 }
 
 void fast_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
