@@ -45,6 +45,8 @@ struct fast_kern {
     void (*vexp)(float *y, const float *x, int64_t n);  // y = exp(x), in place allowed
     void (*vsilu)(float *y, const float *x, int64_t n); // y = x * sigmoid(x), in place allowed
     void (*to_bf16)(uint16_t *y, const float *x, int64_t n); // round to nearest even
+    void (*axpy)(float *y, float a, const float *x, int64_t n); // y += a x
+    void (*relu2)(float *x, int64_t n);                          // x = relu(x)^2
     // One head of the SSD decode step: S[p] = S[p] dA + (dt x[p]) B, y[p] =
     // S[p] . C + D x[p], for p < P; S [P, N].
     void (*ssd_step)(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
@@ -100,6 +102,7 @@ int fast_use_dot(struct backend *be, const struct weight *w, int n);
 
 // Fast ops (fast_*.c)
 void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+void fast_relu2(struct backend *be, float *x, int64_t n);
 int fast_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
                        enum dtype dt);
 int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,

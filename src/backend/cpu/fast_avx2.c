@@ -163,6 +163,23 @@ static void vsilu(float *y, const float *x, int64_t n) {
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
+static void axpy(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void relu2(float *x, int64_t n) {
+    __m256 z = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_max_ps(_mm256_loadu_ps(x + i), z);
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(v, v));
+    }
+    for (; i < n; i++) x[i] = x[i] > 0 ? x[i] * x[i] : 0.0f;
+}
+
 static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y) {
     __m256 va = _mm256_set1_ps(dA);
@@ -193,6 +210,8 @@ const struct fast_kern fast_kern_avx2 = {
     .vexp = vexp,
     .vsilu = vsilu,
     .to_bf16 = NULL,
+    .axpy = axpy,
+    .relu2 = relu2,
     .ssd_step = ssd_step,
 };
 #endif

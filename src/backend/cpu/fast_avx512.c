@@ -193,6 +193,30 @@ static void vsilu(float *y, const float *x, int64_t n) {
     }
 }
 
+static void axpy(float *y, float a, const float *x, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static void relu2(float *x, int64_t n) {
+    __m512 z = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_max_ps(_mm512_loadu_ps(x + i), z);
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(v, v));
+    }
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_max_ps(_mm512_maskz_loadu_ps(m, x + i), z);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(v, v));
+    }
+}
+
 static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y) {
     __m512 va = _mm512_set1_ps(dA);
@@ -292,6 +316,8 @@ const struct fast_kern fast_kern_avx512 = {
     .vexp = vexp,
     .vsilu = vsilu,
     .to_bf16 = NULL,
+    .axpy = axpy,
+    .relu2 = relu2,
     .ssd_step = ssd_step,
     .sgemm = sgemm,
 };

@@ -295,3 +295,20 @@ void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x,
 void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     fast_matmul_cols(be, y, w->rows, x, w->cols, n, w, 0, w->rows);
 }
+
+struct relu2_ctx {
+    const struct fast_kern *k;
+    float *x;
+    int64_t n;
+};
+static void relu2_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct relu2_ctx *c = ctx;
+    int64_t a = (int64_t)i * 16384;
+    c->k->relu2(c->x + a, MIN(16384, c->n - a));
+}
+
+void fast_relu2(struct backend *be, float *x, int64_t n) {
+    struct relu2_ctx c = {fast_k(be), x, n};
+    cpu_parallel(be, (int)CDIV(n, 16384), relu2_task, &c);
+}

@@ -22,8 +22,22 @@ struct conv_ctx {
     const struct mamba_dims *d;
 };
 
-// One (sequence, block of CB_CH channels): the K-1 inputs before the current
-// token ride in win (oldest first), so the rows can be overwritten in place.
+// acc = bias + sum_k wt[k] * in[k] over CB_CH channels, in the reference's
+// order (bias, then the taps oldest first); restrict and the fixed width let
+// the compiler vectorize.
+static void conv_taps(float *restrict acc, const float *restrict bias, const float (*restrict wt)[CB_CH],
+                      const float *const *in, int K) {
+    for (int i = 0; i < CB_CH; i++) acc[i] = bias[i];
+    for (int k = 0; k < K; k++) {
+        const float *restrict x = in[k], *restrict w = wt[k];
+        for (int i = 0; i < CB_CH; i++) acc[i] += w[i] * x[i];
+    }
+}
+
+// One (sequence, block of CB_CH channels), in place: tokens run last to
+// first, so the inputs a token reads (itself and the K-1 before it) are not
+// yet overwritten; the K-1 inputs before the sequence come from the state.
+// The new state (the last K-1 inputs) is taken first and written last.
 static void conv_task(void *ctx, int task, int thread) {
     (void)thread;
     struct conv_ctx *c = ctx;
@@ -31,24 +45,38 @@ static void conv_task(void *ctx, int task, int thread) {
     int C = c->d->conv_dim, K = c->d->conv_kernel, I = c->d->heads * c->d->head_dim;
     int s = c->seq0 + task / c->nblk, c0 = task % c->nblk * CB_CH, nc = MIN(CB_CH, C - c0);
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
-    float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C;
+    float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C + c0;
     int init = c->decode ? 1 : b->has_initial_state[s];
-    float win[8][CB_CH], wt[8][CB_CH], bias[CB_CH], acc[CB_CH]; // K <= 8 (checked by the caller)
+    // K <= 8 (checked by the caller); whole CB_CH-wide vectors, zero padded
+    float old[7][CB_CH], keep[7][CB_CH], wt[8][CB_CH], bias[CB_CH], acc[CB_CH], pad[8][CB_CH];
+    memset(old, 0, sizeof old);
+    memset(wt, 0, sizeof wt);
+    memset(bias, 0, sizeof bias);
     for (int k = 0; k < K; k++)
         for (int i = 0; i < nc; i++) wt[k][i] = c->w[(int64_t)(c0 + i) * K + k];
-    for (int i = 0; i < nc; i++) bias[i] = c->bias ? c->bias[c0 + i] : 0.0f;
-    for (int k = 0; k < K - 1; k++)
-        for (int i = 0; i < nc; i++) win[k][i] = init ? state[(int64_t)k * C + c0 + i] : 0.0f;
-    for (int t = 0; t < L; t++) {
-        float *row = c->zxbcdt + (int64_t)(t0 + t) * c->ld + I + c0;
-        for (int i = 0; i < nc; i++) win[K - 1][i] = row[i];
-        for (int i = 0; i < nc; i++) acc[i] = bias[i];
-        for (int k = 0; k < K; k++) // the reference's order: bias, then taps oldest first
-            for (int i = 0; i < nc; i++) acc[i] += wt[k][i] * win[k][i];
-        fast_k(c->be)->vsilu(row, acc, nc);
-        for (int k = 0; k < K - 1; k++) memcpy(win[k], win[k + 1], sizeof(float) * nc);
+    for (int i = 0; i < nc && c->bias; i++) bias[i] = c->bias[c0 + i];
+    for (int k = 0; k < K - 1 && init; k++) memcpy(old[k], state + (int64_t)k * C, sizeof(float) * nc);
+    float *row0 = c->zxbcdt + (int64_t)t0 * c->ld + I + c0;
+    for (int j = 0; j < K - 1; j++) { // input L-(K-1)+j: a row, or an old state entry
+        int src = L - (K - 1) + j;
+        memcpy(keep[j], src >= 0 ? row0 + (int64_t)src * c->ld : old[K - 1 + src], sizeof(float) * nc);
     }
-    for (int k = 0; k < K - 1; k++) memcpy(state + (int64_t)k * C + c0, win[k], sizeof(float) * nc);
+    for (int t = L - 1; t >= 0; t--) {
+        const float *in[8];
+        for (int k = 0; k < K; k++) {
+            int src = t - (K - 1) + k;
+            const float *p = src >= 0 ? row0 + (int64_t)src * c->ld : old[K - 1 + src];
+            if (nc < CB_CH && src >= 0) { // a partial block: read only nc floats of the row
+                memset(pad[k], 0, sizeof pad[k]);
+                memcpy(pad[k], p, sizeof(float) * nc);
+                p = pad[k];
+            }
+            in[k] = p;
+        }
+        conv_taps(acc, bias, wt, in, K);
+        fast_k(c->be)->vsilu(row0 + (int64_t)t * c->ld, acc, nc);
+    }
+    for (int k = 0; k < K - 1; k++) memcpy(state + (int64_t)k * C, keep[k], sizeof(float) * nc);
 }
 
 static void conv_run(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,

@@ -37,11 +37,11 @@ static void up_task(void *ctx, int task, int thread) {
     fast_mm_serial(c->be, h, c->ldh, c->xs + (int64_t)r0 * c->ldx, c->ldx,
                    dot ? c->xsb + (int64_t)r0 * c->ldxb : NULL, c->ldxb, m, &w->up, (int64_t)e * I + a,
                    (int64_t)e * I + b);
+    const struct fast_kern *k = fast_k(c->be);
     for (int r = 0; r < m; r++) {
         float *hr = h + (int64_t)r * c->ldh;
-        for (int64_t i = 0; i < b - a; i++) hr[i] = hr[i] > 0 ? hr[i] * hr[i] : 0.0f;
-        if (c->hb && fast_use_dot(c->be, &w->down, m))
-            fast_k(c->be)->to_bf16(c->hb + (int64_t)(r0 + r) * c->ldhb + a, hr, b - a);
+        k->relu2(hr, b - a);
+        if (c->hb && fast_use_dot(c->be, &w->down, m)) k->to_bf16(c->hb + (int64_t)(r0 + r) * c->ldhb + a, hr, b - a);
     }
 }
 
@@ -60,9 +60,30 @@ static void down_task(void *ctx, int task, int thread) {
                        c->ldhb, m, &w->down, (int64_t)e * L + a, (int64_t)e * L + b);
         for (int r = 0; r < m; r++) {
             float wt = c->weights[(int64_t)c->tok[r0 + r] * c->top_k + c->slot[r0 + r]];
-            float *o = c->out + (int64_t)c->tok[r0 + r] * L + a;
-            const float *yr = ys + (int64_t)r * nc;
-            for (int64_t j = 0; j < nc; j++) o[j] += wt * yr[j];
+            fast_k(c->be)->axpy(c->out + (int64_t)c->tok[r0 + r] * L + a, wt, ys + (int64_t)r * nc, nc);
+        }
+    }
+}
+
+// Rows [16 i, 16 i + 16) of the buckets: their inputs, bf16 copies, pads.
+struct gather_ctx {
+    struct moe_ctx *c;
+    const float *x;
+    int A, L, I;
+};
+
+static void gather_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct gather_ctx *g = ctx;
+    struct moe_ctx *c = g->c;
+    for (int r = i * 16; r < MIN(g->A, i * 16 + 16); r++) {
+        float *d = c->xs + (int64_t)r * c->ldx;
+        memcpy(d, g->x + (int64_t)c->tok[r] * g->L, sizeof(float) * g->L);
+        if (c->ldx > g->L) d[g->L] = 0;
+        if (c->ldh > g->I) c->h[(int64_t)r * c->ldh + g->I] = 0;
+        if (c->xsb) {
+            fast_k(c->be)->to_bf16(c->xsb + (int64_t)r * c->ldx, d, c->ldx);
+            if (c->ldh > g->I) c->hb[(int64_t)r * c->ldh + g->I] = 0;
         }
     }
 }
@@ -77,7 +98,6 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
     int E = w->num_experts, I = w->inter, L = w->dim, A = n * top_k, nt = be->num_threads;
     memset(out, 0, sizeof(float) * (size_t)n * L);
     if (n <= 0) return;
-    const struct fast_kern *k = fast_k(be);
     int64_t ldx = pk_kp(L), ldh = pk_kp(I); // even: whole column pairs, zero padded
     size_t ints = (size_t)3 * E + 2 * (size_t)A;
     int *cnt = fast_shared(be, 1, sizeof(int) * ints), *off = cnt + E, *act = off + E;
@@ -102,18 +122,10 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
     size_t fl = (size_t)A * (ldx + ldh), bl = any_dot ? (size_t)A * (ldx + ldh) : 0;
     float *xs = fast_shared(be, 2, sizeof(float) * fl + sizeof(uint16_t) * bl), *h = xs + (size_t)A * ldx;
     uint16_t *xsb = any_dot ? (uint16_t *)(h + (size_t)A * ldh) : NULL, *hb = any_dot ? xsb + (size_t)A * ldx : NULL;
-    for (int r = 0; r < A; r++) {
-        float *d = xs + (int64_t)r * ldx;
-        memcpy(d, x + (int64_t)tok[r] * L, sizeof(float) * L);
-        if (ldx > L) d[L] = 0;
-        if (ldh > I) h[(int64_t)r * ldh + I] = 0;
-        if (any_dot) {
-            k->to_bf16(xsb + (int64_t)r * ldx, d, ldx);
-            if (ldh > I) hb[(int64_t)r * ldh + I] = 0;
-        }
-    }
     struct moe_ctx c = {be, out, w, weights, top_k, nact, act, off, cnt, tok, slot, xs, h, xsb, hb,
                         ldx, ldh, ldx, ldh, 1, 0, 0};
+    struct gather_ctx gc = {&c, x, A, L, I};
+    cpu_parallel(be, CDIV(A, 16), gather_task, &gc);
     // about 4 tasks per thread in each phase, whole panels (groups of 4 for the dot kernel)
     int unit = any_dot ? 4 : 1;
     c.up_per = panel_block(I, CDIV(4 * nt, nact), unit);

@@ -68,6 +68,14 @@ static void to_bf16(uint16_t *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = f32_to_bf16(x[i]);
 }
 
+static void axpy(float *restrict y, float a, const float *restrict x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void relu2(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] * x[i] : 0.0f;
+}
+
 // Partial sums in 16 independent lanes, so the compiler can vectorize.
 static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y) {
@@ -99,5 +107,7 @@ const struct fast_kern fast_kern_scalar = {
     .vexp = vexp,
     .vsilu = vsilu,
     .to_bf16 = to_bf16,
+    .axpy = axpy,
+    .relu2 = relu2,
     .ssd_step = ssd_step,
 };
