@@ -27,6 +27,7 @@ static float *rnd(size_t n, float s) {
 
 static int reps = 7;
 static const char *only;
+static int noref; // CPU_OPS_NO_REF=1: time the fast path only (for profiles)
 static int want(const char *name) { return !only || strstr(name, only); }
 static int cmpd(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -36,6 +37,7 @@ static int cmpd(const void *a, const void *b) {
 typedef void (*op_fn)(struct backend *be, void *arg);
 static double time_op(struct backend *be, op_fn f, void *arg) {
     double t[64];
+    if (noref && cpu_of(be)->reference) return NAN;
     f(be, arg); // warm
     for (int r = 0; r < reps; r++) {
         double t0 = now_s();
@@ -273,6 +275,7 @@ int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : 2;
     reps = argc > 2 ? atoi(argv[2]) : 7;
     only = argc > 3 ? argv[3] : NULL;
+    noref = getenv("CPU_OPS_NO_REF") && atoi(getenv("CPU_OPS_NO_REF"));
     if (nt < 1 || nt > 64 || reps < 1 || reps > 64) {
         fprintf(stderr, "usage: cpu_ops [THREADS] [REPEATS <= 64]\n");
         return 2;
@@ -294,12 +297,12 @@ int main(int argc, char **argv) {
     if (want("mamba in_proj")) bench_matmul(ref, fast, "mamba in_proj", 6208, 1024, DT_F32, all, 3);
     int moe_n[] = {1, 4, 512};
     if (want("moe")) bench_moe(ref, fast, DT_BF16, moe_n, 3);
-    if (want("mamba")) bench_mamba(ref, fast, 1, 1, 100);
-    if (want("mamba")) bench_mamba(ref, fast, 4, 1, 100);
-    if (want("mamba")) bench_mamba(ref, fast, 1, 512, 0);
-    if (want("attn")) bench_attn(ref, fast, 1, 1, 575);
-    if (want("attn")) bench_attn(ref, fast, 4, 1, 575);
-    if (want("attn")) bench_attn(ref, fast, 1, 512, 0);
+    if (want("ssd conv")) bench_mamba(ref, fast, 1, 1, 100);
+    if (want("ssd conv")) bench_mamba(ref, fast, 4, 1, 100);
+    if (want("ssd conv")) bench_mamba(ref, fast, 1, 512, 0);
+    if (want("attention")) bench_attn(ref, fast, 1, 1, 575);
+    if (want("attention")) bench_attn(ref, fast, 4, 1, 575);
+    if (want("attention")) bench_attn(ref, fast, 1, 512, 0);
     backend_free(ref);
     backend_free(fast);
     return 0;

@@ -51,18 +51,30 @@ struct fast_kern {
     // S[p] . C + D x[p], for p < P; S [P, N].
     void (*ssd_step)(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y);
-    // Small fp32 GEMM, one thread: C [M, N] = alpha op(A) op(B) + beta C,
-    // op(A) [M, K] (ta: A is [K, M]), op(B) [K, N] (tb: B is [N, K]); pack
-    // holds fast_sgemm_pack_floats(M, N, K). NULL: OpenBLAS sgemm instead.
-    void (*sgemm)(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B, int ldb, int tb,
-                  float beta, float *C, int ldc, float *pack);
+    // Small fp32 GEMM, one thread, in two steps: sgemm_pack_b packs op(B)
+    // [K, N] (tb: B is [N, K]) into bp (fast_sgemm_b_floats(N, K)), then
+    // sgemm_packed computes C [M, N] = alpha op(A) op(B) + beta C, op(A)
+    // [M, K] (ta: A is [K, M]; apack holds fast_sgemm_a_floats(M, K)).
+    // NULL: OpenBLAS sgemm instead.
+    void (*sgemm_pack_b)(float *bp, int N, int K, const float *B, int ldb, int tb);
+    void (*sgemm_packed)(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *bp,
+                         float beta, float *C, int ldc, float *apack);
 };
 
-// Floats of packing space fast_sgemm needs.
-size_t fast_sgemm_pack_floats(int M, int N, int K);
-// The kernel set's sgemm (or OpenBLAS's, single-threaded), as above.
-void fast_sgemm(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B,
-                int ldb, int tb, float beta, float *C, int ldc, float *pack);
+// op(B) of a small GEMM, packed once for several products (fast_sgemm_b).
+struct fast_bmat {
+    const float *b; // as given (OpenBLAS)
+    int ldb, tb;
+    const float *packed; // the kernel's panels, or NULL
+};
+size_t fast_sgemm_b_floats(int N, int K);
+size_t fast_sgemm_a_floats(int M, int K);
+// space: fast_sgemm_b_floats(N, K) floats, used when the kernel set packs.
+void fast_sgemm_prep_b(struct backend *be, struct fast_bmat *m, int N, int K, const float *B, int ldb, int tb,
+                       float *space);
+// C [M, N] = alpha op(A) op(B) + beta C; apack: fast_sgemm_a_floats(M, K).
+void fast_sgemm_b(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta,
+                  const struct fast_bmat *m, float beta, float *C, int ldc, float *apack);
 
 extern const struct fast_kern fast_kern_scalar;
 #if defined(__x86_64__)

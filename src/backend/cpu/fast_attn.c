@@ -33,22 +33,45 @@ static void attn_task(void *ctx, int task, int thread) {
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, ctx0 = b->context_lens[s];
     int nq = MIN(QBLK, L - q0), n = ctx0 + q0 + nq; // keys [0, n) cover the block's last query
     const int32_t *bt = b->block_tables + (int64_t)s * b->max_blocks_per_seq;
-    size_t pk = fast_sgemm_pack_floats(nq, MAX(n, Dh), MAX(n, Dh));
-    float *kk = cpu_scratch(c->be, thread, sizeof(float) * ((size_t)2 * n * Dh + (size_t)nq * n + pk));
-    float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh, *pack = sc + (size_t)nq * n;
+    size_t kb = fast_sgemm_b_floats(n, Dh), vb = fast_sgemm_b_floats(Dh, n), ab = fast_sgemm_a_floats(nq, n);
+    float *kk = cpu_scratch(c->be, thread, sizeof(float) * ((size_t)2 * n * Dh + (size_t)nq * n + kb + vb + ab));
+    float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh, *kpack = sc + (size_t)nq * n, *vpack = kpack + kb;
+    float *apack = vpack + vb;
     for (int j = 0; j < n; j++) {
         int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
         memcpy(kk + (int64_t)j * Dh, c->kc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
         memcpy(vv + (int64_t)j * Dh, c->vc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
     }
+    if (nq == 1) { // one query (decode): dot products and axpys, nothing to pack
+        const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + kvh * hg * Dh; // the group's hg heads, adjacent
+        struct weight kw = {kk, DT_F32, n, Dh};
+        k->mm_f32(sc, n, q, Dh, hg, &kw, 0, n); // sc [hg, n]
+        for (int hh = 0; hh < hg; hh++) {
+            float *r = sc + (int64_t)hh * n, mx = -FLT_MAX, sum = 0;
+            for (int j = 0; j < n; j++) {
+                r[j] *= d->scale;
+                mx = r[j] > mx ? r[j] : mx;
+            }
+            for (int j = 0; j < n; j++) r[j] -= mx;
+            k->vexp(r, r, n);
+            for (int j = 0; j < n; j++) sum += r[j];
+            float inv = 1.0f / sum, *o = c->out + (int64_t)(t0 + q0) * H * Dh + (kvh * hg + hh) * Dh;
+            memset(o, 0, sizeof(float) * Dh);
+            for (int j = 0; j < n; j++) k->axpy(o, r[j] * inv, vv + (int64_t)j * Dh, Dh);
+        }
+        return;
+    }
+    struct fast_bmat kt, vm; // K^T and V, packed once for the hg heads
+    fast_sgemm_prep_b(c->be, &kt, n, Dh, kk, Dh, 1, kpack);
+    fast_sgemm_prep_b(c->be, &vm, Dh, n, vv, Dh, 0, vpack);
     for (int hh = 0; hh < hg; hh++) {
         int h = kvh * hg + hh;
         const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + h * Dh;
-        fast_sgemm(c->be, nq, n, Dh, d->scale, q, c->ld, 0, kk, Dh, 1, 0.0f, sc, n, pack);
+        fast_sgemm_b(c->be, nq, n, Dh, d->scale, q, c->ld, 0, &kt, 0.0f, sc, n, apack);
         for (int i = 0; i < nq; i++) { // query i sees keys [0, ctx0 + q0 + i]
             float *r = sc + (int64_t)i * n, mx = -FLT_MAX, sum = 0;
             int m = ctx0 + q0 + i + 1;
-            for (int j = 0; j < m; j++) mx = fmaxf(mx, r[j]);
+            for (int j = 0; j < m; j++) mx = r[j] > mx ? r[j] : mx;
             for (int j = 0; j < m; j++) r[j] -= mx;
             k->vexp(r, r, m);
             for (int j = 0; j < m; j++) sum += r[j];
@@ -56,8 +79,8 @@ static void attn_task(void *ctx, int task, int thread) {
             for (int j = 0; j < m; j++) r[j] *= inv;
             for (int j = m; j < n; j++) r[j] = 0.0f;
         }
-        fast_sgemm(c->be, nq, Dh, n, 1.0f, sc, n, 0, vv, Dh, 0, 0.0f, c->out + (int64_t)(t0 + q0) * H * Dh + h * Dh, H * Dh,
-                   pack);
+        fast_sgemm_b(c->be, nq, Dh, n, 1.0f, sc, n, 0, &vm, 0.0f, c->out + (int64_t)(t0 + q0) * H * Dh + h * Dh, H * Dh,
+                     apack);
     }
 }
 

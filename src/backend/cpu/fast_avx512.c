@@ -239,59 +239,56 @@ static void ssd_step(float *S, int P, int N, const float *x, const float *B, con
     }
 }
 
-// Small fp32 GEMM: A packed in panels of 8 rows ([K][8], alpha folded in),
-// B in panels of 32 columns ([K][32]), zero padded; an 8 x 32 tile of C in
-// 16 accumulators, B panel kept hot in L1/L2 while the A panels stream.
+// Small fp32 GEMM. B is packed in panels of 32 columns ([K][32], zero
+// padded); A is read in place, 8 rows at a time (element (i, k) at
+// a[i * sa + k * sk]: a row-major A directly, a transposed one after a copy
+// into [K][8] panels). An 8 x 32 tile of C lives in 16 accumulators while the
+// B panel stays hot in L1/L2.
 #define SG_MR 8
 #define SG_NR 32
-INL void sg_tile(int K, const float *ap, const float *bp, float *C, int ldc, float beta, int mr, int nr) {
+INL void sg_tile(int K, const float *a, int64_t sa, int64_t sk, const float *bp, float *C, int ldc, float alpha,
+                 float beta, int mr, int nr) {
     __m512 acc[SG_MR][2];
+    const float *ar[SG_MR];
 #pragma GCC unroll 8
-    for (int i = 0; i < SG_MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < SG_MR; i++) {
+        acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        ar[i] = a + (i < mr ? i : 0) * sa; // rows past M repeat row 0 (not stored)
+    }
     for (int k = 0; k < K; k++) {
         __m512 b0 = _mm512_loadu_ps(bp + k * SG_NR), b1 = _mm512_loadu_ps(bp + k * SG_NR + 16);
 #pragma GCC unroll 8
         for (int i = 0; i < SG_MR; i++) {
-            __m512 a = _mm512_set1_ps(ap[k * SG_MR + i]);
-            acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+            __m512 av = _mm512_set1_ps(ar[i][k * sk]);
+            acc[i][0] = _mm512_fmadd_ps(av, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(av, b1, acc[i][1]);
         }
     }
-    __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1), m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
-    __m512 vb = _mm512_set1_ps(beta);
+    __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
+    __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     for (int i = 0; i < mr; i++) {
         float *c = C + (int64_t)i * ldc;
+        __m512 r0 = _mm512_mul_ps(va, acc[i][0]), r1 = _mm512_mul_ps(va, acc[i][1]);
         if (beta != 0.0f) {
-            acc[i][0] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, c), acc[i][0]);
-            acc[i][1] = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, c + 16), acc[i][1]);
+            r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, c), r0);
+            r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, c + 16), r1);
         }
-        _mm512_mask_storeu_ps(c, m0, acc[i][0]);
-        _mm512_mask_storeu_ps(c + 16, m1, acc[i][1]);
+        _mm512_mask_storeu_ps(c, m0, r0);
+        _mm512_mask_storeu_ps(c + 16, m1, r1);
     }
 }
 
-static void sgemm(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B, int ldb, int tb,
-                  float beta, float *C, int ldc, float *pack) {
-    int mp = (M + SG_MR - 1) / SG_MR, np = (N + SG_NR - 1) / SG_NR;
-    float *ap = (float *)(((uintptr_t)pack + 63) & ~(uintptr_t)63), *bp = ap + (size_t)mp * SG_MR * K;
-    for (int ip = 0; ip < mp; ip++) {
-        float *d = ap + (size_t)ip * SG_MR * K;
-        for (int i = 0; i < SG_MR; i++) {
-            int r = ip * SG_MR + i;
-            if (r >= M)
-                for (int k = 0; k < K; k++) d[k * SG_MR + i] = 0.0f;
-            else if (ta)
-                for (int k = 0; k < K; k++) d[k * SG_MR + i] = alpha * A[(int64_t)k * lda + r];
-            else
-                for (int k = 0; k < K; k++) d[k * SG_MR + i] = alpha * A[(int64_t)r * lda + k];
-        }
-    }
-    for (int jp = 0; jp < np; jp++) {
+static void sgemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tb) {
+    for (int jp = 0; jp < (N + SG_NR - 1) / SG_NR; jp++) {
         float *d = bp + (size_t)jp * SG_NR * K;
         int n0 = jp * SG_NR, nc = MIN(SG_NR, N - n0);
-        if (tb) {
-            for (int j = 0; j < SG_NR; j++)
-                for (int k = 0; k < K; k++) d[k * SG_NR + j] = j < nc ? B[(int64_t)(n0 + j) * ldb + k] : 0.0f;
+        if (tb) { // B [N, K]: a transpose
+            if (nc < SG_NR) memset(d, 0, sizeof(float) * SG_NR * K);
+            for (int j = 0; j < nc; j++) {
+                const float *b = B + (int64_t)(n0 + j) * ldb;
+                for (int k = 0; k < K; k++) d[k * SG_NR + j] = b[k];
+            }
         } else {
             __mmask16 m0 = (__mmask16)(nc >= 16 ? 0xffff : (1u << nc) - 1);
             __mmask16 m1 = (__mmask16)(nc >= 32 ? 0xffff : nc > 16 ? (1u << (nc - 16)) - 1 : 0);
@@ -302,10 +299,28 @@ static void sgemm(int M, int N, int K, float alpha, const float *A, int lda, int
             }
         }
     }
+}
+
+static void sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *bp, float beta,
+                         float *C, int ldc, float *ap) {
+    int mp = (M + SG_MR - 1) / SG_MR, np = (N + SG_NR - 1) / SG_NR;
+    int64_t sa = lda, sk = 1;
+    if (ta) { // A [K, M]: copy 8 columns at a time into [K][8] panels
+        for (int ip = 0; ip < mp; ip++) {
+            float *d = ap + (size_t)ip * SG_MR * K;
+            int i0 = ip * SG_MR, mc = MIN(SG_MR, M - i0);
+            __mmask16 m = (__mmask16)((1u << mc) - 1);
+            for (int k = 0; k < K; k++)
+                _mm256_storeu_ps(d + k * SG_MR, _mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, A + (int64_t)k * lda + i0)));
+        }
+        sa = 1, sk = SG_MR;
+    }
     for (int jp = 0; jp < np; jp++)
-        for (int ip = 0; ip < mp; ip++)
-            sg_tile(K, ap + (size_t)ip * SG_MR * K, bp + (size_t)jp * SG_NR * K, C + (int64_t)ip * SG_MR * ldc + jp * SG_NR,
-                    ldc, beta, MIN(SG_MR, M - ip * SG_MR), MIN(SG_NR, N - jp * SG_NR));
+        for (int ip = 0; ip < mp; ip++) {
+            const float *a = ta ? ap + (size_t)ip * SG_MR * K : A + (int64_t)ip * SG_MR * lda;
+            sg_tile(K, a, sa, sk, bp + (size_t)jp * SG_NR * K, C + (int64_t)ip * SG_MR * ldc + jp * SG_NR, ldc, alpha,
+                    beta, MIN(SG_MR, M - ip * SG_MR), MIN(SG_NR, N - jp * SG_NR));
+        }
 }
 
 const struct fast_kern fast_kern_avx512 = {
@@ -319,6 +334,7 @@ const struct fast_kern fast_kern_avx512 = {
     .axpy = axpy,
     .relu2 = relu2,
     .ssd_step = ssd_step,
-    .sgemm = sgemm,
+    .sgemm_pack_b = sgemm_pack_b,
+    .sgemm_packed = sgemm_packed,
 };
 #endif

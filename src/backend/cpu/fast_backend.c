@@ -73,18 +73,30 @@ void *fast_shared(struct backend *be, int slot, size_t bytes) {
 
 // ---- small fp32 GEMM ----
 
-size_t fast_sgemm_pack_floats(int M, int N, int K) {
-    return ((size_t)(M + 7) / 8 * 8 + (size_t)(N + 31) / 32 * 32) * (size_t)K + 64;
+size_t fast_sgemm_b_floats(int N, int K) { return (size_t)(N + 31) / 32 * 32 * (size_t)K + 16; }
+size_t fast_sgemm_a_floats(int M, int K) { return (size_t)(M + 7) / 8 * 8 * (size_t)K + 16; }
+
+void fast_sgemm_prep_b(struct backend *be, struct fast_bmat *m, int N, int K, const float *B, int ldb, int tb,
+                       float *space) {
+    const struct fast_kern *k = fast_k(be);
+    *m = (struct fast_bmat){B, ldb, tb, NULL};
+    if (k->sgemm_pack_b && N > 0 && K > 0) {
+        float *bp = (float *)(((uintptr_t)space + 63) & ~(uintptr_t)63);
+        k->sgemm_pack_b(bp, N, K, B, ldb, tb);
+        m->packed = bp;
+    }
 }
 
-void fast_sgemm(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *B,
-                int ldb, int tb, float beta, float *C, int ldc, float *pack) {
+void fast_sgemm_b(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta,
+                  const struct fast_bmat *m, float beta, float *C, int ldc, float *apack) {
     if (M <= 0 || N <= 0) return;
-    const struct fast_kern *k = fast_k(be);
-    if (k->sgemm && K > 0) k->sgemm(M, N, K, alpha, A, lda, ta, B, ldb, tb, beta, C, ldc, pack);
-    else
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
-                    lda, B, ldb, beta, C, ldc);
+    if (m->packed) {
+        fast_k(be)->sgemm_packed(M, N, K, alpha, A, lda, ta, m->packed, beta, C, ldc,
+                                 (float *)(((uintptr_t)apack + 63) & ~(uintptr_t)63));
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, m->tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
+                m->b, m->ldb, beta, C, ldc);
 }
 
 // ---- weights ----

@@ -137,11 +137,13 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, p0 = b->context_lens[s];
     float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h0) * P * N; // [W, N]
     if (!b->has_initial_state[s]) memset(st, 0, sizeof(float) * W * N); // a fresh slot reads as zeros
-    size_t pk = fast_sgemm_pack_floats(MAX(cs, W), MAX(MAX(cs, W), N), MAX(N, cs));
-    size_t need = (size_t)2 * cs * cs + (size_t)3 * cs * W + (size_t)(2 * hg + 2) * cs + pk;
+    size_t pb1 = fast_sgemm_b_floats(cs, N), pb2 = fast_sgemm_b_floats(W, N), pb3 = fast_sgemm_b_floats(P, cs);
+    size_t pb4 = fast_sgemm_b_floats(N, cs), pa = fast_sgemm_a_floats(MAX(cs, W), MAX(N, cs));
+    size_t need = (size_t)2 * cs * cs + (size_t)3 * cs * W + (size_t)(2 * hg + 2) * cs + pb1 + pb2 + pb3 + pb4 + pa;
     float *cb = cpu_scratch(c->be, thread, sizeof(float) * need), *mh = cb + cs * cs, *yoff = mh + cs * cs;
     float *yd = yoff + cs * W, *xs = yd + cs * W, *dt = xs + cs * W, *acum = dt + hg * cs, *tmp = acum + hg * cs;
-    float *ein = tmp + cs, *pack = ein + cs;
+    float *ein = tmp + cs, *sp1 = ein + cs, *sp2 = sp1 + pb1, *sp3 = sp2 + pb2, *sp4 = sp3 + pb3, *apack = sp4 + pb4;
+    struct fast_bmat bt, stt, xh, bn; // B^T, S^T, X_h, B packed for the products below
     struct backend *be = c->be;
     for (int i0 = 0; i0 < L;) {
         int lc = MIN(L - i0, cs - (p0 + i0) % cs); // chunk [i0, i0 + lc)
@@ -156,8 +158,10 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
                 acum[hh * cs + i] = run;
             }
         }
-        fast_sgemm(be, lc, lc, N, 1.0f, C, ld, 0, B, ld, 1, 0.0f, cb, cs, pack);
-        fast_sgemm(be, lc, W, N, 1.0f, C, ld, 0, st, N, 1, 0.0f, yoff, W, pack);
+        fast_sgemm_prep_b(be, &bt, lc, N, B, ld, 1, sp1);
+        fast_sgemm_prep_b(be, &stt, W, N, st, N, 1, sp2);
+        fast_sgemm_b(be, lc, lc, N, 1.0f, C, ld, 0, &bt, 0.0f, cb, cs, apack);
+        fast_sgemm_b(be, lc, W, N, 1.0f, C, ld, 0, &stt, 0.0f, yoff, W, apack);
         for (int hh = 0; hh < hg; hh++) {
             const float *a = acum + hh * cs, *dth = dt + hh * cs;
             for (int i = 0; i < lc; i++) {
@@ -167,7 +171,8 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
                 for (int j = 0; j <= i; j++) m[j] *= cb[i * cs + j] * dth[j];
                 for (int j = i + 1; j < lc; j++) m[j] = 0.0f;
             }
-            fast_sgemm(be, lc, P, lc, 1.0f, mh, cs, 0, X + hh * P, ld, 0, 0.0f, yd + hh * P, W, pack);
+            fast_sgemm_prep_b(be, &xh, P, lc, X + hh * P, ld, 0, sp3);
+            fast_sgemm_b(be, lc, P, lc, 1.0f, mh, cs, 0, &xh, 0.0f, yd + hh * P, W, apack);
         }
         // y, then the state: decays exp(a_i) (into the chunk) and exp(a_last - a_j)
         for (int hh = 0; hh < hg; hh++) {
@@ -191,7 +196,8 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
             float *sh = st + (int64_t)hh * P * N;
             for (int q = 0; q < P * N; q++) sh[q] *= decay;
         }
-        fast_sgemm(be, W, N, lc, 1.0f, xs, W, 1, B, ld, 0, 1.0f, st, N, pack);
+        fast_sgemm_prep_b(be, &bn, N, lc, B, ld, 0, sp4);
+        fast_sgemm_b(be, W, N, lc, 1.0f, xs, W, 1, &bn, 1.0f, st, N, apack);
         i0 += lc;
     }
 }
