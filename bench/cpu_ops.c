@@ -48,35 +48,44 @@ static double time_op(struct backend *be, op_fn f, void *arg) {
     return t[reps / 2];
 }
 
+// Enough copies of each weight to exceed the last-level cache (96 MB), used
+// in turn: decode-sized products read their weights from DRAM, as in a step.
+#define COLD_BYTES (96 << 20)
 struct mm_arg {
-    struct weight *w; // [0] reference, [1] fast
+    struct weight *w[2]; // [path][copy]
     float *x, *y;
-    int n, which;
+    int n, which, copies, next;
 };
 static void mm_run(struct backend *be, void *a) {
     struct mm_arg *m = a;
-    be->ops->matmul(be, m->y, m->x, &m->w[m->which], m->n);
+    be->ops->matmul(be, m->y, m->x, &m->w[m->which][m->next], m->n);
+    m->next = (m->next + 1) % m->copies;
 }
 
 static void bench_matmul(struct backend *ref, struct backend *fast, const char *name, int N, int K, enum dtype dt,
                          const int *ns, int nn) {
-    struct weight w[2];
+    double bytes = (double)N * K * dtype_size(dt);
+    int copies = (int)MAX(1, MIN(64, COLD_BYTES / bytes + 1));
+    struct weight *w[2] = {xcalloc(copies, sizeof(struct weight)), xcalloc(copies, sizeof(struct weight))};
     float *wh = rnd((size_t)N * K, 0.05f);
-    ref->ops->weight_upload(ref, &w[0], wh, N, K, dt);
-    fast->ops->weight_upload(fast, &w[1], wh, N, K, dt);
+    for (int c = 0; c < copies; c++) {
+        ref->ops->weight_upload(ref, &w[0][c], wh, N, K, dt);
+        fast->ops->weight_upload(fast, &w[1][c], wh, N, K, dt);
+    }
     free(wh);
     for (int i = 0; i < nn; i++) {
         int n = ns[i];
-        struct mm_arg a = {w, rnd((size_t)n * K, 1), xmalloc(sizeof(float) * (size_t)n * N), n, 0};
+        struct mm_arg a = {{w[0], w[1]}, rnd((size_t)n * K, 1), xmalloc(sizeof(float) * (size_t)n * N), n, 0, copies, 0};
         double tr = time_op(ref, mm_run, &a);
         a.which = 1;
         double tf = time_op(fast, mm_run, &a);
-        double flop = 2.0 * n * N * K, bytes = (double)N * K * dtype_size(dt);
+        double flop = 2.0 * n * N * K;
         printf("%-22s %-4s n=%-4d ref %8.3f ms  fast %8.3f ms  x%6.2f  %7.1f GFLOP/s  %6.1f GB/s\n", name,
                dt == DT_BF16 ? "bf16" : "fp32", n, tr * 1e3, tf * 1e3, tr / tf, flop / tf / 1e9, bytes / tf / 1e9);
         free(a.x), free(a.y);
     }
-    free(w[0].data), free(w[1].data);
+    for (int c = 0; c < copies; c++) free(w[0][c].data), free(w[1][c].data);
+    free(w[0]), free(w[1]);
 }
 
 // A batch of S sequences of q tokens each after ctx tokens (decodes when q == 1).
