@@ -2,3 +2,8 @@
 # this CPU runs (tests/cpu/test_fast_ops.c).
 vllm_test_exe(test_cpu_fast_ops cpu/test_fast_ops.c)
 add_test(NAME cpu_fast_ops COMMAND test_cpu_fast_ops)
+# bf16 weights against the fp32 oracle: logits within a stated bound, greedy
+# agreement per fixture, divergence only below the oracle's 1e-2 margin.
+vllm_test_exe(test_cpu_bf16_gate cpu/test_bf16_gate.c)
+add_test(NAME cpu_bf16_gate COMMAND test_cpu_bf16_gate)
+set_tests_properties(cpu_bf16_gate PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")

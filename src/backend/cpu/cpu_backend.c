@@ -298,6 +298,8 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
     c->scratch = xcalloc(num_threads, sizeof(void *));
     c->scratch_size = xcalloc(num_threads, sizeof(size_t));
     c->reference = reference;
+    const char *dot = getenv("VLLM_CPU_BF16_DOT");
+    c->bf16_dot = !(dot && !strcmp(dot, "0"));
     c->kern = xcalloc(1, sizeof *c->kern);
     fast_kern_for(reference ? FAST_SCALAR : (enum fast_isa)isa, c->kern);
     be->ops = reference ? &cpu_ops : &fast_ops;

@@ -205,7 +205,7 @@ void fast_embed(struct backend *be, float *out, const struct weight *table, cons
 #define F32_KERNEL_MAX_ROWS 8
 
 int fast_use_dot(struct backend *be, const struct weight *w, int n) {
-    return w->dtype == DT_BF16 && fast_k(be)->mm_pk_dot && n >= DOT_MIN_ROWS;
+    return w->dtype == DT_BF16 && fast_k(be)->mm_pk_dot && cpu_of(be)->bf16_dot && n >= DOT_MIN_ROWS;
 }
 
 void fast_mm_serial(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, const uint16_t *xb,
