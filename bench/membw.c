@@ -15,14 +15,27 @@ struct part {
     float sum;
 };
 
+// Four streams per thread (the part's quarters, read side by side), each
+// prefetched 2 KB ahead: the access pattern of the decode GEMV kernels, so the
+// denominator is the bandwidth those kernels can reach, not one stream's.
+typedef float v16 __attribute__((vector_size(64)));
 static void *reader(void *arg) {
     struct part *p = arg;
-    float acc[16] = {0}; // independent lanes: the compiler vectorizes without reassociation flags
-    for (size_t i = 0; i + 16 <= p->n; i += 16)
-        for (int k = 0; k < 16; k++) acc[k] += p->x[i + k];
-    float s = 0;
-    for (int k = 0; k < 16; k++) s += acc[k];
-    p->sum = s;
+    size_t q = p->n / 4 / 16 * 16; // floats per stream, whole vectors
+    const float *s[4] = {p->x, p->x + q, p->x + 2 * q, p->x + 3 * q};
+    v16 acc[4] = {{0}};
+    for (size_t i = 0; i < q; i += 16)
+        for (int k = 0; k < 4; k++) {
+            __builtin_prefetch(s[k] + i + 512);
+            v16 v;
+            memcpy(&v, s[k] + i, sizeof v);
+            acc[k] += v;
+        }
+    float sum = 0;
+    for (int k = 0; k < 4; k++)
+        for (int l = 0; l < 16; l++) sum += acc[k][l];
+    p->sum = sum;
+    p->n = 4 * q; // what was read
     return NULL;
 }
 
@@ -51,8 +64,9 @@ int main(int argc, char **argv) {
             parts[k] = (struct part){x + n / threads * k, n / threads, 0};
             pthread_create(&th[k], NULL, reader, &parts[k]);
         }
-        for (int k = 0; k < threads; k++) pthread_join(th[k], NULL), sink += parts[k].sum;
-        gbs[r] = (double)(n / threads * threads) * sizeof(float) / (now_s() - t) / 1e9;
+        size_t bytes = 0;
+        for (int k = 0; k < threads; k++) pthread_join(th[k], NULL), sink += parts[k].sum, bytes += parts[k].n * sizeof(float);
+        gbs[r] = (double)bytes / (now_s() - t) / 1e9;
     }
     qsort(gbs, reps, sizeof(double), cmp);
     printf("read bandwidth: %.2f GB/s (median of %d, %d threads, %zu MiB; min %.2f max %.2f)%s\n", gbs[reps / 2], reps,
