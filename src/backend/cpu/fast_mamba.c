@@ -18,7 +18,7 @@ struct conv_ctx {
     const float *w, *bias;
     float *conv_state;
     const struct batch *b;
-    int seq0, decode, nblk;
+    int seq0, decode, nblk, per; // tasks per sequence, blocks per task
     const struct mamba_dims *d;
 };
 
@@ -38,12 +38,9 @@ static void conv_taps(float *restrict acc, const float *restrict bias, const flo
 // first, so the inputs a token reads (itself and the K-1 before it) are not
 // yet overwritten; the K-1 inputs before the sequence come from the state.
 // The new state (the last K-1 inputs) is taken first and written last.
-static void conv_task(void *ctx, int task, int thread) {
-    (void)thread;
-    struct conv_ctx *c = ctx;
+static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
     const struct batch *b = c->b;
     int C = c->d->conv_dim, K = c->d->conv_kernel, I = c->d->heads * c->d->head_dim;
-    int s = c->seq0 + task / c->nblk, c0 = task % c->nblk * CB_CH, nc = MIN(CB_CH, C - c0);
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
     float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C + c0;
     int init = c->decode ? 1 : b->has_initial_state[s];
@@ -79,6 +76,17 @@ static void conv_task(void *ctx, int task, int thread) {
     for (int k = 0; k < K - 1; k++) memcpy(state + (int64_t)k * C, keep[k], sizeof(float) * nc);
 }
 
+// Task: one sequence, c->per blocks of CB_CH channels (a decode token is
+// little work per block: fewer, wider tasks).
+static void conv_task(void *ctx, int task, int thread) {
+    (void)thread;
+    struct conv_ctx *c = ctx;
+    int C = c->d->conv_dim;
+    int s = c->seq0 + task / c->nblk, blk = task % c->nblk;
+    for (int c0 = blk * c->per * CB_CH; c0 < MIN(C, (blk + 1) * c->per * CB_CH); c0 += CB_CH)
+        conv_block(c, s, c0, MIN(CB_CH, C - c0));
+}
+
 static void conv_run(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
                      const struct batch *b, int seq0, int seq1, int decode, const struct mamba_dims *d) {
     if (d->conv_kernel > 8) { // wider than any Mamba2 checkpoint: the reference handles it
@@ -86,9 +94,11 @@ static void conv_run(struct backend *be, float *zxbcdt, int ld, const float *w, 
         else cpu_conv1d_fwd(be, zxbcdt, ld, w, bias, conv_state, b, seq0, seq1, d);
         return;
     }
-    int nblk = CDIV(d->conv_dim, CB_CH);
-    struct conv_ctx c = {be, zxbcdt, ld, w, bias, conv_state, b, seq0, decode, nblk, d};
-    cpu_parallel(be, (seq1 - seq0) * nblk, conv_task, &c);
+    int blocks = CDIV(d->conv_dim, CB_CH), ns = seq1 - seq0;
+    int per = decode ? MAX(1, blocks * ns / (2 * be->num_threads)) : 1; // decode: ~2 tasks per thread
+    per = MIN(per, blocks);
+    struct conv_ctx c = {be, zxbcdt, ld, w, bias, conv_state, b, seq0, decode, CDIV(blocks, per), per, d};
+    cpu_parallel(be, ns * c.nblk, conv_task, &c);
 }
 
 void fast_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
