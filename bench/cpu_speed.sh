@@ -1,10 +1,13 @@
 #!/bin/bash
 # cpu_speed.sh - the CPU speed figures of docs/BENCHMARKS.md ("CPU speed"), in
 # one run: ROUNDS rounds of [read bandwidth (membw), `vllm bench` of the fast
-# path (bf16 weights, batch 1 and 4, 512-token prompts, 64 output tokens)],
-# each round's decode roofline ratio from its own bandwidth, and the medians;
-# then the reference path once (VLLM_CPU_REFERENCE=1) for the end-to-end
-# speed-up. The machine is shared: read the medians and the per-round ratios.
+# path (bf16 weights, batch 1 and 4, 512-token prompts, 64 output tokens),
+# read bandwidth again, the bf16 dot kernel's peak (cpu_ops)], each round's
+# decode roofline ratio (its own bandwidth, the mean of the two around the
+# bench) and prefill GEMM FLOP/s against that round's kernel peak, and the
+# medians; then the reference path once (VLLM_CPU_REFERENCE=1) for the
+# end-to-end speed-up. The machine is shared: read the medians and the
+# per-round ratios.
 #
 # Usage: bench/cpu_speed.sh [ROUNDS (default 5)] [BUILD (default build)] [MODEL]
 set -euo pipefail
@@ -24,11 +27,13 @@ bench() { # prints: prefill1 decode1 prefill4 decode4
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 
 # bytes per decode token at the middle of the decode (context in_len + out_len / 2)
-bytes=$("$build/decode_bytes" "$model" bf16 $((in_len + out_len / 2)) | tail -1)
-"$build/decode_bytes" "$model" bf16 $((in_len + out_len / 2)) | head -1
+cost=$("$build/nh_cost" "$model" bf16 $((in_len + out_len / 2)))
+bytes=$(echo "$cost" | tail -2 | head -1)
+flops=$(echo "$cost" | tail -1)
+echo "$cost" | head -2
 echo "kernels: $("$build/cpu_ops" $threads 1 none | head -1)"
-printf "%5s %9s %11s %11s %9s %11s %11s\n" round "GB/s" "decode1" "roofline" "ratio" "decode4" "prefill1"
-bw_all="" d1_all="" d4_all="" p1_all="" ratio_all=""
+printf "%5s %6s %8s %8s %6s %8s %9s %7s %7s %6s\n" round "GB/s" decode1 roofline ratio decode4 prefill1 "GF/s" peak ratio
+bw_all="" d1_all="" d4_all="" p1_all="" ratio_all="" gf_all="" pk_all="" pr_all=""
 for r in $(seq 1 "$rounds"); do
     bw1=$("$build/membw" $threads 1024 5 | sed 's/read bandwidth: \([0-9.]*\).*/\1/')
     read -r p1 d1 p4 d4 <<<"$(bench)"
@@ -36,11 +41,16 @@ for r in $(seq 1 "$rounds"); do
     bw=$(awk -v a="$bw1" -v b="$bw2" 'BEGIN {print (a + b) / 2}')
     roof=$(awk -v bw="$bw" -v by="$bytes" 'BEGIN {printf "%.1f", bw * 1e9 / by}')
     ratio=$(awk -v d="$d1" -v r="$roof" 'BEGIN {printf "%.2f", d / r}')
-    printf "%5d %9.1f %11.1f %11.1f %9s %11.1f %11.1f\n" "$r" "$bw" "$d1" "$roof" "$ratio" "$d4" "$p1"
-    bw_all+=" $bw" d1_all+=" $d1" d4_all+=" $d4" p1_all+=" $p1" ratio_all+=" $ratio"
+    peak=$("$build/cpu_ops" $threads 1 peak | sed -n 's/.*on 1 thread, \([0-9.]*\) on.*/\1/p')
+    peak=${peak:-0}
+    gf=$(awk -v p="$p1" -v f="$flops" 'BEGIN {printf "%.1f", p * f / 1e9}')
+    pr=$(awk -v g="$gf" -v k="$peak" 'BEGIN {printf "%.2f", (k > 0) ? g / k : 0}')
+    printf "%5d %6.1f %8.1f %8.1f %6s %8.1f %9.1f %7.1f %7.1f %6s\n" "$r" "$bw" "$d1" "$roof" "$ratio" "$d4" "$p1" "$gf" "$peak" "$pr"
+    bw_all+=" $bw" d1_all+=" $d1" d4_all+=" $d4" p1_all+=" $p1" ratio_all+=" $ratio" gf_all+=" $gf" pk_all+=" $peak" pr_all+=" $pr"
 done
-printf "%5s %9.1f %11.1f %11s %9s %11.1f %11.1f\n" median "$(echo "$bw_all" | median)" "$(echo "$d1_all" | median)" "" \
-    "$(echo "$ratio_all" | median)" "$(echo "$d4_all" | median)" "$(echo "$p1_all" | median)"
+printf "%5s %6.1f %8.1f %8s %6s %8.1f %9.1f %7.1f %7.1f %6s\n" median "$(echo "$bw_all" | median)" "$(echo "$d1_all" | median)" "" \
+    "$(echo "$ratio_all" | median)" "$(echo "$d4_all" | median)" "$(echo "$p1_all" | median)" "$(echo "$gf_all" | median)" \
+    "$(echo "$pk_all" | median)" "$(echo "$pr_all" | median)"
 if [ "${CPU_SPEED_NO_REF:-0}" != 1 ]; then
     read -r rp1 rd1 rp4 rd4 <<<"$(VLLM_CPU_REFERENCE=1 bench)"
     echo "reference path (VLLM_CPU_REFERENCE=1, bf16 values in fp32): decode1 $rd1, decode4 $rd4, prefill1 $rp1 tok/s"

@@ -1,8 +1,12 @@
-// decode_bytes.c - the bytes one decode step of one sequence reads, for a
-// NemotronH config: the numerator of the CPU decode roofline (bytes per token
-// / read bandwidth, bench/membw.c).
+// nh_cost.c - what a NemotronH config costs per token on the CPU:
+// - the bytes one decode step of one sequence reads: the numerator of the
+//   decode roofline (bytes per token / read bandwidth, bench/membw.c);
+// - the GEMM FLOPs one prefill token takes (2 x the active projection and
+//   expert parameters: the matmul kernels' work; lm_head runs once per prompt
+//   and is left out), for prefill FLOP/s against the kernel's peak.
 //
-// Usage: decode_bytes MODEL_DIR [bf16|fp32] [CONTEXT]
+// Usage: nh_cost MODEL_DIR [bf16|fp32] [CONTEXT]
+// Prints the breakdown, then two lines: decode bytes, prefill GEMM FLOPs.
 // Counts what the fast path reads per token: every active matrix once
 // (Mamba in/out projections, attention qkv/o, the MoE router in fp32, top-k
 // routed experts and the shared expert, lm_head) in the weight dtype; the
@@ -19,7 +23,7 @@
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: decode_bytes MODEL_DIR [bf16|fp32] [CONTEXT]\n");
+        fprintf(stderr, "usage: nh_cost MODEL_DIR [bf16|fp32] [CONTEXT]\n");
         return 2;
     }
     double wb = argc > 2 && !strcmp(argv[2], "fp32") ? 4 : 2;
@@ -28,7 +32,7 @@ int main(int argc, char **argv) {
     json_t *j;
     struct nh_config c;
     if (json_load_path(path, &j) || nh_config_parse(j, path, &c)) {
-        fprintf(stderr, "decode_bytes: %s\n", vllm_last_error());
+        fprintf(stderr, "nh_cost: %s\n", vllm_last_error());
         return 1;
     }
     double D = c.hidden, I = (double)c.m_heads * c.m_head_dim, GN = (double)c.m_groups * c.m_state;
@@ -57,6 +61,7 @@ int main(int argc, char **argv) {
             break;
         }
     }
+    double gemm = 2 * (mat + router / 4 * wb) / wb; // per prefill token, before lm_head
     mat += wb * D * c.vocab; // lm_head
     vec += 4 * D * 2;        // norm_f, the embedding row
     double total = mat + router + vec + state + kv;
@@ -64,7 +69,8 @@ int main(int argc, char **argv) {
            "vectors %.2f + recurrent state %.2f + KV %.2f (states written back: %.2f MB more)\n",
            wb == 2 ? "bf16" : "fp32", ctx, total / 1e6, mat / 1e6, router / 1e6, vec / 1e6, state / 1e6, kv / 1e6,
            state / 1e6);
-    printf("%.0f\n", total);
+    printf("prefill GEMM FLOPs per token: %.1f M (2 x the active projection, router and expert parameters)\n", gemm / 1e6);
+    printf("%.0f\n%.0f\n", total, gemm);
     nh_config_free(&c);
     json_decref(j);
     free(path);
