@@ -18,6 +18,7 @@
 #include "backend/cpu/cpu.h"
 
 #define PK 16 // rows per panel
+#define FAST_CONV_CH 64 // channels of a conv_row call
 
 static inline int64_t pk_kp(int64_t cols) { return (cols + 1) & ~(int64_t)1; }
 static inline int64_t pk_panels(int64_t rows) { return (rows + PK - 1) / PK; }
@@ -47,6 +48,17 @@ struct fast_kern {
     void (*to_bf16)(uint16_t *y, const float *x, int64_t n); // round to nearest even
     void (*axpy)(float *y, float a, const float *x, int64_t n); // y += a x
     void (*relu2)(float *x, int64_t n);                          // x = relu(x)^2
+    void (*scale)(float *x, float a, int64_t n);                 // x *= a
+    // One token of the causal conv over FAST_CONV_CH channels: out[i] =
+    // silu(bias[i] + sum_k wt[k][i] in[k][i]) for i < nc (the sum in the
+    // reference's order: bias, then the taps oldest first).
+    void (*conv_row)(float *out, int nc, const float *const *in, const float (*wt)[FAST_CONV_CH], const float *bias,
+                     int K);
+    // A row of an SSD chunk's decay-weighted CB: m[j] = exp(ai - a[j]) cb[j] dt[j], j < n.
+    void (*ssd_decay)(float *m, const float *a, float ai, const float *cb, const float *dt, int n);
+    // A token's SSD output and scaled input: y = ein yo + D x + yd, xs = wgt x (P values).
+    void (*ssd_out)(float *y, float *xs, const float *yo, const float *yd, const float *x, float ein, float D,
+                    float wgt, int P);
     // One head of the SSD decode step: S[p] = S[p] dA + (dt x[p]) B, y[p] =
     // S[p] . C + D x[p], for p < P; S [P, N].
     void (*ssd_step)(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,

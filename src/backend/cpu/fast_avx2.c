@@ -180,6 +180,61 @@ static void relu2(float *x, int64_t n) {
     for (; i < n; i++) x[i] = x[i] > 0 ? x[i] * x[i] : 0.0f;
 }
 
+static void scale(float *x, float a, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(va, _mm256_loadu_ps(x + i)));
+    for (; i < n; i++) x[i] *= a;
+}
+
+INL __m256 silu8(__m256 v) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+static void conv_row(float *out, int nc, const float *const *in, const float (*wt)[FAST_CONV_CH], const float *bias,
+                     int K) {
+    for (int v = 0; v < FAST_CONV_CH / 8 && 8 * v < nc; v++) {
+        __m256 acc = _mm256_loadu_ps(bias + 8 * v);
+        for (int k = 0; k < K; k++) // no FMA: the reference rounds the product, then the sum
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(wt[k] + 8 * v), _mm256_loadu_ps(in[k] + 8 * v)));
+        acc = silu8(acc);
+        if (nc - 8 * v >= 8) {
+            _mm256_storeu_ps(out + 8 * v, acc);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, acc);
+            memcpy(out + 8 * v, t, sizeof(float) * (nc - 8 * v));
+        }
+    }
+}
+
+static void ssd_decay(float *m, const float *a, float ai, const float *cb, const float *dt, int n) {
+    __m256 vai = _mm256_set1_ps(ai);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(vai, _mm256_loadu_ps(a + j)));
+        _mm256_storeu_ps(m + j, _mm256_mul_ps(e, _mm256_mul_ps(_mm256_loadu_ps(cb + j), _mm256_loadu_ps(dt + j))));
+    }
+    for (; j < n; j++) m[j] = expf(ai - a[j]) * (cb[j] * dt[j]);
+}
+
+static void ssd_out(float *y, float *xs, const float *yo, const float *yd, const float *x, float ein, float D, float wgt,
+                    int P) {
+    __m256 ve = _mm256_set1_ps(ein), vd = _mm256_set1_ps(D), vw = _mm256_set1_ps(wgt);
+    int p = 0;
+    for (; p + 8 <= P; p += 8) {
+        __m256 xv = _mm256_loadu_ps(x + p);
+        _mm256_storeu_ps(y + p, _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(ve, _mm256_loadu_ps(yo + p)), _mm256_mul_ps(vd, xv)),
+                                              _mm256_loadu_ps(yd + p)));
+        _mm256_storeu_ps(xs + p, _mm256_mul_ps(vw, xv));
+    }
+    for (; p < P; p++) {
+        y[p] = ein * yo[p] + D * x[p] + yd[p];
+        xs[p] = wgt * x[p];
+    }
+}
+
 static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y) {
     __m256 va = _mm256_set1_ps(dA);
@@ -212,6 +267,10 @@ const struct fast_kern fast_kern_avx2 = {
     .to_bf16 = NULL,
     .axpy = axpy,
     .relu2 = relu2,
+    .scale = scale,
+    .conv_row = conv_row,
+    .ssd_decay = ssd_decay,
+    .ssd_out = ssd_out,
     .ssd_step = ssd_step,
 };
 #endif

@@ -231,6 +231,58 @@ static void relu2(float *x, int64_t n) {
     }
 }
 
+static void scale(float *x, float a, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(va, _mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static void conv_row(float *out, int nc, const float *const *in, const float (*wt)[FAST_CONV_CH], const float *bias,
+                     int K) {
+    __m512 acc[FAST_CONV_CH / 16];
+    for (int v = 0; v < FAST_CONV_CH / 16; v++) acc[v] = _mm512_loadu_ps(bias + 16 * v);
+    for (int k = 0; k < K; k++) // no FMA: the reference rounds the product, then the sum
+        for (int v = 0; v < FAST_CONV_CH / 16; v++)
+            acc[v] = _mm512_add_ps(acc[v], _mm512_mul_ps(_mm512_loadu_ps(wt[k] + 16 * v), _mm512_loadu_ps(in[k] + 16 * v)));
+    for (int v = 0; v < FAST_CONV_CH / 16; v++) {
+        int n = nc - 16 * v;
+        if (n <= 0) break;
+        __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+        _mm512_mask_storeu_ps(out + 16 * v, m, silu16(acc[v]));
+    }
+}
+
+static void ssd_decay(float *m, const float *a, float ai, const float *cb, const float *dt, int n) {
+    __m512 vai = _mm512_set1_ps(ai);
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(vai, _mm512_loadu_ps(a + j)));
+        _mm512_storeu_ps(m + j, _mm512_mul_ps(e, _mm512_mul_ps(_mm512_loadu_ps(cb + j), _mm512_loadu_ps(dt + j))));
+    }
+    if (j < n) {
+        __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
+        __m512 e = exp16(_mm512_sub_ps(vai, _mm512_maskz_loadu_ps(k, a + j)));
+        _mm512_mask_storeu_ps(m + j, k, _mm512_mul_ps(e, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, cb + j), _mm512_maskz_loadu_ps(k, dt + j))));
+    }
+}
+
+static void ssd_out(float *y, float *xs, const float *yo, const float *yd, const float *x, float ein, float D, float wgt,
+                    int P) {
+    __m512 ve = _mm512_set1_ps(ein), vd = _mm512_set1_ps(D), vw = _mm512_set1_ps(wgt);
+    for (int p = 0; p < P; p += 16) {
+        __mmask16 k = (__mmask16)(P - p >= 16 ? 0xffff : (1u << (P - p)) - 1);
+        __m512 xv = _mm512_maskz_loadu_ps(k, x + p);
+        __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(ve, _mm512_maskz_loadu_ps(k, yo + p)), _mm512_mul_ps(vd, xv)),
+                                 _mm512_maskz_loadu_ps(k, yd + p));
+        _mm512_mask_storeu_ps(y + p, k, v);
+        _mm512_mask_storeu_ps(xs + p, k, _mm512_mul_ps(vw, xv));
+    }
+}
+
 static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y) {
     __m512 va = _mm512_set1_ps(dA);
@@ -347,6 +399,10 @@ const struct fast_kern fast_kern_avx512 = {
     .to_bf16 = NULL,
     .axpy = axpy,
     .relu2 = relu2,
+    .scale = scale,
+    .conv_row = conv_row,
+    .ssd_decay = ssd_decay,
+    .ssd_out = ssd_out,
     .ssd_step = ssd_step,
     .sgemm_pack_b = sgemm_pack_b,
     .sgemm_packed = sgemm_packed,

@@ -9,7 +9,7 @@
 #include "backend/cpu/fast.h"
 #include "core/common.h"
 
-#define CB_CH 64 // conv channels per task
+#define CB_CH FAST_CONV_CH // conv channels per block
 
 struct conv_ctx {
     struct backend *be;
@@ -22,18 +22,6 @@ struct conv_ctx {
     const struct mamba_dims *d;
 };
 
-// acc = bias + sum_k wt[k] * in[k] over CB_CH channels, in the reference's
-// order (bias, then the taps oldest first); restrict and the fixed width let
-// the compiler vectorize.
-static void conv_taps(float *restrict acc, const float *restrict bias, const float (*restrict wt)[CB_CH],
-                      const float *const *in, int K) {
-    for (int i = 0; i < CB_CH; i++) acc[i] = bias[i];
-    for (int k = 0; k < K; k++) {
-        const float *restrict x = in[k], *restrict w = wt[k];
-        for (int i = 0; i < CB_CH; i++) acc[i] += w[i] * x[i];
-    }
-}
-
 // One (sequence, block of CB_CH channels), in place: tokens run last to
 // first, so the inputs a token reads (itself and the K-1 before it) are not
 // yet overwritten; the K-1 inputs before the sequence come from the state.
@@ -45,7 +33,7 @@ static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
     float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C + c0;
     int init = c->decode ? 1 : b->has_initial_state[s];
     // K <= 8 (checked by the caller); whole CB_CH-wide vectors, zero padded
-    float old[7][CB_CH], keep[7][CB_CH], wt[8][CB_CH], bias[CB_CH], acc[CB_CH], pad[8][CB_CH];
+    float old[7][CB_CH], keep[7][CB_CH], wt[8][CB_CH], bias[CB_CH], pad[8][CB_CH];
     memset(old, 0, sizeof old);
     memset(wt, 0, sizeof wt);
     memset(bias, 0, sizeof bias);
@@ -70,8 +58,7 @@ static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
             }
             in[k] = p;
         }
-        conv_taps(acc, bias, wt, in, K);
-        fast_k(c->be)->vsilu(row0 + (int64_t)t * c->ld, acc, nc);
+        fast_k(c->be)->conv_row(row0 + (int64_t)t * c->ld, nc, in, (const float(*)[CB_CH])wt, bias, K);
     }
     for (int k = 0; k < K - 1; k++) memcpy(state + (int64_t)k * C, keep[k], sizeof(float) * nc);
 }
@@ -176,10 +163,8 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
             const float *a = acum + hh * cs, *dth = dt + hh * cs;
             for (int i = 0; i < lc; i++) {
                 float *m = mh + i * cs;
-                for (int j = 0; j <= i; j++) tmp[j] = a[i] - a[j];
-                k->vexp(m, tmp, i + 1);
-                for (int j = 0; j <= i; j++) m[j] *= cb[i * cs + j] * dth[j];
-                for (int j = i + 1; j < lc; j++) m[j] = 0.0f;
+                k->ssd_decay(m, a, a[i], cb + i * cs, dth, i + 1);
+                memset(m + i + 1, 0, sizeof(float) * (lc - i - 1));
             }
             fast_sgemm_prep_b(be, &xh, P, lc, X + hh * P, ld, 0, sp3);
             fast_sgemm_b(be, lc, P, lc, 1.0f, mh, cs, 0, &xh, 0.0f, yd + hh * P, W, apack);
@@ -195,16 +180,9 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
                 const float *x = X + (int64_t)i * ld + hh * P;
                 float *yi = c->y + (int64_t)(t0 + i0 + i) * I + (h0 + hh) * P;
                 const float *yo = yoff + i * W + hh * P, *ydi = yd + i * W + hh * P;
-                float wgt = tmp[i] * dt[hh * cs + i];
-                float *xsi = xs + i * W + hh * P;
-                for (int p = 0; p < P; p++) {
-                    yi[p] = ein[i] * yo[p] + Dh * x[p] + ydi[p];
-                    xsi[p] = wgt * x[p];
-                }
+                k->ssd_out(yi, xs + i * W + hh * P, yo, ydi, x, ein[i], Dh, tmp[i] * dt[hh * cs + i], P);
             }
-            float decay = expf(last);
-            float *sh = st + (int64_t)hh * P * N;
-            for (int q = 0; q < P * N; q++) sh[q] *= decay;
+            k->scale(st + (int64_t)hh * P * N, expf(last), (int64_t)P * N);
         }
         fast_sgemm_prep_b(be, &bn, N, lc, B, ld, 0, sp4);
         fast_sgemm_b(be, W, N, lc, 1.0f, xs, W, 1, &bn, 1.0f, st, N, apack);

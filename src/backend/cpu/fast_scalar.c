@@ -76,6 +76,33 @@ static void relu2(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] * x[i] : 0.0f;
 }
 
+static void scale(float *x, float a, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] *= a;
+}
+
+static void conv_row(float *out, int nc, const float *const *in, const float (*wt)[FAST_CONV_CH], const float *bias,
+                     int K) {
+    float acc[FAST_CONV_CH];
+    for (int i = 0; i < FAST_CONV_CH; i++) acc[i] = bias[i];
+    for (int k = 0; k < K; k++) {
+        const float *restrict x = in[k], *restrict w = wt[k];
+        for (int i = 0; i < FAST_CONV_CH; i++) acc[i] += w[i] * x[i];
+    }
+    vsilu(out, acc, nc);
+}
+
+static void ssd_decay(float *m, const float *a, float ai, const float *cb, const float *dt, int n) {
+    for (int j = 0; j < n; j++) m[j] = expf(ai - a[j]) * (cb[j] * dt[j]);
+}
+
+static void ssd_out(float *y, float *xs, const float *yo, const float *yd, const float *x, float ein, float D, float wgt,
+                    int P) {
+    for (int p = 0; p < P; p++) {
+        y[p] = ein * yo[p] + D * x[p] + yd[p];
+        xs[p] = wgt * x[p];
+    }
+}
+
 // Partial sums in 16 independent lanes, so the compiler can vectorize.
 static void ssd_step(float *S, int P, int N, const float *x, const float *B, const float *C, float dt, float dA,
                      float D, float *y) {
@@ -109,5 +136,9 @@ const struct fast_kern fast_kern_scalar = {
     .to_bf16 = to_bf16,
     .axpy = axpy,
     .relu2 = relu2,
+    .scale = scale,
+    .conv_row = conv_row,
+    .ssd_decay = ssd_decay,
+    .ssd_out = ssd_out,
     .ssd_step = ssd_step,
 };
