@@ -149,11 +149,20 @@ static void test_norms(void) {
     float *o1 = rnd((size_t)n * D, 1), *o2 = rnd((size_t)n * D, 1);
     ref->ops->rmsnorm(ref, o1, x, w, n, D, 1e-5f);
     fast->ops->rmsnorm(fast, o2, x, w, n, D, 1e-5f);
-    cmp("rmsnorm", o2, o1, (size_t)n * D, 0);
+    cmp("rmsnorm", o2, o1, (size_t)n * D, TOL);
     ref->ops->add_rmsnorm(ref, res, x, o1, w, n, D, 1e-5f);
     fast->ops->add_rmsnorm(fast, res2, x, o2, w, n, D, 1e-5f);
-    cmp("add_rmsnorm out", o2, o1, (size_t)n * D, 0);
+    cmp("add_rmsnorm out", o2, o1, (size_t)n * D, TOL);
     cmp("add_rmsnorm res", res2, res, (size_t)n * D, 0);
+    // the router: 40 tokens (two tasks), 16 experts in 4 groups, top 3 of 2 groups
+    struct moe_route_cfg rc = {16, 3, 4, 2, 1, 2.5f};
+    float *lg = rnd((size_t)40 * 16, 3), *rb = rnd(16, 0.2f), rw1[120], rw2[120];
+    int32_t ri1[120], ri2[120];
+    ref->ops->moe_route(ref, ri1, rw1, lg, rb, 40, &rc);
+    fast->ops->moe_route(fast, ri2, rw2, lg, rb, 40, &rc);
+    CHECKF(!memcmp(ri1, ri2, sizeof ri1), "%s moe_route: different experts", isa);
+    cmp("moe_route weights", rw2, rw1, 120, 0);
+    free(lg), free(rb);
     // gated: z in a wider row, groups of 24
     int zld = 130;
     float *z = rnd((size_t)n * zld, 3), *gw = rnd(D, 1);

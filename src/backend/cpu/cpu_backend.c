@@ -216,42 +216,8 @@ static const struct backend_ops cpu_ops = {
     .sample = cpu_sample,
 };
 
-// Row-parallel rmsnorm for the fast path: the reference's row function, so
-// the results are the reference's bit for bit.
-struct norm_ctx {
-    float *res, *out;
-    const float *x, *w;
-    int n, dim, per;
-    float eps;
-};
-
-static void norm_task(void *ctx, int i, int thread) {
-    (void)thread;
-    struct norm_ctx *c = ctx;
-    for (int t = i * c->per; t < MIN(c->n, (i + 1) * c->per); t++) {
-        int64_t o = (int64_t)t * c->dim;
-        if (c->res) {
-            for (int k = 0; k < c->dim; k++) c->res[o + k] += c->x[o + k];
-            rmsnorm_row(c->out + o, c->res + o, c->w, c->dim, c->eps);
-        } else {
-            rmsnorm_row(c->out + o, c->x + o, c->w, c->dim, c->eps);
-        }
-    }
-}
-
-static void par_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps) {
-    struct norm_ctx c = {NULL, out, x, w, n, dim, 16, eps};
-    cpu_parallel(be, CDIV(n, c.per), norm_task, &c);
-}
-
-static void par_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
-                            float eps) {
-    struct norm_ctx c = {res, out, x, w, n, dim, 16, eps};
-    cpu_parallel(be, CDIV(n, c.per), norm_task, &c);
-}
-
 // The fast path: its own weights, matmul, Mamba2, attention and experts;
-// the reference elsewhere (row-parallel where rows are many).
+// the reference elsewhere.
 static const struct backend_ops fast_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -265,8 +231,8 @@ static const struct backend_ops fast_ops = {
     .weight_random = fast_weight_random,
     .gather_ids = cpu_gather_ids,
     .embed = fast_embed,
-    .rmsnorm = par_rmsnorm,
-    .add_rmsnorm = par_add_rmsnorm,
+    .rmsnorm = fast_rmsnorm,
+    .add_rmsnorm = fast_add_rmsnorm,
     .matmul = fast_matmul,
     .gather_rows = cpu_gather_rows,
     .add = cpu_add,
@@ -280,7 +246,7 @@ static const struct backend_ops fast_ops = {
     .kv_write = cpu_kv_write,
     .attn_prefill = fast_attn_prefill,
     .attn_decode = fast_attn_decode,
-    .moe_route = cpu_moe_route,
+    .moe_route = fast_moe_route,
     .moe_experts = fast_moe_experts,
     .sample = cpu_sample,
 };

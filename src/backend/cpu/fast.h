@@ -49,6 +49,9 @@ struct fast_kern {
     void (*axpy)(float *y, float a, const float *x, int64_t n); // y += a x
     void (*relu2)(float *x, int64_t n);                          // x = relu(x)^2
     void (*scale)(float *x, float a, int64_t n);                 // x *= a
+    void (*mul)(float *x, const float *y, int64_t n);            // x *= y
+    double (*sumsq)(const float *x, int64_t n);                  // sum of x^2, in double
+    void (*rms_apply)(float *out, const float *x, const float *w, float r, int64_t n); // out = w (x r)
     // One token of the causal conv over FAST_CONV_CH channels: out[i] =
     // silu(bias[i] + sum_k wt[k][i] in[k][i]) for i < nc (the sum in the
     // reference's order: bias, then the taps oldest first).
@@ -127,6 +130,11 @@ int fast_use_dot(struct backend *be, const struct weight *w, int n);
 // Fast ops (fast_*.c)
 void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
 void fast_relu2(struct backend *be, float *x, int64_t n);
+void fast_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
+void fast_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
+                      float eps);
+void fast_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                    const struct moe_route_cfg *c);
 int fast_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
                        enum dtype dt);
 int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,

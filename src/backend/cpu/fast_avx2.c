@@ -187,6 +187,35 @@ static void scale(float *x, float a, int64_t n) {
     for (; i < n; i++) x[i] *= a;
 }
 
+static void mul(float *x, const float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) x[i] *= y[i];
+}
+
+static double sumsq(const float *x, int64_t n) {
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256d lo = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), hi = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        a0 = _mm256_fmadd_pd(lo, lo, a0);
+        a1 = _mm256_fmadd_pd(hi, hi, a1);
+    }
+    __m256d a = _mm256_add_pd(a0, a1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(a), _mm256_extractf128_pd(a, 1));
+    double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static void rms_apply(float *out, const float *x, const float *w, float r, int64_t n) {
+    __m256 vr = _mm256_set1_ps(r);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), vr)));
+    for (; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
 INL __m256 silu8(__m256 v) {
     __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
     return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
@@ -268,6 +297,9 @@ const struct fast_kern fast_kern_avx2 = {
     .axpy = axpy,
     .relu2 = relu2,
     .scale = scale,
+    .mul = mul,
+    .sumsq = sumsq,
+    .rms_apply = rms_apply,
     .conv_row = conv_row,
     .ssd_decay = ssd_decay,
     .ssd_out = ssd_out,

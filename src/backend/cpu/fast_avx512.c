@@ -241,6 +241,41 @@ static void scale(float *x, float a, int64_t n) {
     }
 }
 
+static void mul(float *x, const float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+// Squares of floats are exact in double: only the order of the sum differs
+// from the reference's.
+static double sumsq(const float *x, int64_t n) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512d lo = _mm512_cvtps_pd(_mm256_loadu_ps(x + i)), hi = _mm512_cvtps_pd(_mm256_loadu_ps(x + i + 8));
+        a0 = _mm512_fmadd_pd(lo, lo, a0);
+        a1 = _mm512_fmadd_pd(hi, hi, a1);
+    }
+    double s = _mm512_reduce_add_pd(_mm512_add_pd(a0, a1));
+    for (; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static void rms_apply(float *out, const float *x, const float *w, float r, int64_t n) {
+    __m512 vr = _mm512_set1_ps(r);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), vr)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vr)));
+    }
+}
+
 static void conv_row(float *out, int nc, const float *const *in, const float (*wt)[FAST_CONV_CH], const float *bias,
                      int K) {
     __m512 acc[FAST_CONV_CH / 16];
@@ -400,6 +435,9 @@ const struct fast_kern fast_kern_avx512 = {
     .axpy = axpy,
     .relu2 = relu2,
     .scale = scale,
+    .mul = mul,
+    .sumsq = sumsq,
+    .rms_apply = rms_apply,
     .conv_row = conv_row,
     .ssd_decay = ssd_decay,
     .ssd_out = ssd_out,

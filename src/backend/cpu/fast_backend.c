@@ -324,3 +324,62 @@ void fast_relu2(struct backend *be, float *x, int64_t n) {
     struct relu2_ctx c = {fast_k(be), x, n};
     cpu_parallel(be, (int)CDIV(n, 16384), relu2_task, &c);
 }
+
+// rmsnorm rows (res += x first when res is given), 16 rows a task.
+struct norm_ctx {
+    const struct fast_kern *k;
+    float *res, *out;
+    const float *x, *w;
+    int n, dim;
+    float eps;
+};
+
+static void norm_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct norm_ctx *c = ctx;
+    for (int t = i * 16; t < MIN(c->n, i * 16 + 16); t++) {
+        int64_t o = (int64_t)t * c->dim;
+        const float *src = c->x + o;
+        if (c->res) {
+            c->k->axpy(c->res + o, 1.0f, c->x + o, c->dim);
+            src = c->res + o;
+        }
+        float r = 1.0f / sqrtf((float)(c->k->sumsq(src, c->dim) / c->dim) + c->eps);
+        c->k->rms_apply(c->out + o, src, c->w, r, c->dim);
+    }
+}
+
+void fast_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps) {
+    struct norm_ctx c = {fast_k(be), NULL, out, x, w, n, dim, eps};
+    cpu_parallel(be, CDIV(n, 16), norm_task, &c);
+}
+
+void fast_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
+                      float eps) {
+    struct norm_ctx c = {fast_k(be), res, out, x, w, n, dim, eps};
+    cpu_parallel(be, CDIV(n, 16), norm_task, &c);
+}
+
+// The reference router, 32 tokens a task (tokens are independent).
+struct route_ctx {
+    struct backend *be;
+    int32_t *ids;
+    float *weights;
+    const float *logits, *bias;
+    int n;
+    const struct moe_route_cfg *c;
+};
+
+static void route_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct route_ctx *r = ctx;
+    int t0 = i * 32, nt = MIN(32, r->n - t0), k = r->c->top_k;
+    cpu_moe_route(r->be, r->ids + (int64_t)t0 * k, r->weights + (int64_t)t0 * k,
+                  r->logits + (int64_t)t0 * r->c->num_experts, r->bias, nt, r->c);
+}
+
+void fast_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                    const struct moe_route_cfg *c) {
+    struct route_ctx r = {be, ids, weights, logits, bias, n, c};
+    cpu_parallel(be, CDIV(n, 32), route_task, &r);
+}

@@ -236,13 +236,12 @@ static void gnorm_task(void *ctx, int task, int thread) {
     for (int t = task * c->per; t < MIN(c->n, (task + 1) * c->per); t++) {
         const float *yt = c->y + (int64_t)t * c->dim, *zt = c->z + (int64_t)t * c->zld;
         float *ot = c->out + (int64_t)t * c->dim;
-        fast_k(c->be)->vsilu(ot, zt, c->dim);
-        for (int i = 0; i < c->dim; i++) ot[i] *= yt[i];
+        const struct fast_kern *k = fast_k(c->be);
+        k->vsilu(ot, zt, c->dim);
+        k->mul(ot, yt, c->dim);
         for (int g0 = 0; g0 < c->dim; g0 += c->gs) {
-            double ss = 0;
-            for (int i = g0; i < g0 + c->gs; i++) ss += (double)ot[i] * ot[i];
-            float r = 1.0f / sqrtf((float)(ss / c->gs) + c->eps);
-            for (int i = g0; i < g0 + c->gs; i++) ot[i] = c->w[i] * (ot[i] * r);
+            float r = 1.0f / sqrtf((float)(k->sumsq(ot + g0, c->gs) / c->gs) + c->eps);
+            k->rms_apply(ot + g0, ot + g0, c->w + g0, r, c->gs);
         }
     }
 }

@@ -80,6 +80,20 @@ static void scale(float *x, float a, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= a;
 }
 
+static void mul(float *restrict x, const float *restrict y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] *= y[i];
+}
+
+static double sumsq(const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return s;
+}
+
+static void rms_apply(float *out, const float *x, const float *w, float r, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
 static void conv_row(float *out, int nc, const float *const *in, const float (*wt)[FAST_CONV_CH], const float *bias,
                      int K) {
     float acc[FAST_CONV_CH];
@@ -137,6 +151,9 @@ const struct fast_kern fast_kern_scalar = {
     .axpy = axpy,
     .relu2 = relu2,
     .scale = scale,
+    .mul = mul,
+    .sumsq = sumsq,
+    .rms_apply = rms_apply,
     .conv_row = conv_row,
     .ssd_decay = ssd_decay,
     .ssd_out = ssd_out,
