@@ -18,7 +18,7 @@
 #include "backend/cpu/cpu.h"
 
 #define PK 16 // rows per panel
-#define FAST_CONV_CH 64 // channels of a conv_row call
+#define FAST_CONV_CH 256 // channels of a conv_row call (1 KB of each row)
 
 static inline int64_t pk_kp(int64_t cols) { return (cols + 1) & ~(int64_t)1; }
 static inline int64_t pk_panels(int64_t rows) { return (rows + PK - 1) / PK; }

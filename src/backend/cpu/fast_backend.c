@@ -291,10 +291,13 @@ void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x,
             c.x = xp;
             c.ldx = K + 1;
         }
-        // panels per task: about 4 tasks per thread, whole panels (and groups of
-        // 4 panels for the dot kernel's tiles)
-        int64_t panels = CDIV(cols, PK), unit = c.xb ? 4 : 1;
-        int64_t per = MAX(unit, (panels / (4 * nt) + unit - 1) / unit * unit);
+        // Panels per task. GEMV: about 4 tasks per thread (each task streams its
+        // slice once). Dot kernel: one group of 4 panels (every task reads all
+        // of x whatever its size, so small tasks cost nothing and balance the
+        // threads), more only when there would be over 16 tasks per thread.
+        int64_t panels = CDIV(cols, PK), per;
+        if (c.xb) per = 4 * MAX(1, CDIV(panels, 4) / (16 * nt));
+        else per = MAX(1, panels / (4 * nt));
         c.per = per * PK;
     } else if (n <= F32_KERNEL_MAX_ROWS) {
         c.per = MAX(16, CDIV(CDIV(cols, 4 * nt), 16) * 16);
