@@ -386,7 +386,7 @@ static void run_step(struct runner *r, const struct batch *b) {
 // The padded batch size a pure-decode step replays a graph of, or 0.
 static int graph_size(const struct runner *r, const struct sched_output *so) {
     const struct backend_ops *op = r->be->ops;
-    if (!r->cfg.use_graphs || !op->graph_begin || r->hook || diag_on("1")) return 0;
+    if (!r->cfg.use_graphs || !op->graph_begin || r->hook || diag_on("1") || diag_on("time")) return 0;
     for (int i = 0; i < so->num_entries; i++)
         if (!so->entries[i].is_decode) return 0;
     int n = so->num_entries, p = 1;
