@@ -202,54 +202,62 @@ __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, int64_t n) {
 // one weight row once, 16 bytes per lane per load, and applies it to every
 // row of x (rounded to bf16 as the GEMM path rounds it), accumulating fp32.
 // cuBLAS reaches a fraction of the bandwidth on these skinny shapes.
+#define GEMV_ROWS 4 // weight rows per warp: each x value loaded serves 4 rows
+
 template <int NB>
 __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, const __nv_bfloat16 *w, int N, int K) {
-    int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5);
-    if (row >= N) return;
-    const uint4 *wr = (const uint4 *)(w + (int64_t)row * K);
-    float acc[NB];
+    int lane = threadIdx.x & 31, row0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * GEMV_ROWS;
+    if (row0 >= N) return;
+    const uint4 *wr[GEMV_ROWS];
 #pragma unroll
-    for (int b = 0; b < NB; b++) acc[b] = 0;
+    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const uint4 *)(w + (int64_t)min(row0 + r, N - 1) * K);
+    float acc[GEMV_ROWS][NB];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0;
     for (int k8 = lane; k8 < K / 8; k8 += 32) {
-        uint4 u = __ldg(wr + k8);
-        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-        float wf[8];
+        uint4 u[GEMV_ROWS];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 f = __bfloat1622float2(h[i]);
-            wf[2 * i] = f.x, wf[2 * i + 1] = f.y;
-        }
+        for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8); // all loads in flight first
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             const float4 *xp = (const float4 *)(x + (int64_t)b * K + k8 * 8);
             float4 x0 = xp[0], x1 = xp[1];
             float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc[b] += wf[i] * __bfloat162float(__float2bfloat16(xs[i]));
+            for (int i = 0; i < 8; i++) xs[i] = __bfloat162float(__float2bfloat16(xs[i])); // as the GEMM path rounds x
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u[r];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __bfloat1622float2(h[i]);
+                    acc[r][b] += f.x * xs[2 * i] + f.y * xs[2 * i + 1];
+                }
+            }
         }
     }
 #pragma unroll
-    for (int b = 0; b < NB; b++) {
-        float v = warp_sum(acc[b]);
-        if (lane == 0) y[(int64_t)b * N + row] = v;
-    }
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float v = warp_sum(acc[r][b]);
+            if (lane == 0 && row0 + r < N) y[(int64_t)b * N + row0 + r] = v;
+        }
 }
 
 static bool gemv_bf16(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     int N = (int)w->rows, K = (int)w->cols;
-    if (n > 8 || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w->data & 15)) return false;
-    dim3 g(cdiv(N, 8));
+    if (n > 4 || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w->data & 15)) return false;
+    dim3 g(cdiv(N, 8 * GEMV_ROWS));
     cudaStream_t s = cu(be)->stream;
     const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->data;
     switch (n) {
     case 1: k_gemv_bf16<1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
     case 2: k_gemv_bf16<2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
     case 3: k_gemv_bf16<3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 4: k_gemv_bf16<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 5: k_gemv_bf16<5><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 6: k_gemv_bf16<6><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 7: k_gemv_bf16<7><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    default: k_gemv_bf16<8><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    default: k_gemv_bf16<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
     }
     LAUNCH_CHECK();
     return true;

@@ -307,25 +307,34 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     LAUNCH_CHECK();
 }
 
-// One block per (decode sequence, head); a warp per row p of the state,
-// lanes over n: the state is read and written once, in place.
-__global__ void k_ssd_decode(ssd_args a) {
-    int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int P = a.P, N = a.N, g = h / (a.H / a.G);
+// One block per (decode sequence, head): the state [P, N] is read and
+// written once, in place. A group of TPR threads owns a row p; each thread
+// loads its N/TPR values before using any (independent loads in flight).
+#define SSD_TPR 4
+__global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
+    int s = blockIdx.x, h = blockIdx.y, P = a.P, N = a.N, g = h / (a.H / a.G);
     int t = a.qsl[s];
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
     float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
-    for (int p = warp; p < P; p += nw) {
-        float xv = row[a.I + h * P + p], dx = dt * xv, acc = 0;
-        for (int n = lane; n < N; n += 32) {
-            float v = st[p * N + n] * dA + dx * B[n];
-            st[p * N + n] = v;
-            acc += v * C[n];
+    int sub = threadIdx.x % SSD_TPR, rows_per_pass = blockDim.x / SSD_TPR;
+    for (int p0 = 0; p0 < P; p0 += rows_per_pass) { // every lane reaches the shuffles
+        int p = p0 + threadIdx.x / SSD_TPR;
+        bool on = p < P;
+        float xv = on ? row[a.I + h * P + p] : 0.0f, dx = dt * xv, acc = 0;
+        float *sp = st + (int64_t)(on ? p : 0) * N;
+        if (on) {
+#pragma unroll 8
+            for (int n = sub; n < N; n += SSD_TPR) {
+                float v = sp[n] * dA + dx * B[n];
+                sp[n] = v;
+                acc += v * C[n];
+            }
         }
-        acc = warp_sum(acc);
-        if (lane == 0) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv;
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (on && sub == 0) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv;
     }
 }
 

@@ -6,62 +6,105 @@
 
 #define MAX_EXPERTS 1024
 
-// One thread per token; ties go to the lower index, as in the CPU reference.
+// One warp per token. Lanes hold experts e = lane + 32 q; group scores
+// and the top-k are warp reductions; ties go to the lower index, as in the
+// CPU reference.
+#define ROUTE_Q (MAX_EXPERTS / 32)
+
+__device__ __forceinline__ void warp_best(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+    }
+}
+
 __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                             moe_route_cfg c) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
-    int E = c.num_experts, ng = c.n_group, per = E / ng;
+    int E = c.num_experts, per = E / c.n_group, nq = (E + 31) / 32;
     const float *l = logits + (int64_t)t * E;
-    float gscore[64];
-    int gsel[64];
-    for (int g = 0; g < ng; g++) {
-        float a = -INFINITY, b2 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; e++) {
-            float ch = 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f);
-            if (ch > a) b2 = a, a = ch;
-            else if (ch > b2) b2 = ch;
-        }
-        gscore[g] = a + (per > 1 ? b2 : 0.0f);
+    float sig[ROUTE_Q], ch[ROUTE_Q];
+    bool allowed[ROUTE_Q];
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        int e = lane + 32 * q;
+        bool in = q < nq && e < E;
+        sig[q] = in ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
+        ch[q] = in ? sig[q] + (bias ? bias[e] : 0.0f) : -INFINITY;
+        allowed[q] = false;
     }
+    // groups: score = sum of the group's two best choice scores
+    uint64_t taken_groups = 0;
     for (int j = 0; j < c.topk_group; j++) {
-        int best = -1;
-        for (int g = 0; g < ng; g++) {
-            bool taken = false;
-            for (int q = 0; q < j; q++) taken |= gsel[q] == g;
-            if (!taken && (best < 0 || gscore[g] > gscore[best])) best = g;
+        float best = -INFINITY;
+        int bestg = 0x7fffffff;
+        for (int g = 0; g < c.n_group; g++) {
+            if (taken_groups >> g & 1) continue;
+            float a = -INFINITY, b2 = -INFINITY;
+            int ia = 0x7fffffff;
+#pragma unroll
+            for (int q = 0; q < ROUTE_Q; q++) { // best in group
+                int e = lane + 32 * q;
+                float v = (e >= g * per && e < (g + 1) * per) ? ch[q] : -INFINITY;
+                int ie = e;
+                warp_best(v, ie);
+                if (v > a || (v == a && ie < ia)) a = v, ia = ie;
+            }
+            if (per > 1) // second best in group
+#pragma unroll
+                for (int q = 0; q < ROUTE_Q; q++) {
+                    int e = lane + 32 * q;
+                    float v = (e >= g * per && e < (g + 1) * per && e != ia) ? ch[q] : -INFINITY;
+                    int ie = e;
+                    warp_best(v, ie);
+                    b2 = fmaxf(b2, v);
+                }
+            float gs = a + (per > 1 ? b2 : 0.0f);
+            if (gs > best || (gs == best && g < bestg)) best = gs, bestg = g;
         }
-        gsel[j] = best;
+        taken_groups |= 1ull << bestg;
+    }
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        int e = lane + 32 * q;
+        allowed[q] = e < E && (taken_groups >> (e / per) & 1);
     }
     int32_t *id = ids + (int64_t)t * c.top_k;
     float *w = weights + (int64_t)t * c.top_k, sum = 0;
     for (int j = 0; j < c.top_k; j++) {
-        int best = -1;
-        float bs = 0;
-        for (int q = 0; q < c.topk_group; q++)
-            for (int e = gsel[q] * per; e < (gsel[q] + 1) * per; e++) {
-                bool taken = false;
-                for (int r = 0; r < j; r++) taken |= id[r] == e;
-                float ch = 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f);
-                if (!taken && (best < 0 || ch > bs || (ch == bs && e < best))) best = e, bs = ch;
-            }
-        id[j] = best;
-        sum += w[j] = 1.0f / (1.0f + expf(-l[best]));
+        float v = -INFINITY;
+        int ie = 0x7fffffff;
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++) {
+            int e = lane + 32 * q;
+            float cv = allowed[q] ? ch[q] : -INFINITY;
+            if (cv > v || (cv == v && e < ie)) v = cv, ie = e;
+        }
+        warp_best(v, ie);
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++)
+            if (lane + 32 * q == ie) allowed[q] = false;
+        float s_ = 1.0f / (1.0f + expf(-l[ie]));
+        if (lane == 0) id[j] = ie, w[j] = s_;
+        sum += s_;
     }
-    for (int j = 0; j < c.top_k; j++) {
-        if (c.norm_topk_prob) w[j] /= sum + 1e-20f;
-        w[j] *= c.routed_scaling_factor;
-    }
+    if (lane == 0)
+        for (int j = 0; j < c.top_k; j++) {
+            if (c.norm_topk_prob) w[j] /= sum + 1e-20f;
+            w[j] *= c.routed_scaling_factor;
+        }
 }
 
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c) {
     if (n <= 0) return;
-    if (c->n_group > 64 || c->num_experts > MAX_EXPERTS) {
+    if (c->n_group > 64 || c->num_experts > MAX_EXPERTS || c->num_experts % c->n_group) {
         fprintf(stderr, "vllm: MoE with %d groups / %d experts is not built for CUDA\n", c->n_group, c->num_experts);
         abort();
     }
-    k_moe_route<<<cdiv(n, 128), 128, 0, cu(be)->stream>>>(ids, weights, logits, bias, n, *c);
+    k_moe_route<<<cdiv(n, 4), 128, 0, cu(be)->stream>>>(ids, weights, logits, bias, n, *c);
     LAUNCH_CHECK();
 }
 
@@ -191,7 +234,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     cudaStream_t st = cu(be)->stream;
     k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, offsets, perm, slot_of);
     LAUNCH_CHECK();
-    const int rpb = 64;
+    const int rpb = 8; // one weight row per warp: many warps in flight at decode sizes
     if (w->up.dtype == DT_BF16) {
         k_moe_mm<__nv_bfloat16, true, true><<<dim3(E, cdiv(I, rpb)), 256, 0, st>>>(
             (const __nv_bfloat16 *)w->up.data, x, h, offsets, perm, top_k, I, L, rpb);
