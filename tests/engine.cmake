@@ -1,17 +1,6 @@
 # Engine-core gates: greedy tokens against the transformers oracle, in every
-# scheduling mode, for each tiny fixture model (tests/fixtures/nh_*).
-set(VLLM_GATE_MODES
-  "decode|"
-  "fresh|--fresh-prefill"
-  "both_batch|--both-modes --batch"
-  "chunk1|--max-num-batched-tokens 1"
-  "chunk3_batch|--max-num-batched-tokens 3 --batch"
-  "chunk7_batch|--both-modes --max-num-batched-tokens 7 --batch"
-  "batch|--batch"
-  "preempt|--batch --num-blocks 20 --block-size 4 --require-preemption"
-  "preempt_chunk|--both-modes --batch --num-blocks 20 --block-size 4 --max-num-batched-tokens 5 --require-preemption"
-  "staggered|--staggered 3"
-  "staggered_chunk|--staggered 2 --max-num-batched-tokens 9 --max-num-seqs 3")
+# scheduling mode (VLLM_GATE_MODES, tests/CMakeLists.txt), for each tiny
+# fixture model (tests/fixtures/nh_*).
 foreach(fx nh_dense nh_moe nh_latent)
   foreach(mode ${VLLM_GATE_MODES})
     string(FIND "${mode}" "|" bar)

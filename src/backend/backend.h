@@ -65,6 +65,10 @@ struct backend_ops {
     // Uploads an fp32 host matrix as a weight of the given dtype.
     int (*weight_upload)(struct backend *be, struct weight *w, const float *src, int64_t rows,
                          int64_t cols, enum dtype dt);
+    // A weight of uniform random values with standard deviation std, made on
+    // the device (dummy weights: no host copy of billions of values).
+    int (*weight_random)(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
+                         uint64_t seed, float std);
 
     // ids[t] = table[src[t]]: the model's input ids, gathered on the device
     // from the token table the sampler writes into.

@@ -26,7 +26,11 @@ static void usage(FILE *f) {
             "  --both-modes                 decode, then fresh-prefill, on one load\n"
             "  --batch                      submit all prompts at once\n"
             "  --staggered K                submit prompt i+1 once prompt i has K tokens (arrivals during decode)\n"
-            "  --require-preemption         fail unless the run preempted at least once\n\n"
+            "  --require-preemption         fail unless the run preempted at least once\n"
+            "  --golden-key K               compare against golden[K] (default greedy; e.g. greedy_bf16)\n"
+            "  --margin-key K --min-margin X  compare each prompt only while the oracle's top-2 margin\n"
+            "                               golden[K][i][step] >= X\n"
+            "  --modes-agree                run decode and fresh-prefill and also compare them to each other\n\n"
             "engine:\n%s",
             cli_engine_help);
 }
@@ -79,6 +83,10 @@ static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct
             while (!jobs[i - 1].done && (stagger < 0 || jobs[i - 1].ngot < stagger)) pthread_cond_wait(&all.cv, &all.mu);
             pthread_mutex_unlock(&all.mu);
         }
+        if (jobs[i].want == 0) { // nothing to compare for this prompt
+            jobs[i].done = 1;
+            continue;
+        }
         struct vllm_sampling_params sp = *base;
         sp.max_tokens = jobs[i].want;
         struct vllm_prompt p;
@@ -130,13 +138,35 @@ static int read_ids(json_t *a, int32_t **ids) {
     return n;
 }
 
-static int load_golden(const char *path, struct golden *g) {
+struct golden_opts {
+    const char *key, *margin_key; // tokens to compare; per-step top-2 margins of the oracle
+    float min_margin;             // compare each prompt only while its margin >= this
+};
+
+// The steps of prompt i to compare: all, or those before the oracle's first
+// step whose own top-2 margin is under min_margin (its choice is a coin toss).
+static int cut_at_margin(json_t *margins, int i, int n, float min_margin) {
+    json_t *m = json_array_get(margins, i);
+    for (int k = 0; k < n; k++) {
+        double v;
+        if (json_as_double(json_array_get(m, k), &v) || v < min_margin) return k;
+    }
+    return n;
+}
+
+static int load_golden(const char *path, const struct golden_opts *o, struct golden *g) {
     json_t *j;
     if (json_load_path(path, &j)) {
         fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
         return -1;
     }
-    json_t *p = json_object_get(j, "prompts"), *q = json_object_get(j, "greedy");
+    json_t *p = json_object_get(j, "prompts"), *q = json_object_get(j, o->key);
+    json_t *mg = o->margin_key ? json_object_get(j, o->margin_key) : NULL;
+    if (o->margin_key && !json_is_array(mg)) {
+        fprintf(stderr, "vllm generate: %s has no \"%s\" list\n", path, o->margin_key);
+        json_decref(j);
+        return -1;
+    }
     int rc = 0;
     if (!json_is_array(p) || !json_is_array(q) || json_array_size(p) != json_array_size(q)) rc = -1;
     g->n = rc ? 0 : (int)json_array_size(p);
@@ -148,9 +178,12 @@ static int load_golden(const char *path, struct golden *g) {
         g->plen[i] = read_ids(json_array_get(p, i), &g->prompts[i]);
         g->glen[i] = read_ids(json_array_get(q, i), &g->greedy[i]);
         if (g->plen[i] < 0 || g->glen[i] < 0) rc = -1;
+        else if (mg) g->glen[i] = cut_at_margin(mg, i, g->glen[i], o->min_margin);
     }
     json_decref(j);
-    if (rc) fprintf(stderr, "vllm generate: %s: expected {\"prompts\": [[ids]], \"greedy\": [[ids]]} of equal length\n", path);
+    if (rc)
+        fprintf(stderr, "vllm generate: %s: expected {\"prompts\": [[ids]], \"%s\": [[ids]]} of equal length\n", path,
+                o->key);
     return rc;
 }
 
@@ -217,15 +250,23 @@ static int compare(const char *mode, const struct golden *g, int32_t **got, int 
     return 0;
 }
 
-static int run_golden(struct vllm_engine *e, const char *path, int fresh, int both, int batch, int stagger,
-                      const struct vllm_sampling_params *base, int require_preempt) {
+struct golden_run {
+    const char *path;
+    struct golden_opts o;
+    int fresh, both, batch, stagger, require_preempt;
+    int modes_agree; // decode and fresh-prefill must give the same tokens
+};
+
+static int run_golden(struct vllm_engine *e, const struct golden_run *gr, const struct vllm_sampling_params *base) {
     struct golden g;
-    if (load_golden(path, &g)) return 2;
+    int fresh = gr->fresh, both = gr->both || gr->modes_agree, batch = gr->batch, stagger = gr->stagger;
+    if (load_golden(gr->path, &gr->o, &g)) return 2;
     struct vllm_sampling_params sp = *base;
     sp.temperature = 0;
     sp.ignore_eos = 1;
-    int32_t **got = xcalloc(g.n + 1, sizeof *got);
+    int32_t **got = xcalloc(g.n + 1, sizeof *got), **first = xcalloc(g.n + 1, sizeof *first);
     for (int i = 0; i < g.n; i++) got[i] = xcalloc(g.glen[i] + 1, sizeof(int32_t));
+    for (int i = 0; i < g.n; i++) first[i] = xcalloc(g.glen[i] + 1, sizeof(int32_t));
     int compared = 0, diverged = 0, rc = 0;
     const char *modes[2] = {"decode", "fresh-prefill"};
     for (int m = 0; m < 2 && !rc && !diverged; m++) {
@@ -233,14 +274,22 @@ static int run_golden(struct vllm_engine *e, const char *path, int fresh, int bo
         for (int i = 0; i < g.n; i++) memset(got[i], 0xff, sizeof(int32_t) * g.glen[i]);
         rc = m == 0 ? run_decode(e, &g, &sp, batch, stagger, got) : run_fresh(e, &g, &sp, batch, got);
         if (!rc) diverged = compare(modes[m], &g, got, &compared);
+        if (!rc && gr->modes_agree && m == 0)
+            for (int i = 0; i < g.n; i++) memcpy(first[i], got[i], sizeof(int32_t) * g.glen[i]);
+        if (!rc && !diverged && gr->modes_agree && m == 1) { // fresh-prefill against decode
+            struct golden d = g;
+            d.greedy = first;
+            diverged = compare("fresh-prefill vs decode", &d, got, &compared);
+        }
     }
     struct vllm_stats st;
     vllm_engine_stats(e, &st);
     printf("steps %llu, preemptions %llu, prompt tokens %llu, generated %llu\n", (unsigned long long)st.num_steps,
            (unsigned long long)st.num_preemptions, (unsigned long long)st.prompt_tokens_total,
            (unsigned long long)st.generation_tokens_total);
-    for (int i = 0; i < g.n; i++) free(got[i]);
+    for (int i = 0; i < g.n; i++) free(got[i]), free(first[i]);
     free(got);
+    free(first);
     free_golden(&g);
     if (rc) {
         fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
@@ -251,7 +300,7 @@ static int run_golden(struct vllm_engine *e, const char *path, int fresh, int bo
         printf("NOTHING COMPARED\n");
         return 3;
     }
-    if (require_preempt && st.num_preemptions == 0) {
+    if (gr->require_preempt && st.num_preemptions == 0) {
         printf("FAIL: --require-preemption, but no request was preempted\n");
         return 1;
     }
@@ -291,8 +340,9 @@ int cli_generate(int argc, char **argv) {
     struct vllm_sampling_params sp;
     vllm_sampling_params_default(&sp);
     sp.temperature = 0;
-    const char *golden = NULL, *ids_s = NULL, *text = NULL, *v;
-    int fresh = 0, both = 0, batch = 0, stagger = 0, require_preempt = 0, x;
+    const char *ids_s = NULL, *text = NULL, *v;
+    struct golden_run gr = {NULL, {"greedy", NULL, 0.0f}, 0, 0, 0, 0, 0, 0};
+    int x;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         int r = cli_engine_flag(argc, argv, &i, &ep);
@@ -300,7 +350,11 @@ int cli_generate(int argc, char **argv) {
         if (r) continue;
 #define VAL() if (!(v = cli_value(argc, argv, &i))) return 2
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) return usage(stdout), 0;
-        else if (!strcmp(f, "--golden")) { VAL(); golden = v; }
+        else if (!strcmp(f, "--golden")) { VAL(); gr.path = v; }
+        else if (!strcmp(f, "--golden-key")) { VAL(); gr.o.key = v; }
+        else if (!strcmp(f, "--margin-key")) { VAL(); gr.o.margin_key = v; }
+        else if (!strcmp(f, "--min-margin")) { VAL(); if (cli_float(f, v, &gr.o.min_margin)) return 2; }
+        else if (!strcmp(f, "--modes-agree")) gr.modes_agree = 1;
         else if (!strcmp(f, "--prompt-ids")) { VAL(); ids_s = v; }
         else if (!strcmp(f, "--prompt")) { VAL(); text = v; }
         else if (!strcmp(f, "--max-tokens")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &sp.max_tokens)) return 2; }
@@ -310,11 +364,11 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(f, "--min-p")) { VAL(); if (cli_float(f, v, &sp.min_p)) return 2; }
         else if (!strcmp(f, "--sampling-seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return 2; sp.seed = x; }
         else if (!strcmp(f, "--ignore-eos")) sp.ignore_eos = 1;
-        else if (!strcmp(f, "--fresh-prefill")) fresh = 1;
-        else if (!strcmp(f, "--both-modes")) both = 1;
-        else if (!strcmp(f, "--batch")) batch = 1;
-        else if (!strcmp(f, "--staggered")) { VAL(); if (cli_int(f, v, 1, 1 << 20, &stagger)) return 2; }
-        else if (!strcmp(f, "--require-preemption")) require_preempt = 1;
+        else if (!strcmp(f, "--fresh-prefill")) gr.fresh = 1;
+        else if (!strcmp(f, "--both-modes")) gr.both = 1;
+        else if (!strcmp(f, "--batch")) gr.batch = 1;
+        else if (!strcmp(f, "--staggered")) { VAL(); if (cli_int(f, v, 1, 1 << 20, &gr.stagger)) return 2; }
+        else if (!strcmp(f, "--require-preemption")) gr.require_preempt = 1;
         else {
             fprintf(stderr, "vllm generate: unknown option '%s'\n", f);
             usage(stderr);
@@ -322,7 +376,7 @@ int cli_generate(int argc, char **argv) {
         }
 #undef VAL
     }
-    if (!ep.model || (!golden && !ids_s && !text)) {
+    if (!ep.model || (!gr.path && !ids_s && !text)) {
         usage(stderr);
         return 2;
     }
@@ -338,7 +392,7 @@ int cli_generate(int argc, char **argv) {
         free(ids);
         return 2;
     }
-    int rc = golden ? run_golden(e, golden, fresh, both, batch, stagger, &sp, require_preempt) : run_one(e, ids, n, text, &sp);
+    int rc = gr.path ? run_golden(e, &gr, &sp) : run_one(e, ids, n, text, &sp);
     vllm_engine_free(e);
     free(ids);
     return rc;

@@ -25,6 +25,22 @@ static char *quote_python_floats(const char *s, size_t len, size_t *out_len) {
         if (c == 'I' && i + 8 <= len && !memcmp(s + i, "Infinity", 8)) tok = "Infinity", tl = 8;
         else if (c == '-' && i + 9 <= len && !memcmp(s + i, "-Infinity", 9)) tok = "-Infinity", tl = 9;
         else if (c == 'N' && i + 3 <= len && !memcmp(s + i, "NaN", 3)) tok = "NaN", tl = 3;
+        if ((c >= '0' && c <= '9') && (i == 0 || !strchr("0123456789.eE+-", s[i - 1]))) {
+            // an integer past int64 (1e30 as model_max_length, written as digits):
+            // jansson rejects it, so it becomes a real by gaining ".0"
+            size_t j = i;
+            while (j < len && s[j] >= '0' && s[j] <= '9') j++;
+            int is_int = j == len || !strchr(".eE", s[j]);
+            if (is_int && j - i > 18) {
+                if (n + (j - i) + 4 > cap) o = xrealloc(o, cap = cap * 2 + (j - i));
+                memcpy(o + n, s + i, j - i);
+                n += j - i;
+                memcpy(o + n, ".0", 2);
+                n += 2;
+                i = j - 1;
+                continue;
+            }
+        }
         if (tok) {
             o[n++] = '"';
             memcpy(o + n, tok, tl);

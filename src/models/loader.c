@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "core/common.h"
+#include "io/dtype.h"
 #include "models/loader.h"
 
 int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, struct backend *be) {
@@ -106,7 +107,11 @@ int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dim
         return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s has shape %s, the config implies %s",
                         st_file_path(l->st, t->file), name, got, want);
     }
-    return st_read_f32(t, dst);
+    TRY(st_read_f32(t, dst));
+    size_t nl = strlen(name), kl = l->keep_fp32 ? strlen(l->keep_fp32) : 0;
+    if (l->round_bf16 && !(kl && nl >= kl && !strcmp(name + nl - kl, l->keep_fp32)))
+        for (int64_t i = 0; i < numel; i++) dst[i] = bf16_to_f32(f32_to_bf16(dst[i]));
+    return VLLM_OK;
 }
 
 int loader_upload_matrix(struct loader *l, const float *src, int64_t rows, int64_t cols, enum dtype dt,
@@ -124,8 +129,19 @@ int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **
     return VLLM_OK;
 }
 
+static uint64_t name_seed(const char *name, uint64_t seed) {
+    uint64_t s = seed ^ 0x5bd1e995u;
+    for (const char *p = name; *p; p++) s = s * 1099511628211ull + (unsigned char)*p;
+    return s;
+}
+
 int loader_matrix(struct loader *l, const char *name, int64_t rows, int64_t cols, enum dtype dt, struct weight *w,
                   float dummy_std) {
+    if (!l->st) { // dummy: made on the device
+        TRY(l->be->ops->weight_random(l->be, w, rows, cols, dt, name_seed(name, l->seed), dummy_std));
+        l->device_bytes += (int64_t)dtype_size(w->dtype) * rows * cols;
+        return VLLM_OK;
+    }
     float *tmp = loader_tmp(l, rows * cols);
     TRY(loader_read(l, name, 2, (int64_t[]){rows, cols}, tmp, DUMMY_NORMAL, dummy_std));
     return loader_upload_matrix(l, tmp, rows, cols, dt, w);

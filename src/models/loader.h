@@ -18,6 +18,8 @@ struct loader {
     struct backend *be;
     uint64_t seed;
     int64_t device_bytes; // uploaded so far
+    int round_bf16;       // bf16 model: every parameter read is rounded to bf16 precision
+    const char *keep_fp32; // name suffix exempt from rounding (e.g. e_score_correction_bias)
     float *tmp;
     size_t tmp_cap;
 };

@@ -105,8 +105,14 @@ static int load_mamba(struct nh_model *m, struct loader *l, const char *p, struc
 static int load_attn(struct nh_model *m, struct loader *l, const char *p, struct nh_attn *w, enum dtype dt) {
     const struct nh_config *c = &m->c;
     int64_t D = c->hidden, q = (int64_t)c->heads * c->head_dim, kv = (int64_t)c->kv_heads * c->head_dim;
-    float *tmp = loader_tmp(l, (size_t)(q + 2 * kv) * D);
     char n[256];
+    if (!l->st) { // dummy: made on the device
+        snprintf(n, sizeof n, "%smixer.qkv_proj.weight", p);
+        TRY(loader_matrix(l, n, q + 2 * kv, D, dt, &w->qkv, 0.02f));
+        snprintf(n, sizeof n, "%smixer.o_proj.weight", p);
+        return loader_matrix(l, n, D, q, dt, &w->o, 0.02f);
+    }
+    float *tmp = loader_tmp(l, (size_t)(q + 2 * kv) * D);
     const char *names[3] = {"q_proj", "k_proj", "v_proj"};
     int64_t rows[3] = {q, kv, kv}, off = 0;
     for (int i = 0; i < 3; i++) { // stack q, k, v into one matrix: one matmul per layer
@@ -137,13 +143,19 @@ static int load_experts(struct loader *l, const char *p, const struct nh_config 
     x->inter = (int)I;
     x->dim = (int)L;
     char n[256];
+    if (!l->st) { // dummy weights are made on the device, no host copy
+        snprintf(n, sizeof n, "%smixer.experts.up_proj", p);
+        TRY(loader_matrix(l, n, E * I, L, dt, &x->up, 0.02f));
+        snprintf(n, sizeof n, "%smixer.experts.down_proj", p);
+        return loader_matrix(l, n, E * L, I, dt, &x->down, 0.02f);
+    }
     float *tmp = loader_tmp(l, (size_t)E * I * L);
     const char *proj[2] = {"up_proj", "down_proj"};
     int64_t r[2] = {I, L}, cl[2] = {L, I};
     struct weight *dst[2] = {&x->up, &x->down};
     for (int k = 0; k < 2; k++) {
         snprintf(n, sizeof n, "%smixer.experts.%s", p, proj[k]);
-        if (l->st && loader_has(l, n)) {
+        if (loader_has(l, n)) {
             TRY(loader_read(l, n, 3, (int64_t[]){E, r[k], cl[k]}, tmp, DUMMY_NORMAL, 0.02f));
         } else {
             for (int64_t e = 0; e < E; e++) {
@@ -282,6 +294,11 @@ static int nh_load(const char *dir, const json_t *config, const struct model_loa
 
     struct loader l;
     rc = loader_open(&l, dir, o->dummy, o->seed, be);
+    // bf16: the parameters kept in fp32 on the device (norms, conv, dt_bias, D,
+    // A_log, embeddings, router) hold bf16 values too, as when a model is cast to
+    // bf16; the MoE correction bias stays fp32, as transformers and vLLM keep it
+    l.round_bf16 = o->weight_dtype == DT_BF16;
+    l.keep_fp32 = "e_score_correction_bias";
     if (!rc) rc = load_weights(m, &l, o->weight_dtype);
     m->base.spec.weight_bytes = l.device_bytes;
     loader_close(&l);

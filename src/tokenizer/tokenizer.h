@@ -31,6 +31,9 @@ int tok_is_special(const struct tokenizer *t, int32_t id);
 // text that can be shown now: never a partial UTF-8 sequence, and never text
 // that could still be the start of a stop string. Over a whole stream (pushes
 // then flush, no stop hit) the pieces concatenate to tok_decode(all ids).
+// With prompt ids, its last few ids are decoding context: the text is what the
+// pushed ids add after the prompt's text (a continuation keeps its leading
+// space). Ids outside the vocabulary are ignored.
 struct text_stream;
 struct text_stream *text_stream_create(const struct tokenizer *t, const int32_t *prompt_ids,
                                        int num_prompt, int skip_special,

@@ -25,6 +25,11 @@ int main(void) {
     CHECK(json_req_int(j, "missing", "cfg.json", &n) == VLLM_ERR_FORMAT);
     CHECK(strstr(vllm_last_error(), "missing") && strstr(vllm_last_error(), "cfg.json"));
     json_decref(j);
+    const char *big = "{\"model_max_length\": 1000000000000000019884624838656, \"n\": -12, \"x\": 1.5e3}";
+    CHECK(json_parse_python(big, strlen(big), "big", &j) == 0);
+    CHECK(j && json_req_double(j, "model_max_length", "big", &v) == 0 && v > 9.9e29 && v < 1.1e30);
+    CHECK(j && json_req_int(j, "n", "big", &n) == 0 && n == -12 && json_req_double(j, "x", "big", &v) == 0 && v == 1500);
+    json_decref(j);
     CHECK(json_parse_python("{\"a\": ", 6, "broken.json", &j) == VLLM_ERR_FORMAT);
     CHECK(strstr(vllm_last_error(), "broken.json"));
     return test_summary("json");

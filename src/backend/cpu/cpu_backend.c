@@ -65,6 +65,24 @@ static int cpu_weight_upload(struct backend *be, struct weight *w, const float *
     return VLLM_OK;
 }
 
+static int cpu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
+                             uint64_t seed, float std) {
+    (void)dt;
+    size_t n = (size_t)rows * cols;
+    w->data = cpu_alloc(be, sizeof(float) * n);
+    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", sizeof(float) * n);
+    w->dtype = DT_F32;
+    w->rows = rows;
+    w->cols = cols;
+    float a = std * 1.7320508f * 0x1.0p-31f, *d = w->data;
+    uint64_t x = seed | 1;
+    for (size_t i = 0; i < n; i++) { // xorshift64: uniform, std `std`
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        d[i] = a * (float)(int32_t)(x >> 32);
+    }
+    return VLLM_OK;
+}
+
 static void cpu_gather_ids(struct backend *be, int32_t *ids, const int32_t *table, const int32_t *src, int n) {
     (void)be;
     for (int t = 0; t < n; t++) ids[t] = table[src[t]];
@@ -164,6 +182,7 @@ static const struct backend_ops cpu_ops = {
     .memset0 = cpu_memset0,
     .sync = cpu_sync,
     .weight_upload = cpu_weight_upload,
+    .weight_random = cpu_weight_random,
     .gather_ids = cpu_gather_ids,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

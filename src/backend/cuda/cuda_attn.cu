@@ -1,0 +1,148 @@
+// cuda_attn.cu - paged attention with GQA, no RoPE: KV writes into the block
+// pool, and split-KV attention for both prefill (varlen, causal) and decode.
+//
+// Each warp owns one (query token, query head, KV split) and runs an online
+// softmax over its keys; splits are merged by a second kernel. Caches are
+// [num_blocks, block_size, kv_heads, head_dim] in fp32 or bf16.
+#include "backend/cuda/cuda_common.cuh"
+
+#define SPLIT_KEYS 512
+#define MAX_E 8 // head_dim <= 256
+
+template <typename T>
+__device__ __forceinline__ void store_kv(T *dst, float v);
+template <>
+__device__ __forceinline__ void store_kv<float>(float *dst, float v) { *dst = v; }
+template <>
+__device__ __forceinline__ void store_kv<__nv_bfloat16>(__nv_bfloat16 *dst, float v) { *dst = __float2bfloat16(v); }
+
+template <typename T>
+__global__ void k_kv_write(T *kc, T *vc, const float *qkv, int ld, const int32_t *slot_mapping, int qd, int kvd) {
+    int t = blockIdx.x, slot = slot_mapping[t];
+    if (slot < 0) return;
+    const float *row = qkv + (int64_t)t * ld + qd;
+    for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
+        store_kv(kc + (int64_t)slot * kvd + i, row[i]);
+        store_kv(vc + (int64_t)slot * kvd + i, row[kvd + i]);
+    }
+}
+
+void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld, const struct batch *b,
+                   const struct attn_dims *d) {
+    if (b->num_tokens <= 0) return;
+    int qd = d->heads * d->head_dim, kvd = d->kv_heads * d->head_dim;
+    cudaStream_t s = cu(be)->stream;
+    if (be->kv_dtype == DT_BF16)
+        k_kv_write<<<b->num_tokens, 128, 0, s>>>((__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, qkv, ld,
+                                                 b->slot_mapping, qd, kvd);
+    else k_kv_write<<<b->num_tokens, 128, 0, s>>>((float *)k_cache, (float *)v_cache, qkv, ld, b->slot_mapping, qd, kvd);
+    LAUNCH_CHECK();
+}
+
+struct attn_args {
+    float *out;                     // [T, Hq*Dh] (nsplit == 1)
+    float *part;                    // [T, Hq, nsplit, Dh + 2] partial acc, m, l
+    const float *qkv;
+    int ld, H, Hkv, Dh, bs, mbps, nsplit;
+    float scale;
+    const int32_t *qsl, *pos, *btab;
+    int seq0, seq1, tok0;
+};
+
+template <typename T>
+__global__ void k_attn(attn_args a, const T *kc, const T *vc) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int t = a.tok0 + blockIdx.x, h = blockIdx.y * (blockDim.x >> 5) + w, split = blockIdx.z;
+    if (h >= a.H) return;
+    int lo = a.seq0, hi = a.seq1 - 1; // the sequence of token t
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (a.qsl[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    int s = lo, kvh = h / (a.H / a.Hkv), kvd = a.Hkv * a.Dh, n = a.pos[t] + 1;
+    int j0 = split * SPLIT_KEYS, j1 = min(n, j0 + SPLIT_KEYS);
+    float q[MAX_E], acc[MAX_E];
+    int ne = 0;
+    for (int e = lane; e < a.Dh; e += 32) q[ne] = a.qkv[(int64_t)t * a.ld + h * a.Dh + e] * a.scale, acc[ne++] = 0;
+    float m = -INFINITY, l = 0;
+    const int32_t *bt = a.btab + (int64_t)s * a.mbps;
+    for (int j = j0; j < j1; j++) {
+        int64_t slot = (int64_t)bt[j / a.bs] * a.bs + j % a.bs;
+        const T *k = kc + slot * kvd + kvh * a.Dh, *v = vc + slot * kvd + kvh * a.Dh;
+        float dot = 0;
+        for (int i = 0, e = lane; i < ne; i++, e += 32) dot += q[i] * load_f(k + e);
+        dot = warp_sum(dot);
+        float mn = fmaxf(m, dot), c = expf(m - mn), p = expf(dot - mn);
+        l = l * c + p;
+        for (int i = 0, e = lane; i < ne; i++, e += 32) acc[i] = acc[i] * c + p * load_f(v + e);
+        m = mn;
+    }
+    if (a.nsplit == 1) {
+        float inv = l > 0 ? 1.0f / l : 0.0f;
+        for (int i = 0, e = lane; i < ne; i++, e += 32) a.out[(int64_t)t * a.H * a.Dh + h * a.Dh + e] = acc[i] * inv;
+        return;
+    }
+    float *pp = a.part + (((int64_t)(t - a.tok0) * a.H + h) * a.nsplit + split) * (a.Dh + 2);
+    for (int i = 0, e = lane; i < ne; i++, e += 32) pp[e] = acc[i];
+    if (lane == 0) pp[a.Dh] = m, pp[a.Dh + 1] = l;
+}
+
+// Merges the splits of one (token, head): rescale each by exp(m_i - max m).
+__global__ void k_attn_merge(attn_args a) {
+    int t = a.tok0 + blockIdx.x, h = blockIdx.y;
+    const float *pp = a.part + ((int64_t)(t - a.tok0) * a.H + h) * a.nsplit * (a.Dh + 2);
+    float mx = -INFINITY;
+    for (int i = 0; i < a.nsplit; i++) mx = fmaxf(mx, pp[i * (a.Dh + 2) + a.Dh]);
+    float l = 0;
+    for (int i = 0; i < a.nsplit; i++) {
+        float mi = pp[i * (a.Dh + 2) + a.Dh];
+        if (mi > -INFINITY) l += pp[i * (a.Dh + 2) + a.Dh + 1] * expf(mi - mx);
+    }
+    for (int e = threadIdx.x; e < a.Dh; e += blockDim.x) {
+        float o = 0;
+        for (int i = 0; i < a.nsplit; i++) {
+            float mi = pp[i * (a.Dh + 2) + a.Dh];
+            if (mi > -INFINITY) o += pp[i * (a.Dh + 2) + e] * expf(mi - mx);
+        }
+        a.out[(int64_t)t * a.H * a.Dh + h * a.Dh + e] = o / l;
+    }
+}
+
+static void launch_attn(struct backend *be, float *out, const float *qkv, int ld, const void *kc, const void *vc,
+                        const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
+    if (seq1 <= seq0) return;
+    int tok0 = b->h_query_start_loc[seq0], ntok = b->h_query_start_loc[seq1] - tok0;
+    if (ntok <= 0) return;
+    if (d->head_dim > 32 * MAX_E) {
+        fprintf(stderr, "vllm: head_dim %d > %d is not built for CUDA\n", d->head_dim, 32 * MAX_E);
+        abort();
+    }
+    int maxlen = 0;
+    for (int s = seq0; s < seq1; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
+    int nsplit = cdiv(maxlen, SPLIT_KEYS);
+    attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
+                   d->scale, b->query_start_loc, b->positions, b->block_tables, seq0, seq1, tok0};
+    if (nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)ntok * d->heads * nsplit * (d->head_dim + 2));
+    int wpb = 4;
+    dim3 grid(ntok, cdiv(d->heads, wpb), nsplit);
+    cudaStream_t s = cu(be)->stream;
+    if (be->kv_dtype == DT_BF16)
+        k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const __nv_bfloat16 *)kc, (const __nv_bfloat16 *)vc);
+    else k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const float *)kc, (const float *)vc);
+    LAUNCH_CHECK();
+    if (nsplit > 1) {
+        k_attn_merge<<<dim3(ntok, d->heads), 128, 0, s>>>(a);
+        LAUNCH_CHECK();
+    }
+}
+
+void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                       const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
+    launch_attn(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d);
+}
+
+void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                      const void *v_cache, const struct batch *b, const struct attn_dims *d) {
+    launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, b->num_decodes, d);
+}

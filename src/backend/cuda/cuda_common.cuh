@@ -1,0 +1,93 @@
+// cuda_common.cuh - internals shared by the CUDA backend's files.
+// Every op here has a CPU reference op of the same name in src/backend/cpu/;
+// tests/cuda/test_cuda_ops.c compares each pair.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "core/common.h"
+}
+
+struct cuda_impl {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int device, num_sms;
+    size_t smem_optin; // max dynamic shared memory per block
+    // scratch (grown on demand, device)
+    void *scratch;
+    size_t scratch_bytes;
+    int *error_flag; // device: set by kernels on bad input
+};
+
+static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
+
+// A failed CUDA call is not recoverable mid-step: report it and abort, so a
+// device fault never turns into silently wrong tokens.
+#define CUDA_CHECK(x)                                                                                    \
+    do {                                                                                                 \
+        cudaError_t e_ = (x);                                                                            \
+        if (e_ != cudaSuccess) {                                                                         \
+            fprintf(stderr, "vllm: CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, \
+                    cudaGetErrorString(e_));                                                             \
+            abort();                                                                                     \
+        }                                                                                                \
+    } while (0)
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// Scratch of at least `bytes` on the device, valid until the next call.
+void *cuda_scratch(struct backend *be, size_t bytes);
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum; every thread gets the result. blockDim.x multiple of 32, <= 1024.
+__device__ __forceinline__ float block_sum(float v, float *red /* >= 32 floats shared */) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus_th(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float load_f(const float *p) { return *p; }
+__device__ __forceinline__ float load_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+
+static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+// ops in cuda_mamba.cu, cuda_attn.cu, cuda_moe.cu, cuda_sample.cu
+void cuda_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
+                     const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);
+void cuda_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                        float *conv_state, const struct batch *b, const struct mamba_dims *d);
+void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
+                      const float *D, float *ssm_state, const struct batch *b, int seq0, int seq1,
+                      const struct mamba_dims *d);
+void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
+                     const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
+void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,
+                        int dim, int group_size, float eps);
+void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld, const struct batch *b,
+                   const struct attn_dims *d);
+void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                       const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
+void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                      const void *v_cache, const struct batch *b, const struct attn_dims *d);
+void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                    const struct moe_route_cfg *c);
+void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
+                      const float *weights, int n, int top_k);
+void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
+                 struct sample_out *out);

@@ -1,0 +1,169 @@
+// cuda_moe.cu - NemotronH MoE on the GPU: the fp32 router (sigmoid +
+// correction bias, grouped top-k), tokens permuted by expert, per-expert
+// up / relu^2 / down over each expert's token segment, and the weighted
+// combine in expert order (the order of the CPU reference).
+#include "backend/cuda/cuda_common.cuh"
+
+#define MAX_EXPERTS 1024
+
+// One thread per token; ties go to the lower index, as in the CPU reference.
+__global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                            moe_route_cfg c) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    int E = c.num_experts, ng = c.n_group, per = E / ng;
+    const float *l = logits + (int64_t)t * E;
+    float gscore[64];
+    int gsel[64];
+    for (int g = 0; g < ng; g++) {
+        float a = -INFINITY, b2 = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) {
+            float ch = 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f);
+            if (ch > a) b2 = a, a = ch;
+            else if (ch > b2) b2 = ch;
+        }
+        gscore[g] = a + (per > 1 ? b2 : 0.0f);
+    }
+    for (int j = 0; j < c.topk_group; j++) {
+        int best = -1;
+        for (int g = 0; g < ng; g++) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= gsel[q] == g;
+            if (!taken && (best < 0 || gscore[g] > gscore[best])) best = g;
+        }
+        gsel[j] = best;
+    }
+    int32_t *id = ids + (int64_t)t * c.top_k;
+    float *w = weights + (int64_t)t * c.top_k, sum = 0;
+    for (int j = 0; j < c.top_k; j++) {
+        int best = -1;
+        float bs = 0;
+        for (int q = 0; q < c.topk_group; q++)
+            for (int e = gsel[q] * per; e < (gsel[q] + 1) * per; e++) {
+                bool taken = false;
+                for (int r = 0; r < j; r++) taken |= id[r] == e;
+                float ch = 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f);
+                if (!taken && (best < 0 || ch > bs || (ch == bs && e < best))) best = e, bs = ch;
+            }
+        id[j] = best;
+        sum += w[j] = 1.0f / (1.0f + expf(-l[best]));
+    }
+    for (int j = 0; j < c.top_k; j++) {
+        if (c.norm_topk_prob) w[j] /= sum + 1e-20f;
+        w[j] *= c.routed_scaling_factor;
+    }
+}
+
+void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                    const struct moe_route_cfg *c) {
+    if (n <= 0) return;
+    if (c->n_group > 64 || c->num_experts > MAX_EXPERTS) {
+        fprintf(stderr, "vllm: MoE with %d groups / %d experts is not built for CUDA\n", c->n_group, c->num_experts);
+        abort();
+    }
+    k_moe_route<<<cdiv(n, 128), 128, 0, cu(be)->stream>>>(ids, weights, logits, bias, n, *c);
+    LAUNCH_CHECK();
+}
+
+// Stable counting sort of the n*k assignments by expert (one block):
+// offsets [E+1], perm[r] = assignment (t*k + j) at position r, slot_of the inverse.
+__global__ void k_moe_sort(const int32_t *ids, int nk, int E, int32_t *offsets, int32_t *perm, int32_t *slot_of) {
+    __shared__ int cnt[MAX_EXPERTS + 1];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int c = 0;
+        for (int a = 0; a < nk; a++) c += ids[a] == e;
+        cnt[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int run = 0;
+        for (int e = 0; e < E; e++) {
+            int c = cnt[e];
+            cnt[e] = run;
+            run += c;
+        }
+        cnt[E] = run;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = cnt[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int r = cnt[e];
+        for (int a = 0; a < nk; a++)
+            if (ids[a] == e) perm[r] = a, slot_of[a] = r, r++;
+    }
+}
+
+// out[r, row] = act(W_e[row] . in[src(r)]) for the rows r of expert e's
+// segment; each warp owns weight rows and reuses them across the segment.
+template <typename WT, bool RELU2, bool GATHER>
+__global__ void k_moe_mm(const WT *w, const float *in, float *out, const int32_t *offsets, const int32_t *perm, int k,
+                         int rows, int cols, int rows_per_block) {
+    int e = blockIdx.x, r0 = offsets[e], cnt = offsets[e + 1] - r0;
+    if (cnt == 0) return;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int rbeg = blockIdx.y * rows_per_block, rend = min(rows, rbeg + rows_per_block);
+    for (int row = rbeg + warp; row < rend; row += nw) {
+        const WT *wr = w + ((int64_t)e * rows + row) * cols;
+        for (int r = r0; r < r0 + cnt; r++) {
+            const float *src = GATHER ? in + (int64_t)(perm[r] / k) * cols : in + (int64_t)r * cols;
+            float dot = 0;
+            for (int i = lane; i < cols; i += 32) dot += load_f(wr + i) * src[i];
+            dot = warp_sum(dot);
+            if (lane == 0) out[(int64_t)r * rows + row] = RELU2 ? (dot > 0 ? dot * dot : 0.0f) : dot;
+        }
+    }
+}
+
+// out[t] = sum over its k experts, in ascending expert order, of w * y.
+__global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, const float *weights,
+                              const int32_t *slot_of, int k, int L) {
+    int t = blockIdx.x;
+    int order[16];
+    for (int j = 0; j < k; j++) order[j] = j;
+    for (int a = 1; a < k; a++) // insertion sort by expert id
+        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; b--) {
+            int tmp = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = tmp;
+        }
+    for (int l = threadIdx.x; l < L; l += blockDim.x) {
+        float acc = 0;
+        for (int q = 0; q < k; q++) {
+            int j = order[q];
+            acc += weights[t * k + j] * y[(int64_t)slot_of[t * k + j] * L + l];
+        }
+        out[(int64_t)t * L + l] = acc;
+    }
+}
+
+void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
+                      const float *weights, int n, int top_k) {
+    if (n <= 0) return;
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k;
+    if (E > MAX_EXPERTS || top_k > 16) {
+        fprintf(stderr, "vllm: MoE with %d experts top-%d is not built for CUDA\n", E, top_k);
+        abort();
+    }
+    size_t ints = (size_t)(E + 1) + 2 * (size_t)nk, floats = (size_t)nk * I + (size_t)nk * L;
+    char *s = (char *)cuda_scratch(be, ints * 4 + 256 + floats * 4);
+    int32_t *offsets = (int32_t *)s, *perm = offsets + E + 1, *slot_of = perm + nk;
+    float *h = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *y = h + (size_t)nk * I;
+    cudaStream_t st = cu(be)->stream;
+    k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, offsets, perm, slot_of);
+    LAUNCH_CHECK();
+    const int rpb = 64;
+    if (w->up.dtype == DT_BF16) {
+        k_moe_mm<__nv_bfloat16, true, true><<<dim3(E, cdiv(I, rpb)), 256, 0, st>>>(
+            (const __nv_bfloat16 *)w->up.data, x, h, offsets, perm, top_k, I, L, rpb);
+        k_moe_mm<__nv_bfloat16, false, false><<<dim3(E, cdiv(L, rpb)), 256, 0, st>>>(
+            (const __nv_bfloat16 *)w->down.data, h, y, offsets, perm, top_k, L, I, rpb);
+    } else {
+        k_moe_mm<float, true, true><<<dim3(E, cdiv(I, rpb)), 256, 0, st>>>((const float *)w->up.data, x, h, offsets,
+                                                                          perm, top_k, I, L, rpb);
+        k_moe_mm<float, false, false><<<dim3(E, cdiv(L, rpb)), 256, 0, st>>>((const float *)w->down.data, h, y, offsets,
+                                                                            perm, top_k, L, I, rpb);
+    }
+    LAUNCH_CHECK();
+    k_moe_combine<<<n, 256, 0, st>>>(out, y, ids, weights, slot_of, top_k, L);
+    LAUNCH_CHECK();
+}

@@ -1,0 +1,186 @@
+// cuda_sample.cu - the sampler, one block per sampled row, in the CPU
+// reference's order: raw log-probs; repetition, frequency and presence
+// penalties; greedy, or temperature, min-p, top-k, top-p and an exponential
+// race with Philox(seed, step, token). The id goes straight into the token
+// table, where the next step's input gather reads it.
+#include "backend/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "sample/philox.h"
+}
+
+#define NT 1024
+
+struct vi {
+    float v;
+    int i;
+};
+
+// Larger value wins; equal values: lower index (the reference's argmax).
+__device__ __forceinline__ vi better(vi a, vi b) { return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a; }
+
+__device__ vi block_argmax(vi x, vi *red) {
+    for (int o = 16; o > 0; o >>= 1) {
+        vi y = {__shfl_xor_sync(0xffffffffu, x.v, o), __shfl_xor_sync(0xffffffffu, x.i, o)};
+        x = better(x, y);
+    }
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = x;
+    __syncthreads();
+    x = lane < (int)(blockDim.x >> 5) ? red[lane] : vi{-INFINITY, 0x7fffffff};
+    for (int o = 16; o > 0; o >>= 1) {
+        vi y = {__shfl_xor_sync(0xffffffffu, x.v, o), __shfl_xor_sync(0xffffffffu, x.i, o)};
+        x = better(x, y);
+    }
+    return x;
+}
+
+// Number of p[i] > x (strict) or >= x, and their mass.
+__device__ float count_above(const float *p, int V, float x, bool strict, bool mass, float *red) {
+    float c = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        bool in = strict ? p[i] > x : p[i] >= x;
+        if (in) c += mass ? p[i] : 1.0f;
+    }
+    return block_sum(c, red);
+}
+
+__global__ void k_sample(const float *logits, int V, int32_t *table, const sample_params *params, float *work,
+                         int32_t *cnt, sample_out out) {
+    __shared__ float red[32];
+    __shared__ vi vred[32];
+    int r = blockIdx.x;
+    sample_params p = params[r];
+    const float *l = logits + (int64_t)r * V;
+    float *b = work + (int64_t)r * V;
+    const int32_t *toks = table + p.row_base;
+    int rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) b[i] = l[i];
+    if (rep || pf) {
+        int32_t *all = cnt + (int64_t)r * 2 * V, *outc = all + V;
+        for (int i = threadIdx.x; i < 2 * V; i += blockDim.x) all[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < p.num_tokens; i += blockDim.x) {
+            int t = toks[i];
+            if (t < 0 || t >= V) continue;
+            atomicAdd(&all[t], 1);
+            if (i >= p.num_prompt) atomicAdd(&outc[t], 1);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            float v = b[i];
+            if (rep && all[i]) v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
+            if (pf && outc[i]) v -= p.frequency_penalty * outc[i] + p.presence_penalty;
+            b[i] = v;
+        }
+    }
+    __syncthreads();
+    vi best = {-INFINITY, 0x7fffffff};
+    for (int i = threadIdx.x; i < V; i += blockDim.x) best = better(best, vi{b[i], i});
+    best = block_argmax(best, vred);
+    int id = best.i;
+    if (p.temperature > 0.0f) {
+        float mx = best.v, s = 0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) s += b[i] = expf((b[i] - mx) / p.temperature);
+        s = block_sum(s, red);
+        for (int i = threadIdx.x; i < V; i += blockDim.x) b[i] /= s;
+        vi pm = {-INFINITY, 0x7fffffff};
+        for (int i = threadIdx.x; i < V; i += blockDim.x) pm = better(pm, vi{b[i], i});
+        float pmax = block_argmax(pm, vred).v;
+        if (p.min_p > 0)
+            for (int i = threadIdx.x; i < V; i += blockDim.x)
+                if (b[i] < p.min_p * pmax) b[i] = 0;
+        __syncthreads();
+        if (p.top_k > 0 && p.top_k < V) {
+            // the k-th largest value: the largest x with count(p >= x) >= k (bisection on float bits)
+            unsigned lo = 0, hi = __float_as_uint(pmax);
+            while (lo < hi) {
+                unsigned mid = lo + (hi - lo + 1) / 2;
+                if (count_above(b, V, __uint_as_float(mid), false, false, red) >= p.top_k) lo = mid;
+                else hi = mid - 1;
+            }
+            float tau = __uint_as_float(lo);
+            int above = (int)count_above(b, V, tau, true, false, red), need = p.top_k - above;
+            int ties = (int)count_above(b, V, tau, false, false, red) - above;
+            __syncthreads();
+            if (threadIdx.x == 0 && tau > 0 && ties > need) // keep the lowest-index ties, as a stable sort does
+                for (int i = 0; i < V; i++)
+                    if (b[i] == tau) {
+                        if (need > 0) need--;
+                        else b[i] = 0;
+                    }
+            for (int i = threadIdx.x; i < V; i += blockDim.x)
+                if (b[i] < tau) b[i] = 0;
+            __syncthreads();
+        }
+        if (p.top_p < 1.0f) {
+            // keep p >= x for the smallest x with mass(p > x) < top_p * total
+            float target = p.top_p * count_above(b, V, 0.0f, true, true, red);
+            unsigned lo = 0, hi = __float_as_uint(pmax);
+            while (lo < hi) {
+                unsigned mid = lo + (hi - lo) / 2;
+                if (count_above(b, V, __uint_as_float(mid), true, true, red) < target) hi = mid;
+                else lo = mid + 1;
+            }
+            float x = __uint_as_float(lo);
+            for (int i = threadIdx.x; i < V; i += blockDim.x)
+                if (b[i] < x) b[i] = 0;
+            __syncthreads();
+        }
+        vi race = {-1.0f, 0x7fffffff};
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            if (b[i] <= 0) continue;
+            float e = -logf(philox_uniform(p.seed_lo, p.seed_hi, p.step, (uint32_t)i));
+            race = better(race, vi{b[i] / e, i});
+        }
+        id = block_argmax(race, vred).i;
+    }
+    if (p.num_logprobs >= 0) {
+        vi m = {-INFINITY, 0x7fffffff};
+        for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
+        m = block_argmax(m, vred);
+        float s = 0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
+        float lse = m.v + logf(block_sum(s, red));
+        int nt = min(p.num_logprobs, out.max_top);
+        int32_t *ti = out.top_ids + (int64_t)r * out.max_top;
+        float *tl = out.top_logprobs + (int64_t)r * out.max_top;
+        for (int j = 0; j < out.max_top; j++) { // top-n by repeated argmax, skipping the ones taken
+            vi x = {-INFINITY, 0x7fffffff};
+            if (j < nt)
+                for (int i = threadIdx.x; i < V; i += blockDim.x) {
+                    bool taken = false;
+                    for (int q = 0; q < j; q++) taken |= ti[q] == i;
+                    if (!taken) x = better(x, vi{l[i], i});
+                }
+            x = block_argmax(x, vred);
+            if (threadIdx.x == 0) {
+                ti[j] = j < nt ? x.i : -1;
+                tl[j] = j < nt ? x.v - lse : -INFINITY;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out.logprobs[r] = l[id] - lse;
+    }
+    if (threadIdx.x == 0) {
+        out.ids[r] = id;
+        table[p.row_base + p.num_tokens] = id; // the next step's input
+    }
+}
+
+void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
+                 struct sample_out *out) {
+    int n = b->num_sample;
+    if (n <= 0) return;
+    int need_cnt = 0;
+    for (int i = 0; i < n; i++) {
+        const struct sample_params *p = &b->h_sample_params[i];
+        need_cnt |= p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    }
+    size_t wbytes = sizeof(float) * (size_t)n * vocab, cbytes = need_cnt ? sizeof(int32_t) * 2 * (size_t)n * vocab : 0;
+    char *s = (char *)cuda_scratch(be, wbytes + cbytes);
+    k_sample<<<n, NT, 0, cu(be)->stream>>>(logits, vocab, token_table, b->sample_params, (float *)s,
+                                           (int32_t *)(s + wbytes), *out);
+    LAUNCH_CHECK();
+}

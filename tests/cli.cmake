@@ -1,0 +1,11 @@
+# The `vllm` command's own behavior.
+add_test(NAME cli_tokenize_chat COMMAND vllm_cli tokenize --model ${VLLM_FIXTURES}/chat/qwen3
+         --chat ${VLLM_FIXTURES}/chat_request.json)
+set_tests_properties(cli_tokenize_chat PROPERTIES
+  PASS_REGULAR_EXPRESSION "<\\|im_start\\|>system\nBe brief.<\\|im_end\\|>\n<\\|im_start\\|>user\nHi!<\\|im_end\\|>\n<\\|im_start\\|>assistant\n")
+add_test(NAME cli_generate_ids COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/nh_dense --prompt-ids 1,2,3,4,5 --max-tokens 4)
+set_tests_properties(cli_generate_ids PROPERTIES PASS_REGULAR_EXPRESSION "^234 173 142 207\n\\[finish: length\\]")
+add_test(NAME cli_bad_model COMMAND vllm_cli generate --model /nonexistent --prompt-ids 1)
+set_tests_properties(cli_bad_model PROPERTIES WILL_FAIL TRUE)
+add_test(NAME cli_unknown_flag COMMAND vllm_cli generate --frobnicate)
+set_tests_properties(cli_unknown_flag PROPERTIES WILL_FAIL TRUE)

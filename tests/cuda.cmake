@@ -1,0 +1,38 @@
+# GPU tests: registered whenever the CUDA backend is built; they skip (exit 77)
+# loudly on a machine without a GPU, and a skip is not a pass.
+if(VLLM_CUDA)
+  set(GPU ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh)
+  vllm_test_exe(test_cuda_ops cuda/test_cuda_ops.c)
+  add_test(NAME gpu_ops COMMAND ${GPU} $<TARGET_FILE:test_cuda_ops>)
+  # gate 2: fp32 on the device, token-exact against the oracle in every mode
+  foreach(fx nh_dense nh_moe nh_latent)
+    foreach(mode ${VLLM_GATE_MODES})
+      string(FIND "${mode}" "|" bar)
+      string(SUBSTRING "${mode}" 0 ${bar} mname)
+      math(EXPR bar "${bar} + 1")
+      string(SUBSTRING "${mode}" ${bar} -1 args)
+      separate_arguments(parts UNIX_COMMAND "${args}")
+      add_test(NAME gpu_gate_fp32_${fx}_${mname}
+               COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
+                       --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype float32 ${parts})
+    endforeach()
+    # gate 3: bf16 against transformers' bf16 greedy while its own top-2 margin
+    # is above 1e-2 and above one bf16 ulp (2^-5 at |logit| in [4, 8), where these
+    # models' logits are: a one-ulp margin is a tie at the oracle's precision),
+    # and decode == fresh-prefill on the device
+    add_test(NAME gpu_gate_bf16_${fx}
+             COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
+                     --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype bfloat16
+                     --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.032 --modes-agree --batch)
+  endforeach()
+  get_property(gpu_tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${gpu_tests})
+    if(t MATCHES "^gpu_")
+      set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+      if(t MATCHES "^gpu_gate")
+        set_tests_properties(${t} PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
+                             FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
+      endif()
+    endif()
+  endforeach()
+endif()

@@ -1,0 +1,360 @@
+// test_cuda_ops.c - every CUDA op against its CPU reference op of the same
+// name, on random inputs at real shapes (Nemotron-3-Nano: hidden 2688, 64
+// Mamba heads of 64, state 128, 8 groups, 128 experts top-6, 32/2 heads of
+// 128). fp32 weights: relative error <= 1e-5; bf16: the tolerances vLLM's
+// tests use for these ops (2e-2). Exits 77 (skip) without a GPU.
+#include <math.h>
+#include <stdlib.h>
+
+#include "backend/backend.h"
+#include "core/common.h"
+#include "test.h"
+
+static struct backend *cpu, *gpu;
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float frand(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 11) * 0x1.0p-53 * 2 - 1);
+}
+static float *rnd(size_t n, float s) {
+    float *x = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) x[i] = s * frand();
+    return x;
+}
+
+struct pair {
+    void *c, *g;
+    size_t bytes;
+};
+static struct pair up(const void *host, size_t bytes) {
+    struct pair p = {cpu->ops->alloc(cpu, bytes), gpu->ops->alloc(gpu, bytes), bytes};
+    cpu->ops->upload(cpu, p.c, host, bytes);
+    gpu->ops->upload(gpu, p.g, host, bytes);
+    return p;
+}
+static void pfree(struct pair p) {
+    cpu->ops->free(cpu, p.c);
+    gpu->ops->free(gpu, p.g);
+}
+// max |gpu - cpu| / max |cpu| over n floats
+static double cmp(const char *what, struct pair p, size_t n, double tol) {
+    float *h = xmalloc(sizeof(float) * n);
+    gpu->ops->download(gpu, h, p.g, sizeof(float) * n);
+    const float *r = p.c;
+    double m = 0, s = 1e-30;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        s = fmax(s, fabs(r[i]));
+        if (!isfinite(h[i])) bad = 1;
+    }
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)h[i] - r[i]));
+    double e = bad ? INFINITY : m / s;
+    printf("  %-28s rel err %.2e (tol %.0e) over %zu values\n", what, e, tol, n);
+    CHECKF(e <= tol && n > 0, "%s: %.3g > %.0g", what, e, tol);
+    free(h);
+    return e;
+}
+
+// A batch whose arrays live on both backends.
+struct tb {
+    struct batch c, g;
+    struct pair arr;
+    int32_t *h;
+};
+enum { QSL, SEQ, CTX, POS, SLOT_MAP, BTAB, STATE, INIT, NARR };
+
+static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const int *init, int nd, int block_size,
+                    int mbps) {
+    int T = 0;
+    for (int s = 0; s < n; s++) T += qlen[s];
+    size_t sz[NARR] = {(size_t)n + 1, (size_t)n, (size_t)n, (size_t)T, (size_t)T, (size_t)n * mbps, (size_t)n, (size_t)n};
+    size_t off[NARR], tot = 0;
+    for (int i = 0; i < NARR; i++) off[i] = tot, tot += sz[i];
+    int32_t *h = t->h = xcalloc(tot, sizeof(int32_t));
+    for (int s = 0, tk = 0; s < n; s++) {
+        h[off[QSL] + s] = tk;
+        h[off[CTX] + s] = ctx[s];
+        h[off[SEQ] + s] = ctx[s] + qlen[s];
+        h[off[STATE] + s] = (s * 5 + 3) % 16; // scattered slots
+        h[off[INIT] + s] = init[s];
+        for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (s * mbps + j) * 7 % (n * mbps);
+        for (int i = 0; i < qlen[s]; i++, tk++) {
+            int p = ctx[s] + i;
+            h[off[POS] + tk] = p;
+            h[off[SLOT_MAP] + tk] = h[off[BTAB] + s * mbps + p / block_size] * block_size + p % block_size;
+        }
+    }
+    h[off[QSL] + n] = T;
+    t->arr = up(h, tot * sizeof(int32_t));
+    struct batch *bs[2] = {&t->c, &t->g};
+    for (int k = 0; k < 2; k++) {
+        int32_t *d = k ? t->arr.g : t->arr.c;
+        struct batch *b = bs[k];
+        memset(b, 0, sizeof *b);
+        b->num_tokens = T, b->num_seqs = n, b->num_decodes = nd, b->num_prefills = n - nd;
+        b->max_blocks_per_seq = mbps;
+        b->query_start_loc = d + off[QSL], b->seq_lens = d + off[SEQ], b->context_lens = d + off[CTX];
+        b->positions = d + off[POS], b->slot_mapping = d + off[SLOT_MAP], b->block_tables = d + off[BTAB];
+        b->state_slots = d + off[STATE], b->has_initial_state = d + off[INIT];
+        b->h_query_start_loc = h + off[QSL], b->h_seq_lens = h + off[SEQ], b->h_context_lens = h + off[CTX];
+        b->h_state_slots = h + off[STATE], b->h_has_initial_state = h + off[INIT];
+    }
+}
+static void free_tb(struct tb *t) {
+    pfree(t->arr);
+    free(t->h);
+}
+
+static void test_dense(void) {
+    int T = 37, D = 2688, N = 4096;
+    float *x = rnd((size_t)T * D, 1), *r = rnd((size_t)T * D, 1), *w = rnd(D, 1);
+    struct pair px = up(x, sizeof(float) * T * D), pr = up(r, sizeof(float) * T * D), pw = up(w, sizeof(float) * D);
+    struct pair po = up(x, sizeof(float) * T * D);
+    cpu->ops->rmsnorm(cpu, po.c, px.c, pw.c, T, D, 1e-5f);
+    gpu->ops->rmsnorm(gpu, po.g, px.g, pw.g, T, D, 1e-5f);
+    cmp("rmsnorm", po, (size_t)T * D, 1e-5);
+    cpu->ops->add_rmsnorm(cpu, pr.c, px.c, po.c, pw.c, T, D, 1e-5f);
+    gpu->ops->add_rmsnorm(gpu, pr.g, px.g, po.g, pw.g, T, D, 1e-5f);
+    cmp("add_rmsnorm (out)", po, (size_t)T * D, 1e-5);
+    cmp("add_rmsnorm (residual)", pr, (size_t)T * D, 1e-6);
+    cpu->ops->relu2(cpu, pr.c, (int64_t)T * D);
+    gpu->ops->relu2(gpu, pr.g, (int64_t)T * D);
+    cpu->ops->add(cpu, pr.c, px.c, (int64_t)T * D);
+    gpu->ops->add(gpu, pr.g, px.g, (int64_t)T * D);
+    cmp("relu2 + add", pr, (size_t)T * D, 1e-6);
+    double sc = cpu->ops->sum_sq(cpu, px.c, (int64_t)T * D), sg = gpu->ops->sum_sq(gpu, px.g, (int64_t)T * D);
+    CHECKF(fabs(sc - sg) / sc < 1e-5, "sum_sq %g vs %g", sc, sg);
+    int32_t rows[5] = {3, 0, 36, 17, 3};
+    struct pair prow = up(rows, sizeof rows), pg = up(x, sizeof(float) * 5 * D);
+    cpu->ops->gather_rows(cpu, pg.c, px.c, prow.c, 5, D);
+    gpu->ops->gather_rows(gpu, pg.g, px.g, prow.g, 5, D);
+    cmp("gather_rows", pg, (size_t)5 * D, 0);
+
+    // matmul, fp32 and bf16 weights; embedding
+    float *wm = rnd((size_t)N * D, 0.05f);
+    struct weight wc, wg, wb;
+    cpu->ops->weight_upload(cpu, &wc, wm, N, D, DT_F32);
+    gpu->ops->weight_upload(gpu, &wg, wm, N, D, DT_F32);
+    gpu->ops->weight_upload(gpu, &wb, wm, N, D, DT_BF16);
+    struct pair py = up(wm, sizeof(float) * T * N);
+    int ns[3] = {1, 7, T};
+    for (int k = 0; k < 3; k++) {
+        char name[64];
+        cpu->ops->matmul(cpu, py.c, px.c, &wc, ns[k]);
+        gpu->ops->matmul(gpu, py.g, px.g, &wg, ns[k]);
+        snprintf(name, sizeof name, "matmul fp32 n=%d", ns[k]);
+        cmp(name, py, (size_t)ns[k] * N, 1e-5);
+        gpu->ops->matmul(gpu, py.g, px.g, &wb, ns[k]);
+        snprintf(name, sizeof name, "matmul bf16 n=%d", ns[k]);
+        cmp(name, py, (size_t)ns[k] * N, 2e-2);
+    }
+    int32_t ids[6] = {5, 4095, 0, 77, 5, 1000};
+    struct pair pid = up(ids, sizeof ids), pe = up(x, sizeof(float) * 6 * D);
+    cpu->ops->embed(cpu, pe.c, &wc, pid.c, 6);
+    gpu->ops->embed(gpu, pe.g, &wg, pid.g, 6);
+    cmp("embed", pe, (size_t)6 * D, 0);
+    int32_t table[8] = {9, 8, 7, 6, 5, 4, 3, 2}, src[4] = {7, 0, 3, 3}, got[4];
+    struct pair ptab = up(table, sizeof table), psrc = up(src, sizeof src), pids = up(src, sizeof src);
+    gpu->ops->gather_ids(gpu, pids.g, ptab.g, psrc.g, 4);
+    gpu->ops->download(gpu, got, pids.g, sizeof got);
+    CHECK(got[0] == 2 && got[1] == 9 && got[2] == 6 && got[3] == 6);
+    cpu->ops->free(cpu, wc.data);
+    gpu->ops->free(gpu, wg.data);
+    gpu->ops->free(gpu, wb.data);
+    struct pair all[] = {px, pr, pw, po, prow, pg, py, pid, pe, ptab, psrc, pids};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free(x), free(r), free(w), free(wm);
+}
+
+static void test_mamba(void) {
+    struct mamba_dims d = {64, 64, 8, 128, 4, 128, 0, 0.0f, INFINITY};
+    int H = d.heads, P = d.head_dim, G = d.groups, N = d.state, I = H * P;
+    d.conv_dim = I + 2 * G * N;
+    int C = d.conv_dim, K = d.conv_kernel, ld = I + C + H, slots = 16;
+    // 3 decodes, then prefills: fresh, continuing mid-chunk, a 1-token prefill
+    int qlen[] = {1, 1, 1, 300, 77, 1}, ctx[] = {40, 9, 500, 0, 150, 0}, init[] = {1, 1, 1, 0, 1, 0};
+    struct tb t;
+    make_tb(&t, 6, qlen, ctx, init, 3, 16, 40);
+    int T = t.c.num_tokens;
+    float *zx = rnd((size_t)T * ld, 1), *cw = rnd((size_t)C * K, 0.5f), *cb = rnd(C, 0.2f);
+    float *cs = rnd((size_t)slots * (K - 1) * C, 1), *ss = rnd((size_t)slots * H * P * N, 0.5f);
+    float *A = rnd(H, 1), *Dv = rnd(H, 1), *dtb = rnd(H, 1), *nw = rnd(I, 1);
+    for (int h = 0; h < H; h++) A[h] = -expf(A[h]);
+    struct pair pzx = up(zx, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * C * K), pcb = up(cb, sizeof(float) * C);
+    struct pair pcs = up(cs, sizeof(float) * slots * (K - 1) * C), pss = up(ss, sizeof(float) * slots * H * P * N);
+    struct pair pA = up(A, sizeof(float) * H), pD = up(Dv, sizeof(float) * H), pdt = up(dtb, sizeof(float) * H);
+    struct pair pnw = up(nw, sizeof(float) * I), py = up(zx, sizeof(float) * T * I), pyn = up(zx, sizeof(float) * T * I);
+    cpu->ops->conv1d_update(cpu, pzx.c, ld, pcw.c, pcb.c, pcs.c, &t.c, &d);
+    gpu->ops->conv1d_update(gpu, pzx.g, ld, pcw.g, pcb.g, pcs.g, &t.g, &d);
+    cpu->ops->conv1d_fwd(cpu, pzx.c, ld, pcw.c, pcb.c, pcs.c, &t.c, 3, 6, &d);
+    gpu->ops->conv1d_fwd(gpu, pzx.g, ld, pcw.g, pcb.g, pcs.g, &t.g, 3, 6, &d);
+    cmp("conv1d_update + conv1d_fwd", pzx, (size_t)T * ld, 1e-5);
+    cmp("conv state", pcs, (size_t)slots * (K - 1) * C, 1e-6);
+    cpu->ops->ssd_decode(cpu, py.c, pzx.c, ld, pdt.c, pA.c, pD.c, pss.c, &t.c, &d);
+    gpu->ops->ssd_decode(gpu, py.g, pzx.g, ld, pdt.g, pA.g, pD.g, pss.g, &t.g, &d);
+    cpu->ops->ssd_prefill(cpu, py.c, pzx.c, ld, pdt.c, pA.c, pD.c, pss.c, &t.c, 3, 6, &d);
+    gpu->ops->ssd_prefill(gpu, py.g, pzx.g, ld, pdt.g, pA.g, pD.g, pss.g, &t.g, 3, 6, &d);
+    cmp("ssd_decode + ssd_prefill (y)", py, (size_t)T * I, 1e-5);
+    cmp("ssd state", pss, (size_t)slots * H * P * N, 1e-5);
+    cpu->ops->gated_rmsnorm(cpu, pyn.c, py.c, pzx.c, ld, pnw.c, T, I, I / G, 1e-5f);
+    gpu->ops->gated_rmsnorm(gpu, pyn.g, py.g, pzx.g, ld, pnw.g, T, I, I / G, 1e-5f);
+    cmp("gated_rmsnorm", pyn, (size_t)T * I, 1e-5);
+    struct pair all[] = {pzx, pcw, pcb, pcs, pss, pA, pD, pdt, pnw, py, pyn};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t);
+    free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
+}
+
+static void test_attention(enum dtype kv, double tol) {
+    struct attn_dims d = {32, 2, 128, 16, 0};
+    d.scale = 1.0f / sqrtf(128.0f);
+    int qlen[] = {1, 1, 200, 5, 1}, ctx[] = {1100, 30, 0, 700, 0}, init[] = {1, 1, 0, 1, 0};
+    int mbps = 80; // 1280 tokens
+    struct tb t;
+    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps);
+    int T = t.c.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
+    size_t cn = (size_t)5 * mbps * 16 * kvd;
+    float *kc = rnd(cn, 1), *vc = rnd(cn, 1), *qkv = rnd((size_t)T * ld, 1);
+    gpu->kv_dtype = kv;
+    struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    memcpy(pk.c, kc, cn * 4), memcpy(pv.c, vc, cn * 4);
+    // the context positions of every sequence, written through kv_write on both sides
+    int cq[5], zero[5] = {0};
+    for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
+    struct tb full;
+    make_tb(&full, 5, cq, zero, init, 0, 16, mbps);
+    int TF = full.c.num_tokens;
+    float *fq = rnd((size_t)TF * ld, 1);
+    struct pair pfq = up(fq, sizeof(float) * TF * ld);
+    cpu->ops->kv_write(cpu, pk.c, pv.c, pfq.c, ld, &full.c, &d);
+    gpu->ops->kv_write(gpu, pk.g, pv.g, pfq.g, ld, &full.g, &d);
+    struct pair pq = up(qkv, sizeof(float) * T * ld), po = up(qkv, sizeof(float) * T * qd);
+    cpu->ops->kv_write(cpu, pk.c, pv.c, pq.c, ld, &t.c, &d);
+    gpu->ops->kv_write(gpu, pk.g, pv.g, pq.g, ld, &t.g, &d);
+    cpu->ops->attn_decode(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, &d);
+    gpu->ops->attn_decode(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, &d);
+    cpu->ops->attn_prefill(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, 2, 5, &d);
+    gpu->ops->attn_prefill(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, 2, 5, &d);
+    cmp(kv == DT_BF16 ? "attention, bf16 KV" : "attention, fp32 KV", po, (size_t)T * qd, tol);
+    struct pair all[] = {pk, pv, pfq, pq, po};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t), free_tb(&full);
+    free(kc), free(vc), free(qkv), free(fq);
+    gpu->kv_dtype = DT_F32;
+}
+
+static void test_moe(void) {
+    int T = 64, E = 128, k = 6, I = 1856, L = 2688;
+    struct moe_route_cfg rc = {E, k, 1, 1, 1, 2.5f}, grc = {E, k, 8, 4, 0, 1.5f};
+    float *lg = rnd((size_t)T * E, 3), *bias = rnd(E, 0.1f), *x = rnd((size_t)T * L, 1);
+    struct pair pl = up(lg, sizeof(float) * T * E), pb = up(bias, sizeof(float) * E), px = up(x, sizeof(float) * T * L);
+    struct pair pids = up(lg, sizeof(int32_t) * T * k), pw = up(lg, sizeof(float) * T * k);
+    struct moe_route_cfg *cfgs[2] = {&grc, &rc};
+    for (int c = 0; c < 2; c++) {
+        cpu->ops->moe_route(cpu, pids.c, pw.c, pl.c, pb.c, T, cfgs[c]);
+        gpu->ops->moe_route(gpu, pids.g, pw.g, pl.g, pb.g, T, cfgs[c]);
+        int32_t *gi = xmalloc(sizeof(int32_t) * T * k);
+        gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * T * k);
+        int same = !memcmp(gi, pids.c, sizeof(int32_t) * T * k);
+        CHECKF(same, "moe_route %s: expert ids differ", c ? "top-k" : "grouped top-k");
+        cmp(c ? "moe_route weights" : "moe_route weights (grouped)", pw, (size_t)T * k, 1e-6);
+        free(gi);
+    }
+    float *up_w = rnd((size_t)E * I * L, 0.03f), *down_w = rnd((size_t)E * L * I, 0.03f);
+    struct moe_experts mc = {{0}, {0}, E, I, L}, mg = mc, mb = mc;
+    cpu->ops->weight_upload(cpu, &mc.up, up_w, (int64_t)E * I, L, DT_F32);
+    cpu->ops->weight_upload(cpu, &mc.down, down_w, (int64_t)E * L, I, DT_F32);
+    gpu->ops->weight_upload(gpu, &mg.up, up_w, (int64_t)E * I, L, DT_F32);
+    gpu->ops->weight_upload(gpu, &mg.down, down_w, (int64_t)E * L, I, DT_F32);
+    gpu->ops->weight_upload(gpu, &mb.up, up_w, (int64_t)E * I, L, DT_BF16);
+    gpu->ops->weight_upload(gpu, &mb.down, down_w, (int64_t)E * L, I, DT_BF16);
+    struct pair po = up(x, sizeof(float) * T * L);
+    int ns[2] = {1, T};
+    for (int i = 0; i < 2; i++) {
+        char name[64];
+        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, ns[i], k);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pids.g, pw.g, ns[i], k);
+        snprintf(name, sizeof name, "moe_experts fp32 n=%d", ns[i]);
+        cmp(name, po, (size_t)ns[i] * L, 1e-5);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, ns[i], k);
+        snprintf(name, sizeof name, "moe_experts bf16 n=%d", ns[i]);
+        cmp(name, po, (size_t)ns[i] * L, 2e-2);
+    }
+    cpu->ops->free(cpu, mc.up.data), cpu->ops->free(cpu, mc.down.data);
+    gpu->ops->free(gpu, mg.up.data), gpu->ops->free(gpu, mg.down.data);
+    gpu->ops->free(gpu, mb.up.data), gpu->ops->free(gpu, mb.down.data);
+    struct pair all[] = {pl, pb, px, pids, pw, po};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free(lg), free(bias), free(x), free(up_w), free(down_w);
+}
+
+static void test_sample(void) {
+    enum { V = 131072, R = 8, TOK = 64 };
+    float *lg = rnd((size_t)R * V, 4);
+    int32_t *table = xcalloc((size_t)R * TOK, sizeof(int32_t));
+    for (int i = 0; i < R * TOK; i++) table[i] = (int32_t)(frand() * 0.5f * V + 0.5f * V);
+    struct sample_params sp[R];
+    memset(sp, 0, sizeof sp);
+    for (int r = 0; r < R; r++) {
+        struct sample_params *p = &sp[r];
+        p->temperature = r < 2 ? 0.0f : 0.7f + 0.1f * r;
+        p->top_p = r == 3 || r == 7 ? 0.9f : 1.0f;
+        p->top_k = r == 4 || r == 7 ? 40 : 0;
+        p->min_p = r == 5 ? 0.05f : 0.0f;
+        p->repetition_penalty = r == 1 || r == 6 ? 1.3f : 1.0f;
+        p->presence_penalty = r == 6 ? 0.5f : 0.0f;
+        p->frequency_penalty = r == 6 ? 0.3f : 0.0f;
+        p->row_base = r * TOK;
+        p->num_prompt = 20;
+        p->num_tokens = 40;
+        p->num_logprobs = r % 2 ? 5 : -1;
+        p->seed_lo = 1000 + r;
+        p->step = 3;
+    }
+    struct pair pl = up(lg, sizeof(float) * R * V), pt = up(table, sizeof(int32_t) * R * TOK), pp = up(sp, sizeof sp);
+    struct pair pi = up(table, sizeof(int32_t) * R), plp = up(lg, sizeof(float) * R), pti = up(table, sizeof(int32_t) * R * 5),
+                ptl = up(lg, sizeof(float) * R * 5);
+    struct batch bc = {0}, bg = {0};
+    bc.num_sample = bg.num_sample = R;
+    bc.sample_params = pp.c, bg.sample_params = pp.g;
+    bc.h_sample_params = bg.h_sample_params = sp;
+    struct sample_out oc = {pi.c, plp.c, pti.c, ptl.c, 5}, og = {pi.g, plp.g, pti.g, ptl.g, 5};
+    cpu->ops->sample(cpu, pl.c, V, pt.c, &bc, &oc);
+    gpu->ops->sample(gpu, pl.g, V, pt.g, &bg, &og);
+    int32_t gi[R], gt[R * TOK], gti[R * 5];
+    gpu->ops->download(gpu, gi, pi.g, sizeof gi);
+    gpu->ops->download(gpu, gt, pt.g, sizeof gt);
+    gpu->ops->download(gpu, gti, pti.g, sizeof gti);
+    int same = 0, table_ok = 1;
+    for (int r = 0; r < R; r++) {
+        same += gi[r] == ((int32_t *)pi.c)[r];
+        table_ok &= gt[r * TOK + 40] == gi[r];
+        printf("  sample row %d: cpu %d gpu %d\n", r, ((int32_t *)pi.c)[r], gi[r]);
+    }
+    CHECKF(same == R, "sampled ids agree on %d/%d rows", same, R);
+    CHECK(table_ok);
+    CHECK(!memcmp(gti, pti.c, sizeof gti));
+    cmp("sample logprobs", plp, R, 1e-5);
+    struct pair all[] = {pl, pt, pp, pi, plp, pti, ptl};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free(lg), free(table);
+}
+
+int main(void) {
+#ifndef VLLM_HAVE_CUDA
+    TEST_SKIP("built without CUDA");
+#else
+    if (backend_cuda_create(DT_F32, &gpu)) TEST_SKIP("no GPU: %s", vllm_last_error());
+    if (backend_cpu_create(0, &cpu)) return 1;
+    test_dense();
+    test_mamba();
+    test_attention(DT_F32, 1e-5);
+    test_attention(DT_BF16, 2e-2);
+    test_moe();
+    test_sample();
+    backend_free(gpu);
+    backend_free(cpu);
+    return test_summary("cuda ops");
+#endif
+}
