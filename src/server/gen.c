@@ -156,9 +156,14 @@ static void on_watch(evutil_socket_t fd, short what, void *arg) {
     evhttp_connection_free(g->evcon); // calls on_close
 }
 
-static void set_timeouts(struct gen *g, int read) {
+// While a stream runs, libevent reads the socket only to notice a close:
+// no read timeout (the client is silent), and at most 64 KB of whatever the
+// client sends meanwhile is buffered. Both are restored for the next request.
+static void set_streaming(struct gen *g, int on) {
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(g->evcon);
     struct timeval tv = {g->srv->cfg.io_timeout_s, 0};
-    bufferevent_set_timeouts(evhttp_connection_get_bufferevent(g->evcon), read ? &tv : NULL, &tv);
+    bufferevent_set_timeouts(bev, on ? NULL : &tv, &tv);
+    bufferevent_setwatermark(bev, EV_READ, 0, on ? 64 << 10 : 0);
 }
 
 // -------------------------------------------------------------- JSON --
@@ -264,7 +269,7 @@ static void stream_start(struct gen *g) {
     evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
     evhttp_add_header(h, "Cache-Control", "no-cache");
     evhttp_send_reply_start(g->req, 200, "OK");
-    set_timeouts(g, 0); // the client sends nothing while it listens
+    set_streaming(g, 1);
     // Each event goes out at once, not after the client's delayed ACK.
     int one = 1;
     evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
@@ -314,7 +319,7 @@ static void stream_finish(struct gen *g, const struct gen_events *ev) {
     evbuffer_add_printf(buf, "data: [DONE]\n\n");
     evhttp_send_reply_chunk(g->req, buf);
     evbuffer_free(buf);
-    set_timeouts(g, 1);
+    set_streaming(g, 0);
     struct evhttp_request *req = gen_detach(g);
     server_track_reply(g->srv, req);
     evhttp_send_reply_end(req);
