@@ -266,6 +266,8 @@ int main(int argc, char **argv) {
     CHECKF(len + abort == total + nref && other == 0, "finished: length %g + abort %g, %d sent", len, abort,
            total + nref);
     CHECKF(len >= tally.completed + nref, "length %g < %d completed", len, tally.completed + nref);
+    // Clients that left early had their requests aborted (some leave after the end).
+    CHECKF(abort >= 1, "no request was aborted by its client leaving");
     free(m);
 #if !defined(__SANITIZE_ADDRESS__)
     CHECKF(rss1 > 0 && rss2 <= rss1 + rss1 / 10 + 8192, "RSS grew from %ld to %ld kB", rss1, rss2);
