@@ -235,7 +235,7 @@ static void handle_models(struct server *s, struct evhttp_request *req) {
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->start_time));
     json_object_set_new(m, "owned_by", json_string("vllm"));
-    json_object_set_new(m, "root", json_string(s->cfg.model_path));
+    json_object_set_new(m, "root", json_text(s->cfg.model_path, strlen(s->cfg.model_path)));
     json_object_set_new(m, "parent", json_null());
     json_object_set_new(m, "max_model_len", json_integer(s->info.max_model_len));
     json_t *list = json_object();
@@ -437,6 +437,12 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->cfg.served_model_name = xstrdup(cfg->served_model_name ? cfg->served_model_name : s->cfg.model_path);
     pthread_mutex_init(&s->mu, NULL);
     metrics_init(&s->m);
+    json_t *name = json_string(s->cfg.served_model_name); // it goes into every response
+    json_decref(name);
+    if (!name) {
+        server_free(s);
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the served model name is not valid UTF-8");
+    }
     s->start_time = (long long)time(NULL);
     s->id_state = (uint64_t)s->start_time * 0x2545F4914F6CDD1Dull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e9);
     vllm_engine_info(e, &s->info);

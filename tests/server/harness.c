@@ -95,6 +95,11 @@ void srv_start(struct srv *s, const char *vllm, const char *model, const char *c
 int srv_stop(struct srv *s, double timeout_s) {
     if (s->pid <= 0) return -1;
     kill(s->pid, SIGTERM);
+    return srv_wait(s, timeout_s);
+}
+
+int srv_wait(struct srv *s, double timeout_s) {
+    if (s->pid <= 0) return -1;
     double t0 = now_sec();
     int st = 0;
     while (waitpid(s->pid, &st, WNOHANG) != s->pid) {

@@ -24,6 +24,9 @@ void srv_start(struct srv *s, const char *vllm, const char *model, const char *c
 // or -1 (after SIGKILL) if it did not exit, or 128+signal if a signal ended it.
 // The log is removed after a clean exit, printed otherwise.
 int srv_stop(struct srv *s, double timeout_s);
+// The same without the SIGTERM (it was sent already: a second one during
+// the teardown would end the server by the default action).
+int srv_wait(struct srv *s, double timeout_s);
 void srv_dump_log(const struct srv *s);
 long srv_rss_kb(const struct srv *s); // VmRSS, -1 if unknown
 

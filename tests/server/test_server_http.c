@@ -469,7 +469,7 @@ static void test_queue_disconnect_shutdown(void) {
     check_error(&r, 503, NULL, "a request in flight at SIGTERM");
     resp_free(&r);
     conn_close(&c);
-    CHECKF(srv_stop(&s, 20) == 0, "the server did not exit 0 after SIGTERM");
+    CHECKF(srv_wait(&s, 20) == 0, "the server did not exit 0 after SIGTERM");
 }
 
 // A non-streaming request whose client leaves is aborted too; afterwards
