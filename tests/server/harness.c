@@ -129,6 +129,23 @@ long srv_rss_kb(const struct srv *s) {
     return kb;
 }
 
+static double stat_cpu(const char *path) { // utime + stime of a /proc stat file, seconds
+    char *st = slurp(path);
+    const char *p = st ? strrchr(st, ')') : NULL; // the command name may hold spaces
+    unsigned long long ut = 0, stm = 0;
+    if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &stm);
+    free(st);
+    return (double)(ut + stm) / sysconf(_SC_CLK_TCK);
+}
+
+double srv_cpu_s(const struct srv *s, double *loop_s) {
+    char path[96];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", (int)s->pid, (int)s->pid);
+    if (loop_s) *loop_s = stat_cpu(path);
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)s->pid);
+    return stat_cpu(path);
+}
+
 // ------------------------------------------------------------------ HTTP --
 
 int conn_open(struct conn *c, int port, double timeout_s) {

@@ -29,6 +29,9 @@ int srv_stop(struct srv *s, double timeout_s);
 int srv_wait(struct srv *s, double timeout_s);
 void srv_dump_log(const struct srv *s);
 long srv_rss_kb(const struct srv *s); // VmRSS, -1 if unknown
+// CPU seconds the server used so far; *loop_s: those of its main thread,
+// which runs the HTTP loop.
+double srv_cpu_s(const struct srv *s, double *loop_s);
 
 // ------------------------------------------------------------------ HTTP --
 

@@ -237,11 +237,13 @@ int main(int argc, char **argv) {
     double gen0 = metric_value(m, "vllm:generation_tokens_total", NULL);
     free(m);
 
+    double loop0, cpu0 = srv_cpu_s(&s, &loop0);
     double wall = run_half(0);
     CHECKF(wait_idle(&m), "not idle after the first half");
     free(m);
     long rss1 = srv_rss_kb(&s);
     wall += run_half(1);
+    double loop1, cpu1 = srv_cpu_s(&s, &loop1);
     CHECKF(wait_idle(&m), "not idle after the load:\n%s", m ? m : "");
     long rss2 = srv_rss_kb(&s);
 
@@ -255,6 +257,7 @@ int main(int argc, char **argv) {
            tally.completed, tally.disconnected, CLIENTS, wall);
     printf("load: %.1f requests/s completed, %.0f tokens/s streamed to clients, %.0f tokens/s generated\n",
            tally.completed / wall, tally.tokens / wall, gen / wall);
+    printf("load: server CPU %.2f s (HTTP loop thread %.2f s) in %.2f s of load\n", cpu1 - cpu0, loop1 - loop0, wall);
     printf("load: server RSS %ld kB after the first half, %ld kB after the second\n", rss1, rss2);
     CHECKF(tally.completed > 0 && tally.disconnected > 0, "nothing compared");
     CHECKF(tally.mismatched == 0 && tally.failed == 0, "%d streams differ from their reference, %d failed",
