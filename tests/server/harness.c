@@ -51,6 +51,9 @@ void srv_start(struct srv *s, const char *vllm, const char *model, const char *c
     const char *argv[64] = {vllm, "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", "--threads", "1"};
     int n = 10;
     for (int i = 0; extra && extra[i] && n < 63; i++) argv[n++] = extra[i];
+    char *env = getenv("VLLM_SERVER_TEST_ARGS") ? strdup(getenv("VLLM_SERVER_TEST_ARGS")) : NULL;
+    for (char *save, *t = env ? strtok_r(env, " ", &save) : NULL; t && n < 63; t = strtok_r(NULL, " ", &save))
+        argv[n++] = t;
     argv[n] = NULL;
     pid_t pid = fork();
     if (pid == 0) {
@@ -63,6 +66,7 @@ void srv_start(struct srv *s, const char *vllm, const char *model, const char *c
         _exit(127);
     }
     s->pid = pid;
+    free(env);
     double t0 = now_sec();
     while (now_sec() - t0 < 120) {
         char *log = slurp(s->log);

@@ -17,8 +17,10 @@ struct srv {
 };
 
 // Starts `vllm serve --model MODEL --host 127.0.0.1 --port 0 --threads 1
-// <extra...>` (extra is NULL-terminated) and waits until it listens. Exits 77
-// when the build cannot load a tokenizer yet, 1 on any other failure.
+// <extra...> $VLLM_SERVER_TEST_ARGS` (extra is NULL-terminated; the variable,
+// e.g. "--device cuda --dtype float32", runs the tests on another backend) and
+// waits until it listens. Exits 77 when the build cannot load a tokenizer
+// yet, 1 on any other failure.
 void srv_start(struct srv *s, const char *vllm, const char *model, const char *const *extra);
 // SIGTERM, then waits (up to timeout_s) for the exit. Returns the exit status,
 // or -1 (after SIGKILL) if it did not exit, or 128+signal if a signal ended it.

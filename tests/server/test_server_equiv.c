@@ -19,8 +19,9 @@ static int port, compared;
 // `vllm generate` for one prompt: its ids (JSON text) and finish reason.
 static int offline(const json_t *prompt, int max_tokens, int ignore_eos, char **ids_json, char *finish, size_t cap) {
     char cmd[8192];
-    int n = snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --threads 1 --max-tokens %d%s --prompt-ids ", vllm_bin,
-                     model_dir, max_tokens, ignore_eos ? " --ignore-eos" : "");
+    const char *args = getenv("VLLM_SERVER_TEST_ARGS"); // the server's backend flags (harness.h)
+    int n = snprintf(cmd, sizeof cmd, "'%s' generate --model '%s' --threads 1 %s --max-tokens %d%s --prompt-ids ",
+                     vllm_bin, model_dir, args ? args : "", max_tokens, ignore_eos ? " --ignore-eos" : "");
     for (size_t i = 0; i < json_array_size(prompt); i++)
         n += snprintf(cmd + n, sizeof cmd - n, "%s%lld", i ? "," : "", json_integer_value(json_array_get(prompt, i)));
     FILE *f = popen(cmd, "r");
