@@ -118,8 +118,10 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
         fprintf(stderr, "vllm: head_dim %d > %d is not built for CUDA\n", d->head_dim, 32 * MAX_E);
         abort();
     }
-    int maxlen = 0;
-    for (int s = seq0; s < seq1; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
+    int maxlen = 0; // a recorded graph covers any context: splits past a sequence's end exit at once
+    if (b->fixed_shapes) maxlen = b->max_model_len;
+    else
+        for (int s = seq0; s < seq1; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
     int nsplit = cdiv(maxlen, SPLIT_KEYS);
     attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
                    d->scale, b->query_start_loc, b->positions, b->block_tables, seq0, seq1, tok0};

@@ -20,7 +20,14 @@ extern "C" {
 void *cuda_scratch(struct backend *be, size_t bytes) {
     cuda_impl *c = cu(be);
     if (c->scratch_bytes < bytes) {
+        cudaStreamCaptureStatus cs;
+        CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
+        if (cs != cudaStreamCaptureStatusNone) {
+            fprintf(stderr, "vllm: internal error: scratch grows while a graph is recorded\n");
+            abort();
+        }
         CUDA_CHECK(cudaStreamSynchronize(c->stream)); // nothing queued may still use the old buffer
+        be->graph_epoch++; // recorded graphs point at the old buffer
         if (c->scratch) CUDA_CHECK(cudaFree(c->scratch));
         size_t n = bytes + bytes / 4 + (1 << 20);
         CUDA_CHECK(cudaMalloc(&c->scratch, n));
@@ -34,6 +41,8 @@ static void cu_destroy(struct backend *be) {
     cudaStreamSynchronize(c->stream);
     if (c->scratch) cudaFree(c->scratch);
     cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
+    for (int i = 0; i < CUDA_FENCES; i++) cudaEventDestroy(c->events[i]);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -189,6 +198,63 @@ __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, int64_t n) {
     for (; i < n; i += (int64_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(x[i]);
 }
 
+// Decode-sized products (n <= 8 rows) with bf16 weights: each warp streams
+// one weight row once, 16 bytes per lane per load, and applies it to every
+// row of x (rounded to bf16 as the GEMM path rounds it), accumulating fp32.
+// cuBLAS reaches a fraction of the bandwidth on these skinny shapes.
+template <int NB>
+__global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, const __nv_bfloat16 *w, int N, int K) {
+    int lane = threadIdx.x & 31, row = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const uint4 *wr = (const uint4 *)(w + (int64_t)row * K);
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0;
+    for (int k8 = lane; k8 < K / 8; k8 += 32) {
+        uint4 u = __ldg(wr + k8);
+        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+        float wf[8];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __bfloat1622float2(h[i]);
+            wf[2 * i] = f.x, wf[2 * i + 1] = f.y;
+        }
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const float4 *xp = (const float4 *)(x + (int64_t)b * K + k8 * 8);
+            float4 x0 = xp[0], x1 = xp[1];
+            float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[b] += wf[i] * __bfloat162float(__float2bfloat16(xs[i]));
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        float v = warp_sum(acc[b]);
+        if (lane == 0) y[(int64_t)b * N + row] = v;
+    }
+}
+
+static bool gemv_bf16(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+    int N = (int)w->rows, K = (int)w->cols;
+    if (n > 8 || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w->data & 15)) return false;
+    dim3 g(cdiv(N, 8));
+    cudaStream_t s = cu(be)->stream;
+    const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->data;
+    switch (n) {
+    case 1: k_gemv_bf16<1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 2: k_gemv_bf16<2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 3: k_gemv_bf16<3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 4: k_gemv_bf16<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 5: k_gemv_bf16<5><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 6: k_gemv_bf16<6><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 7: k_gemv_bf16<7><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    default: k_gemv_bf16<8><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    }
+    LAUNCH_CHECK();
+    return true;
+}
+
 // y: [n, N] = x: [n, K] @ W[N, K]^T. cuBLAS is column-major: it computes
 // Y^T (N x n) = op(W) (N x K) * X^T (K x n) with W seen as K x N, transposed.
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
@@ -201,6 +267,7 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
                                  &zero, y, N));
         return;
     }
+    if (gemv_bf16(be, y, x, w, n)) return;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, (size_t)n * K * 2);
     int64_t nk = (int64_t)n * K;
     k_to_bf16<<<(int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536), 256, 0, c->stream>>>(xb, x, nk);
@@ -264,38 +331,103 @@ static double cu_sum_sq(struct backend *be, const float *x, int64_t n) {
     return h;
 }
 
-static const struct backend_ops cuda_ops = {
-    "cuda",
-    cu_destroy,
-    cu_alloc,
-    cu_free,
-    cu_upload,
-    cu_download,
-    cu_memset0,
-    cu_sync,
-    cu_weight_upload,
-    cu_weight_random,
-    cu_gather_ids,
-    cu_embed,
-    cu_rmsnorm,
-    cu_add_rmsnorm,
-    cu_matmul,
-    cu_gather_rows,
-    cu_add,
-    cu_relu2,
-    cu_sum_sq,
-    cuda_conv1d_fwd,
-    cuda_conv1d_update,
-    cuda_ssd_prefill,
-    cuda_ssd_decode,
-    cuda_gated_rmsnorm,
-    cuda_kv_write,
-    cuda_attn_prefill,
-    cuda_attn_decode,
-    cuda_moe_route,
-    cuda_moe_experts,
-    cuda_sample,
-};
+static void *cu_host_alloc(struct backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cu_host_free(struct backend *be, void *p) {
+    cu_sync(be);
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cu_download_async(struct backend *be, void *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cu(be)->stream));
+}
+
+static int cu_fence(struct backend *be) {
+    cuda_impl *c = cu(be);
+    int f = c->next_fence++;
+    CUDA_CHECK(cudaEventRecord(c->events[f % CUDA_FENCES], c->stream));
+    return f;
+}
+
+static void cu_fence_wait(struct backend *be, int fence) {
+    CUDA_CHECK(cudaEventSynchronize(cu(be)->events[fence % CUDA_FENCES]));
+}
+
+static void cu_graph_begin(struct backend *be) {
+    CUDA_CHECK(cudaStreamBeginCapture(cu(be)->stream, cudaStreamCaptureModeThreadLocal));
+}
+
+static void *cu_graph_end(struct backend *be) {
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    CUDA_CHECK(cudaStreamEndCapture(cu(be)->stream, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return (void *)x;
+}
+
+static void cu_graph_launch(struct backend *be, void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cu(be)->stream));
+}
+
+static void cu_graph_free(struct backend *be, void *graph) {
+    cu_sync(be);
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+static struct backend_ops cuda_ops;
+
+static void init_ops(void) {
+    struct backend_ops *o = &cuda_ops;
+    o->name = "cuda";
+    o->destroy = cu_destroy;
+    o->alloc = cu_alloc;
+    o->free = cu_free;
+    o->upload = cu_upload;
+    o->download = cu_download;
+    o->memset0 = cu_memset0;
+    o->sync = cu_sync;
+    o->host_alloc = cu_host_alloc;
+    o->host_free = cu_host_free;
+    o->download_async = cu_download_async;
+    o->fence = cu_fence;
+    o->fence_wait = cu_fence_wait;
+    o->graph_begin = cu_graph_begin;
+    o->graph_end = cu_graph_end;
+    o->graph_launch = cu_graph_launch;
+    o->graph_free = cu_graph_free;
+    o->weight_upload = cu_weight_upload;
+    o->weight_random = cu_weight_random;
+    o->gather_ids = cu_gather_ids;
+    o->embed = cu_embed;
+    o->rmsnorm = cu_rmsnorm;
+    o->add_rmsnorm = cu_add_rmsnorm;
+    o->matmul = cu_matmul;
+    o->gather_rows = cu_gather_rows;
+    o->add = cu_add;
+    o->relu2 = cu_relu2;
+    o->sum_sq = cu_sum_sq;
+    o->conv1d_fwd = cuda_conv1d_fwd;
+    o->conv1d_update = cuda_conv1d_update;
+    o->ssd_prefill = cuda_ssd_prefill;
+    o->ssd_decode = cuda_ssd_decode;
+    o->gated_rmsnorm = cuda_gated_rmsnorm;
+    o->kv_write = cuda_kv_write;
+    o->attn_prefill = cuda_attn_prefill;
+    o->attn_decode = cuda_attn_decode;
+    o->moe_route = cuda_moe_route;
+    o->moe_experts = cuda_moe_experts;
+    o->sample = cuda_sample;
+}
 
 extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     int n = 0;
@@ -313,6 +445,12 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    for (int i = 0; i < CUDA_FENCES; i++) CUDA_CHECK(cudaEventCreateWithFlags(&c->events[i], cudaEventDisableTiming));
+    // cuBLAS gets a fixed workspace, so that recording it in a graph allocates nothing
+    c->blas_ws_bytes = (size_t)64 << 20;
+    CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
+    CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
+    init_ops();
     struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
     be->ops = &cuda_ops;
     be->num_threads = 1;

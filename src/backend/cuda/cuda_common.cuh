@@ -13,9 +13,15 @@ extern "C" {
 #include "core/common.h"
 }
 
+#define CUDA_FENCES 16
+
 struct cuda_impl {
     cudaStream_t stream;
     cublasHandle_t blas;
+    void *blas_ws;
+    size_t blas_ws_bytes;
+    cudaEvent_t events[CUDA_FENCES]; // fences, used in turn
+    int next_fence;
     int device, num_sms;
     size_t smem_optin; // max dynamic shared memory per block
     // scratch (grown on demand, device)

@@ -93,23 +93,62 @@ __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int32_t *offsets, 
     }
 }
 
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float f[8]) {
+    uint4 u = __ldg((const uint4 *)p);
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void load8(const float *p, float f[8]) {
+    float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+#define MOE_NB 8 // segment rows that share one pass over a weight row
+
 // out[r, row] = act(W_e[row] . in[src(r)]) for the rows r of expert e's
-// segment; each warp owns weight rows and reuses them across the segment.
+// segment. Each warp owns weight rows and streams each once per MOE_NB
+// segment rows, 8 values per lane per load (cols % 8 == 0).
 template <typename WT, bool RELU2, bool GATHER>
-__global__ void k_moe_mm(const WT *w, const float *in, float *out, const int32_t *offsets, const int32_t *perm, int k,
-                         int rows, int cols, int rows_per_block) {
+__global__ void __launch_bounds__(256) k_moe_mm(const WT *w, const float *in, float *out, const int32_t *offsets,
+                                                const int32_t *perm, int k, int rows, int cols, int rows_per_block) {
     int e = blockIdx.x, r0 = offsets[e], cnt = offsets[e + 1] - r0;
     if (cnt == 0) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int rbeg = blockIdx.y * rows_per_block, rend = min(rows, rbeg + rows_per_block);
     for (int row = rbeg + warp; row < rend; row += nw) {
         const WT *wr = w + ((int64_t)e * rows + row) * cols;
-        for (int r = r0; r < r0 + cnt; r++) {
-            const float *src = GATHER ? in + (int64_t)(perm[r] / k) * cols : in + (int64_t)r * cols;
-            float dot = 0;
-            for (int i = lane; i < cols; i += 32) dot += load_f(wr + i) * src[i];
-            dot = warp_sum(dot);
-            if (lane == 0) out[(int64_t)r * rows + row] = RELU2 ? (dot > 0 ? dot * dot : 0.0f) : dot;
+        for (int rb = r0; rb < r0 + cnt; rb += MOE_NB) {
+            int nb = min(MOE_NB, r0 + cnt - rb);
+            const float *src[MOE_NB];
+            float acc[MOE_NB];
+#pragma unroll
+            for (int b = 0; b < MOE_NB; b++) {
+                int r = rb + (b < nb ? b : 0);
+                src[b] = GATHER ? in + (int64_t)(perm[r] / k) * cols : in + (int64_t)r * cols;
+                acc[b] = 0;
+            }
+            for (int c8 = lane * 8; c8 < cols; c8 += 256) {
+                float wf[8];
+                load8(wr + c8, wf);
+#pragma unroll
+                for (int b = 0; b < MOE_NB; b++) {
+                    if (b >= nb) break;
+                    float xs[8];
+                    load8(src[b] + c8, xs);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[b] += wf[i] * xs[i];
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < MOE_NB; b++) {
+                if (b >= nb) break;
+                float dot = warp_sum(acc[b]);
+                if (lane == 0) out[(int64_t)(rb + b) * rows + row] = RELU2 ? (dot > 0 ? dot * dot : 0.0f) : dot;
+            }
         }
     }
 }
@@ -140,8 +179,9 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k) {
     if (n <= 0) return;
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k;
-    if (E > MAX_EXPERTS || top_k > 16) {
-        fprintf(stderr, "vllm: MoE with %d experts top-%d is not built for CUDA\n", E, top_k);
+    if (E > MAX_EXPERTS || top_k > 16 || I % 8 || L % 8) {
+        fprintf(stderr, "vllm: MoE with %d experts top-%d, widths %d / %d (need multiples of 8) is not built for CUDA\n",
+                E, top_k, I, L);
         abort();
     }
     size_t ints = (size_t)(E + 1) + 2 * (size_t)nk, floats = (size_t)nk * I + (size_t)nk * L;
