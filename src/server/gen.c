@@ -19,7 +19,9 @@
 
 // ------------------------------------------------------- engine thread --
 
-static void events_append(struct gen_events *ev, const struct vllm_output *o) {
+// num_output: the tokens delivered so far, these included (counted here:
+// vllm_output.num_output_tokens also counts tokens still in flight).
+static void events_append(struct gen_events *ev, const struct vllm_output *o, int num_output) {
     if (o->text_len) {
         if (ev->text_len + o->text_len > ev->text_cap) {
             ev->text_cap = (ev->text_len + o->text_len) * 2;
@@ -48,7 +50,7 @@ static void events_append(struct gen_events *ev, const struct vllm_output *o) {
         ev->n += n;
     }
     ev->num_prompt = o->num_prompt_tokens;
-    ev->num_output = o->num_output_tokens;
+    ev->num_output = num_output;
     if (o->finish_reason != VLLM_FINISH_NONE) {
         ev->done = 1;
         ev->reason = o->finish_reason;
@@ -67,7 +69,8 @@ void gen_on_output(void *user, const struct vllm_output *o) {
     double now = now_s();
     int wake = 0;
     pthread_mutex_lock(&s->mu);
-    events_append(g->pend, o);
+    g->num_output += o->num_token_ids;
+    events_append(g->pend, o, g->num_output);
     if (o->num_token_ids) {
         if (g->t_first == 0) hist_observe(&s->m.ttft, now - g->t_arrival), g->t_first = now;
         else hist_observe(&s->m.itl, now - g->t_last);

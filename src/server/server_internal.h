@@ -119,6 +119,7 @@ struct gen {
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
     int queued;
     double t_arrival, t_first, t_last;
+    int num_output;                  // tokens delivered by the engine
     struct gen *qnext;
     // live list (loop thread)
     struct gen *prev, *next;
