@@ -230,7 +230,7 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
         o.top_logprobs = &so->top_logprobs[(size_t)k * so->max_top];
     }
     o.num_prompt_tokens = r->num_prompt;
-    o.num_output_tokens = req_num_output(r);
+    o.num_output_tokens = r->delivered;
     o.finish_reason = reason;
     o.status = status;
     o.error = error;
@@ -294,6 +294,7 @@ static void on_token(struct vllm_engine *e, struct request *r, int pos, const st
     if (r->ts && reason == VLLM_FINISH_NONE && text_stream_push(r->ts, id, &text, &len)) reason = VLLM_FINISH_STOP;
     if (reason == VLLM_FINISH_NONE && (num_output >= r->max_tokens || pos + 1 >= e->max_model_len))
         reason = VLLM_FINISH_LENGTH;
+    r->delivered = num_output;
     emit(r, &id, 1, text, len, VLLM_FINISH_NONE, VLLM_OK, NULL, so, k);
     free(text);
     if (reason != VLLM_FINISH_NONE) finish(e, r, reason, VLLM_OK, NULL);

@@ -33,6 +33,7 @@ struct request {
     char **stop_strs;
     uint64_t seed;
     int max_tokens; // clamped to what max_model_len leaves
+    int delivered;  // output tokens streamed to the caller (tokens in flight are not)
 
     vllm_stream_fn cb;
     void *user;
