@@ -308,39 +308,62 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
 }
 
 // One block per (decode sequence, head): the state [P, N] is read and
-// written once, in place. A group of TPR threads owns a row p; each thread
-// loads its N/TPR values before using any (independent loads in flight).
-#define SSD_TPR 4
+// written once, in place. A warp owns two rows at a time; lanes cover n
+// (coalesced 128-byte rows), and all of a row's loads are issued before use.
+#define SSD_NMAX 8 // N <= 256
 __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
-    int s = blockIdx.x, h = blockIdx.y, P = a.P, N = a.N, g = h / (a.H / a.G);
+    int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int P = a.P, N = a.N, g = h / (a.H / a.G), nq = (N + 31) / 32;
     int t = a.qsl[s];
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
     float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
-    int sub = threadIdx.x % SSD_TPR, rows_per_pass = blockDim.x / SSD_TPR;
-    for (int p0 = 0; p0 < P; p0 += rows_per_pass) { // every lane reaches the shuffles
-        int p = p0 + threadIdx.x / SSD_TPR;
-        bool on = p < P;
-        float xv = on ? row[a.I + h * P + p] : 0.0f, dx = dt * xv, acc = 0;
-        float *sp = st + (int64_t)(on ? p : 0) * N;
-        if (on) {
-#pragma unroll 8
-            for (int n = sub; n < N; n += SSD_TPR) {
-                float v = sp[n] * dA + dx * B[n];
-                sp[n] = v;
-                acc += v * C[n];
+    float b[SSD_NMAX], c[SSD_NMAX];
+#pragma unroll
+    for (int q = 0; q < SSD_NMAX; q++) {
+        int n = lane + 32 * q;
+        b[q] = q < nq && n < N ? B[n] : 0.0f;
+        c[q] = q < nq && n < N ? C[n] : 0.0f;
+    }
+    for (int p0 = 2 * warp; p0 < P; p0 += 2 * nw) {
+        float v[2][SSD_NMAX], xv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int p = min(p0 + r, P - 1);
+            xv[r] = row[a.I + h * P + p];
+#pragma unroll
+            for (int q = 0; q < SSD_NMAX; q++) {
+                int n = lane + 32 * q;
+                v[r][q] = q < nq && n < N ? st[(int64_t)p * N + n] : 0.0f;
             }
         }
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        if (on && sub == 0) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int p = p0 + r;
+            float dx = dt * xv[r], acc = 0;
+#pragma unroll
+            for (int q = 0; q < SSD_NMAX; q++) {
+                int n = lane + 32 * q;
+                if (q < nq && n < N) {
+                    float nv = v[r][q] * dA + dx * b[q];
+                    if (p < P) st[(int64_t)p * N + n] = nv;
+                    acc += nv * c[q];
+                }
+            }
+            acc = warp_sum(acc);
+            if (lane == 0 && p < P) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv[r];
+        }
     }
 }
 
 void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
     if (b->num_decodes <= 0) return;
+    if (d->state > 32 * SSD_NMAX) {
+        fprintf(stderr, "vllm: SSM state size %d > %d is not built for CUDA\n", d->state, 32 * SSD_NMAX);
+        abort();
+    }
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   b->has_initial_state, 0, d->dt_min, d->dt_max};
