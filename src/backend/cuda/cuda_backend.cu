@@ -202,12 +202,15 @@ __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, int64_t n) {
 // one weight row once, 16 bytes per lane per load, and applies it to every
 // row of x (rounded to bf16 as the GEMM path rounds it), accumulating fp32.
 // cuBLAS reaches a fraction of the bandwidth on these skinny shapes.
-#define GEMV_ROWS 4 // weight rows per warp: each x value loaded serves 4 rows
+#define GEMV_ROWS 4 // weight rows per block: each x value loaded serves 4 rows
 
+// A block owns GEMV_ROWS weight rows; its 8 warps split K between them and
+// reduce through shared memory in a fixed order (deterministic), so even
+// 4096-row matrices give the GPU thousands of warps to keep loads in flight.
 template <int NB>
 __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, const __nv_bfloat16 *w, int N, int K) {
-    int lane = threadIdx.x & 31, row0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * GEMV_ROWS;
-    if (row0 >= N) return;
+    __shared__ float red[8][GEMV_ROWS][NB];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * GEMV_ROWS;
     const uint4 *wr[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const uint4 *)(w + (int64_t)min(row0 + r, N - 1) * K);
@@ -216,7 +219,7 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, con
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = 0;
-    for (int k8 = lane; k8 < K / 8; k8 += 32) {
+    for (int k8 = warp * 32 + lane; k8 < K / 8; k8 += 256) {
         uint4 u[GEMV_ROWS];
 #pragma unroll
         for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8); // all loads in flight first
@@ -243,14 +246,21 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, con
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             float v = warp_sum(acc[r][b]);
-            if (lane == 0 && row0 + r < N) y[(int64_t)b * N + row0 + r] = v;
+            if (lane == 0) red[warp][r][b] = v;
         }
+    __syncthreads();
+    if (threadIdx.x < GEMV_ROWS * NB) {
+        int r = threadIdx.x / NB, b = threadIdx.x % NB;
+        float v = 0;
+        for (int q = 0; q < 8; q++) v += red[q][r][b];
+        if (row0 + r < N) y[(int64_t)b * N + row0 + r] = v;
+    }
 }
 
 static bool gemv_bf16(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     int N = (int)w->rows, K = (int)w->cols;
     if (n > 4 || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w->data & 15)) return false;
-    dim3 g(cdiv(N, 8 * GEMV_ROWS));
+    dim3 g(cdiv(N, GEMV_ROWS));
     cudaStream_t s = cu(be)->stream;
     const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->data;
     switch (n) {
