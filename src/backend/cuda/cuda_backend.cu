@@ -80,14 +80,20 @@ static void cu_memset0(struct backend *be, void *dst, size_t n) {
 
 static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream)); }
 
-static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                            enum dtype dt) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+static int alloc_weight(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
+    size_t bytes = (size_t)rows * cols * dtype_size(dt);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
     w->dtype = dt;
     w->rows = rows;
     w->cols = cols;
+    return VLLM_OK;
+}
+
+static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
+                            enum dtype dt) {
+    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+    TRY(alloc_weight(be, w, rows, cols, dt));
     // On our stream, after the zeroing memset that cu_alloc queued there (a plain
     // cudaMemcpy runs on the legacy stream, which does not wait for ours).
     cudaStream_t s = cu(be)->stream;
@@ -126,12 +132,8 @@ __global__ void k_random(T *w, size_t n, uint64_t seed, float std) {
 
 static int cu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
                             uint64_t seed, float std) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
-    w->data = cu_alloc(be, bytes);
-    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
-    w->dtype = dt;
-    w->rows = rows;
-    w->cols = cols;
+    size_t n = (size_t)rows * cols;
+    TRY(alloc_weight(be, w, rows, cols, dt));
     if (dt == DT_BF16) k_random<<<4096, 256, 0, cu(be)->stream>>>((__nv_bfloat16 *)w->data, n, seed, std);
     else k_random<<<4096, 256, 0, cu(be)->stream>>>((float *)w->data, n, seed, std);
     LAUNCH_CHECK();
