@@ -6,7 +6,9 @@
 // - Structs are initialized with their *_default() function, then edited.
 // - All functions are thread-safe. Stream callbacks run on the engine's own
 //   thread; they may call vllm_submit / vllm_request_cancel, and must return
-//   quickly (a callback that blocks stalls every request).
+//   quickly (a callback that blocks stalls every request). The exception:
+//   vllm_engine_free sends the last (abort) events of requests still running
+//   from the thread that calls it, after the engine thread has stopped.
 #ifndef VLLM_H
 #define VLLM_H
 
@@ -146,7 +148,7 @@ struct vllm_output {
     const int32_t *top_ids;    // [num_token_ids * num_top_logprobs]
     const float *top_logprobs; // [num_token_ids * num_top_logprobs]
     int num_prompt_tokens;
-    int num_output_tokens;     // so far, these included
+    int num_output_tokens;     // streamed so far, these included
     vllm_finish_reason finish_reason; // != NONE on the last event
     vllm_status status;        // != OK with VLLM_FINISH_ERROR
     const char *error;         // message with a status != OK

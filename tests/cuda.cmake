@@ -7,23 +7,19 @@ if(VLLM_CUDA)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
   foreach(fx nh_dense nh_moe nh_latent)
     foreach(mode ${VLLM_GATE_MODES})
-      string(FIND "${mode}" "|" bar)
-      string(SUBSTRING "${mode}" 0 ${bar} mname)
-      math(EXPR bar "${bar} + 1")
-      string(SUBSTRING "${mode}" ${bar} -1 args)
-      separate_arguments(parts UNIX_COMMAND "${args}")
+      vllm_gate_mode("${mode}" mname parts)
       add_test(NAME gpu_gate_fp32_${fx}_${mname}
                COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
                        --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype float32 ${parts})
     endforeach()
     # gate 3: bf16 against transformers' bf16 greedy while its own top-2 margin
-    # is above 1e-2 and above one bf16 ulp (2^-5 at |logit| in [4, 8), where these
-    # models' logits are: a one-ulp margin is a tie at the oracle's precision),
+    # is above 1e-2 and above two bf16 ulps (2 x 2^-5 at |logit| in [4, 8), where these
+    # models' logits are: at one or two ulps two correct bf16 runs pick either),
     # and decode == fresh-prefill on the device
     add_test(NAME gpu_gate_bf16_${fx}
              COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
                      --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype bfloat16
-                     --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.032 --modes-agree --batch)
+                     --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.07 --modes-agree --batch)
   endforeach()
   get_property(gpu_tests DIRECTORY PROPERTY TESTS)
   foreach(t ${gpu_tests})

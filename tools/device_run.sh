@@ -1,17 +1,33 @@
 #!/bin/bash
-# One device call: build with CUDA, run the GPU op tests and gates, then the
-# benchmarks named in $BENCH (space-separated config names). Logs go to $OUT.
+# One device call: build with CUDA, run the GPU op tests and gates, optionally
+# prove a mutation turns the GPU gates red, then benchmark. Logs go to $OUT.
+#   TESTS=regex (default gpu_)  MUTATE=patch-name  BENCH="h8b nano8"  BENCH_ARGS=...
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 [ -f .devdeps/unpack.sh ] && source .devdeps/unpack.sh >/dev/null
-cmake -S . -B build-cuda -DVLLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build build-cuda -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
+build() {
+    cmake -S . -B build-cuda -DVLLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; return 1; }
+    cmake --build build-cuda -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; return 1; }
+}
+build || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 (cd build-cuda && timeout ${TEST_TIMEOUT:-300} ctest -R "${TESTS:-gpu_}" -j 4 --output-on-failure >"$OUT/ctest.log" 2>&1)
-grep -E "tests passed|Failed|\*\*\*" "$OUT/ctest.log" | head -40
-grep -E "rel err|sample row" "$OUT/ctest.log" | head -60
+grep -E "tests passed|\*\*\*" "$OUT/ctest.log" | head -40
+grep -E "rel err|sample row|DIVERGE" "$OUT/ctest.log" | head -70
+if [ -n "${MUTATE:-}" ]; then
+    patch -p1 < tests/mutations/$MUTATE.patch >/dev/null && build &&
+        (cd build-cuda && timeout 300 ctest -R gpu_gate_fp32 -j 4 > "$OUT/mutation.log" 2>&1)
+    echo "mutation $MUTATE: $(grep -c 'Failed' "$OUT/mutation.log") GPU gates red of $(grep -c 'Test *#' "$OUT/mutation.log")"
+    grep -m3 DIVERGE "$OUT/mutation.log"
+    patch -R -p1 < tests/mutations/$MUTATE.patch >/dev/null && build
+fi
 for cfg in ${BENCH:-}; do
-    timeout 240 build-cuda/vllm bench --model bench/configs/$cfg --load-format dummy --device cuda \
-        ${BENCH_ARGS:---batch-sizes 1,8,32,64 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192} 2>&1 | tee -a "$OUT/bench.log"
+    for g in 1 0; do
+        [ $g = 0 ] && export VLLM_NO_GRAPHS=1 || unset VLLM_NO_GRAPHS
+        echo "== $cfg graphs=$g"
+        timeout 300 build-cuda/vllm bench --model bench/configs/$cfg --load-format dummy --device cuda \
+            ${BENCH_ARGS:---batch-sizes 1,8,32,64 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192} 2>&1 | tee -a "$OUT/bench.log" | tail -6
+        [ "${BENCH_NOGRAPHS:-0}" = 1 ] || break
+    done
 done

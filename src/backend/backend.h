@@ -62,6 +62,21 @@ struct backend_ops {
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*memset0)(struct backend *be, void *dst, size_t bytes);
     void (*sync)(struct backend *be);
+    // Asynchronous steps. Page-locked host memory (for copies that overlap
+    // compute), a copy to the host that does not wait, and fences: fence()
+    // marks the point reached so far in the op stream; fence_wait(f) blocks
+    // until the device has passed it. Synchronous backends run ops at once.
+    void *(*host_alloc)(struct backend *be, size_t bytes);
+    void (*host_free)(struct backend *be, void *p);
+    void (*download_async)(struct backend *be, void *dst, const void *src, size_t bytes);
+    int (*fence)(struct backend *be);
+    void (*fence_wait)(struct backend *be, int fence);
+    // Graphs (NULL where unsupported): ops issued between graph_begin and
+    // graph_end are recorded, not run; graph_launch replays them.
+    void (*graph_begin)(struct backend *be);
+    void *(*graph_end)(struct backend *be);
+    void (*graph_launch)(struct backend *be, void *graph);
+    void (*graph_free)(struct backend *be, void *graph);
     // Uploads an fp32 host matrix as a weight of the given dtype.
     int (*weight_upload)(struct backend *be, struct weight *w, const float *src, int64_t rows,
                          int64_t cols, enum dtype dt);
@@ -148,6 +163,7 @@ struct backend {
     const struct backend_ops *ops;
     int num_threads;
     enum dtype kv_dtype; // of the KV cache
+    int graph_epoch;     // bumped when device buffers recorded graphs use move: re-record them
     void *impl;
 };
 

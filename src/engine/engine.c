@@ -1,5 +1,6 @@
 // engine.c - load, the engine thread, and step() = schedule, run, postprocess.
 #include <math.h>
+#include <time.h>
 
 #include "core/common.h"
 #include "core/json.h"
@@ -118,7 +119,7 @@ static int engine_init(struct vllm_engine *e) {
     TRY(size_kv(e, sp, &num_blocks));
     int slots = (sp->caps & MODEL_CAP_RECURRENT_STATE) ? p->max_num_seqs : 0;
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
-                               p->block_size, num_blocks, slots, 20};
+                               p->block_size, num_blocks, slots, 20, !getenv("VLLM_NO_GRAPHS")};
     TRY(runner_create(e->be, e->model, &rc, &e->runner));
     struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots};
     sched_init(&e->sched, &sc);
@@ -168,6 +169,7 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
+    e->inflight_step = -1;
     rc = engine_init(e);
     if (rc) {
         engine_destroy(e);
@@ -228,7 +230,7 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
         o.top_logprobs = &so->top_logprobs[(size_t)k * so->max_top];
     }
     o.num_prompt_tokens = r->num_prompt;
-    o.num_output_tokens = req_num_output(r);
+    o.num_output_tokens = r->delivered;
     o.finish_reason = reason;
     o.status = status;
     o.error = error;
@@ -236,10 +238,20 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     r->cb(r->user, &o);
 }
 
-// Takes r out of the scheduler and runner and sends its last event.
-static void finish(struct vllm_engine *e, struct request *r, vllm_finish_reason reason, int status, const char *error) {
-    sched_remove(&e->sched, r);
+// Gives a stopped request's blocks, slot and row back once no launched step
+// uses them, and drops the engine's reference.
+static void release(struct vllm_engine *e, struct request *r) {
+    sched_free_resources(&e->sched, r);
     if (r->row >= 0) runner_remove(e->runner, r);
+    pthread_mutex_lock(&e->mu);
+    request_release(e, r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+// Takes r out of scheduling and sends its last event; its resources go back
+// when the steps in flight that use them are done.
+static void finish(struct vllm_engine *e, struct request *r, vllm_finish_reason reason, int status, const char *error) {
+    sched_unschedule(&e->sched, r);
     char *text = NULL;
     size_t len = 0;
     if (r->ts && reason != VLLM_FINISH_ABORT && reason != VLLM_FINISH_ERROR) text_stream_flush(r->ts, &text, &len);
@@ -248,8 +260,9 @@ static void finish(struct vllm_engine *e, struct request *r, vllm_finish_reason 
     pthread_mutex_lock(&e->mu);
     r->finished = 1;
     e->stats.requests_finished++;
-    request_release(e, r);
     pthread_mutex_unlock(&e->mu);
+    r->stopped = 1;
+    if (r->inflight == 0) release(e, r);
 }
 
 static int is_eos(const struct vllm_engine *e, int32_t id) {
@@ -258,8 +271,8 @@ static int is_eos(const struct vllm_engine *e, int32_t id) {
     return 0;
 }
 
-static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, int32_t id) {
-    if (req_num_output(r) >= r->sp.min_tokens) {
+static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, int32_t id, int num_output) {
+    if (num_output >= r->sp.min_tokens) {
         for (int i = 0; i < r->sp.num_stop_token_ids; i++)
             if (r->stop_ids[i] == id) return VLLM_FINISH_STOP;
         if (!r->sp.ignore_eos && is_eos(e, id)) return VLLM_FINISH_EOS;
@@ -267,19 +280,21 @@ static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, 
     return VLLM_FINISH_NONE;
 }
 
-// One sampled token: append it, stream it, and finish the request if it stops.
-static void on_token(struct vllm_engine *e, struct request *r, int32_t id, const struct step_out *so, int k) {
-    if (r->num_tokens == r->cap_tokens) xgrow((void **)&r->tokens, &r->cap_tokens, r->num_tokens + 1, sizeof(int32_t));
-    r->tokens[r->num_tokens++] = id;
+// The sampled token at r->tokens[pos] arrived: stream it, and finish the
+// request if it stops. Later tokens of r may already be in flight.
+static void on_token(struct vllm_engine *e, struct request *r, int pos, const struct step_out *so, int k) {
+    int32_t id = r->tokens[pos];
+    int num_output = pos + 1 - r->num_prompt;
     double now = now_s();
     if (r->t_first == 0) r->t_first = now;
     r->t_last = now;
-    vllm_finish_reason reason = stop_reason(e, r, id);
+    vllm_finish_reason reason = stop_reason(e, r, id, num_output);
     char *text = NULL;
     size_t len = 0;
     if (r->ts && reason == VLLM_FINISH_NONE && text_stream_push(r->ts, id, &text, &len)) reason = VLLM_FINISH_STOP;
-    if (reason == VLLM_FINISH_NONE && (req_num_output(r) >= r->max_tokens || r->num_tokens >= e->max_model_len))
+    if (reason == VLLM_FINISH_NONE && (num_output >= r->max_tokens || pos + 1 >= e->max_model_len))
         reason = VLLM_FINISH_LENGTH;
+    r->delivered = num_output;
     emit(r, &id, 1, text, len, VLLM_FINISH_NONE, VLLM_OK, NULL, so, k);
     free(text);
     if (reason != VLLM_FINISH_NONE) finish(e, r, reason, VLLM_OK, NULL);
@@ -309,7 +324,7 @@ static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
     pthread_mutex_lock(&e->mu);
     struct vllm_stats *st = &e->stats;
     st->num_steps++;
-    for (int i = 0; i < so->num_entries; i++)
+    for (int i = 0; so && i < so->num_entries; i++)
         if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
     st->num_running = e->sched.num_running;
     st->num_waiting = e->sched.num_waiting;
@@ -319,32 +334,83 @@ static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
     pthread_mutex_unlock(&e->mu);
 }
 
+// What a launch changes at once: tokens computed, and for each request that
+// samples, a placeholder for its token (its value arrives with the step).
+static void account_launch(struct vllm_engine *e, const struct sched_output *so) {
+    for (int i = 0; i < so->num_entries; i++) {
+        struct request *r = so->entries[i].req;
+        r->num_computed += so->entries[i].num_tokens;
+        r->inflight++;
+        if (r->num_computed != r->num_tokens) continue;
+        if (r->num_tokens == r->cap_tokens) xgrow((void **)&r->tokens, &r->cap_tokens, r->num_tokens + 1, sizeof(int32_t));
+        r->tokens[r->num_tokens++] = -1;
+        if (req_num_output(r) >= r->max_tokens || r->num_tokens >= e->max_model_len) r->length_done = 1;
+    }
+}
+
+// A step's sampled ids are on the host: stream them, check stops, release
+// the requests no launched step uses any more.
+static void postprocess(struct vllm_engine *e, const struct step_out *out) {
+    pthread_mutex_lock(&e->mu);
+    e->stats.generation_tokens_total += out->num;
+    pthread_mutex_unlock(&e->mu);
+    for (int k = 0; k < out->num; k++) {
+        struct request *r = out->reqs[k];
+        r->tokens[out->pos[k]] = out->ids[k];
+        if (!r->stopped) on_token(e, r, out->pos[k], out, k); // a stopped request's later tokens are dropped
+    }
+    for (int i = 0; i < out->num_scheduled; i++) {
+        struct request *r = out->scheduled[i];
+        if (--r->inflight == 0 && r->stopped) release(e, r);
+    }
+}
+
+// A step that failed on the device fails the requests it ran.
+static void fail_step(struct vllm_engine *e, const struct sched_output *so, int rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", vllm_last_error());
+    int nf = so->num_entries;
+    struct request *failed[nf > 0 ? nf : 1];
+    for (int i = 0; i < nf; i++) failed[i] = so->entries[i].req;
+    for (int i = 0; i < nf; i++) finish(e, failed[i], VLLM_FINISH_ERROR, rc, msg);
+}
+
+// step() = schedule, run, postprocess. The step just launched runs on the
+// device while the host postprocesses the one before it.
 static void step(struct vllm_engine *e) {
     handle_cancels(e);
     const struct sched_output *so = sched_schedule(&e->sched);
     for (int i = 0; i < so->num_preempted; i++) runner_remove(e->runner, so->preempted[i]);
-    if (so->num_entries == 0) {
-        update_stats(e, so);
-        return;
+    int launched = -1;
+    if (so->num_entries) {
+        int rc = runner_launch(e->runner, so, &launched);
+        if (rc) fail_step(e, so, rc), launched = -1;
+        else account_launch(e, so);
     }
-    struct step_out out;
-    int rc = runner_execute(e->runner, so, &out);
-    if (rc) { // a device failure: fail what ran, keep serving the rest
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", vllm_last_error());
-        struct request *failed[so->num_entries];
-        int nf = so->num_entries;
-        for (int i = 0; i < nf; i++) failed[i] = so->entries[i].req;
-        for (int i = 0; i < nf; i++) finish(e, failed[i], VLLM_FINISH_ERROR, rc, msg);
-        update_stats(e, so);
-        return;
+    if (e->inflight_step >= 0) {
+        struct step_out out;
+        runner_wait(e->runner, e->inflight_step, &out);
+        postprocess(e, &out);
+    } else if (launched < 0) { // nothing could run and nothing is in flight: do not spin
+        pthread_mutex_lock(&e->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 1000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        pthread_mutex_unlock(&e->mu);
     }
-    for (int i = 0; i < so->num_entries; i++) so->entries[i].req->num_computed += so->entries[i].num_tokens;
-    pthread_mutex_lock(&e->mu);
-    e->stats.generation_tokens_total += out.num;
-    pthread_mutex_unlock(&e->mu);
-    for (int k = 0; k < out.num; k++) on_token(e, out.reqs[k], out.ids[k], &out, k);
+    e->inflight_step = launched;
     update_stats(e, so);
+}
+
+// Waits for the step in flight, if any (shutdown).
+static void drain(struct vllm_engine *e) {
+    if (e->inflight_step < 0) return;
+    struct step_out out;
+    runner_wait(e->runner, e->inflight_step, &out);
+    e->inflight_step = -1;
+    postprocess(e, &out);
 }
 
 // --------------------------------------------------------------- thread --
@@ -361,7 +427,7 @@ static void *engine_main(void *arg) {
             sched_add(&e->sched, r);
         }
         e->stats.num_waiting = e->sched.num_waiting;
-        if (!sched_has_work(&e->sched)) {
+        if (!sched_has_work(&e->sched) && e->inflight_step < 0) {
             pthread_cond_wait(&e->cv, &e->mu);
             continue;
         }
@@ -370,6 +436,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&e->mu);
     }
     pthread_mutex_unlock(&e->mu);
+    drain(e);
     return NULL;
 }
 

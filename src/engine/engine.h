@@ -34,6 +34,7 @@ struct vllm_engine {
     int num_inbox;
     int num_cancel;                 // requests with cancel set, not yet handled
     int stop;
+    int inflight_step; // runner handle of the step on the device, -1 when none
     uint64_t next_id;
     struct vllm_stats stats;
 };

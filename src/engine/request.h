@@ -16,7 +16,9 @@ struct request {
     struct vllm_engine *engine;
     // prompt then output ids: the host's copy, learned from the device after
     // each step for output and stop checks. The model never reads it: input
-    // ids come from the runner's token table on the device.
+    // ids come from the runner's token table on the device. With a step in
+    // flight, num_tokens already counts its sampled token (-1 here until the
+    // step's output arrives).
     int32_t *tokens;
     int num_prompt, num_tokens, cap_tokens;
     int num_computed; // tokens whose KV / state is in the caches
@@ -31,6 +33,7 @@ struct request {
     char **stop_strs;
     uint64_t seed;
     int max_tokens; // clamped to what max_model_len leaves
+    int delivered;  // output tokens streamed to the caller (tokens in flight are not)
 
     vllm_stream_fn cb;
     void *user;
@@ -39,6 +42,9 @@ struct request {
     int refs;          // caller + engine, under the engine mutex
     int cancel;        // asked to abort
     int finished;      // the last event went out
+    int stopped;       // finished, but launched steps may still use its resources
+    int inflight;      // launched steps not yet postprocessed that schedule it
+    int length_done;   // the tokens in flight already reach max_tokens / max_model_len
     double t_submit, t_first, t_last;
     struct request *next; // waiting-queue link
 };

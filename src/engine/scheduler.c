@@ -69,7 +69,7 @@ static int ensure_blocks(struct scheduler *s, struct request *r, int n) {
     return 1;
 }
 
-static void free_resources(struct scheduler *s, struct request *r) {
+void sched_free_resources(struct scheduler *s, struct request *r) {
     for (int i = 0; i < r->num_blocks; i++) id_pool_put(&s->blocks, r->blocks[i]);
     r->num_blocks = 0;
     id_pool_put(&s->slots, r->slot);
@@ -87,7 +87,7 @@ static void remove_running(struct scheduler *s, struct request *r) {
 
 static void preempt_last(struct scheduler *s) {
     struct request *v = s->running[--s->num_running];
-    free_resources(s, v);
+    sched_free_resources(s, v);
     v->num_computed = 0; // recompute: prompt + output so far, as a prefill
     push_front(s, v);
     s->out.preempted[s->out.num_preempted++] = v;
@@ -109,7 +109,7 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
     for (int i = 0; i < s->num_running && budget > 0;) {
         struct request *r = s->running[i];
         int n = MIN(r->num_tokens - r->num_computed, budget);
-        if (n <= 0) {
+        if (n <= 0 || r->length_done) { // all it needs is in flight
             i++;
             continue;
         }
@@ -140,9 +140,8 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
     return &s->out;
 }
 
-void sched_remove(struct scheduler *s, struct request *r) {
+void sched_unschedule(struct scheduler *s, struct request *r) {
     if (r->state == REQ_RUNNING) remove_running(s, r);
     else if (r->state == REQ_WAITING) unlink_waiting(s, r);
-    free_resources(s, r);
     r->state = REQ_FINISHED;
 }

@@ -41,8 +41,10 @@ void sched_release(struct scheduler *s);
 void sched_add(struct scheduler *s, struct request *r); // to the back of the waiting queue
 // Builds the next step. Preempted requests go back to the front of the queue.
 const struct sched_output *sched_schedule(struct scheduler *s);
-// Removes a finished or aborted request from wherever it is; frees its blocks and slot.
-void sched_remove(struct scheduler *s, struct request *r);
+// Takes a finished or aborted request out of the running set or the queue.
+void sched_unschedule(struct scheduler *s, struct request *r);
+// Returns its KV blocks and state slot to the pools (once no launched step uses them).
+void sched_free_resources(struct scheduler *s, struct request *r);
 int sched_has_work(const struct scheduler *s);
 // KV blocks a sequence of n tokens needs.
 int sched_blocks_for(const struct scheduler *s, int n);

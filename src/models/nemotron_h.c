@@ -69,7 +69,35 @@ struct nh_model {
     struct attn_dims ad;
     struct moe_route_cfg rc;
     int proj_dim, max_tokens, max_rows;
+    // VLLM_DIAG=time: device time per part of the forward (synchronizes)
+    int tdiag, tsteps;
+    double tlast, tsum[16];
 };
+
+enum { T_EMBED, T_NORM, T_M_IN, T_M_CONV_SSD, T_M_OUT, T_ATTN_QKV, T_ATTN, T_ATTN_O, T_MLP, T_ROUTER, T_EXPERTS,
+       T_SHARED, T_HEAD, T_N };
+static const char *const t_names[T_N] = {"embed", "norms", "mamba in_proj", "mamba conv+ssd+gnorm", "mamba out_proj",
+                                         "attn qkv", "attn core", "attn o_proj", "mlp", "moe router+latent",
+                                         "moe experts", "moe shared", "norm_f+lm_head"};
+
+// Charges the device time since the last tick to part k (diagnostics only).
+static void tick(struct nh_model *m, int k) {
+    if (!m->tdiag) return;
+    m->be->ops->sync(m->be);
+    double t = now_s();
+    if (k >= 0) m->tsum[k] += t - m->tlast;
+    m->tlast = t;
+}
+
+static void tick_report(struct nh_model *m, int T) {
+    if (!m->tdiag || ++m->tsteps % 20) return;
+    double tot = 0;
+    for (int k = 0; k < T_N; k++) tot += m->tsum[k];
+    diag_printf("time over 20 steps (last had %d tokens): %.3f ms per step\n", T, 1e3 * tot / 20);
+    for (int k = 0; k < T_N; k++)
+        if (m->tsum[k] > 0) diag_printf("  %-22s %8.3f ms %5.1f%%\n", t_names[k], 1e3 * m->tsum[k] / 20, 100 * m->tsum[k] / tot);
+    memset(m->tsum, 0, sizeof m->tsum);
+}
 
 static int mamba_inner(const struct nh_config *c) { return c->m_heads * c->m_head_dim; }
 
@@ -288,6 +316,7 @@ static int nh_load(const char *dir, const json_t *config, const struct model_loa
     m->ad = (struct attn_dims){c->heads, c->kv_heads, c->head_dim, 0, c->head_dim ? 1.0f / sqrtf((float)c->head_dim) : 0};
     m->rc = (struct moe_route_cfg){c->experts, c->top_k, c->n_group, c->topk_group, c->norm_topk, c->routed_scale};
     m->max_tokens = o->max_tokens;
+    m->tdiag = diag_on("time");
     m->max_rows = o->max_logit_rows;
     m->layers = xcalloc(c->num_layers, sizeof *m->layers);
     fill_spec(m);
@@ -375,6 +404,7 @@ static void mamba_fwd(struct nh_model *m, int li, const struct nh_mamba *w, cons
     int diag = diag_on("1");
     if (diag) diag_state(m, li, b, ssm, "in");
     op->matmul(be, ws->proj, ws->x, &w->in_proj, T); // [T, z | xBC | dt]
+    tick(m, T_M_IN);
     if (nd) {
         op->conv1d_update(be, ws->proj, ld, w->conv_w, w->conv_b, conv, b, &m->md);
         op->ssd_decode(be, ws->y, ws->proj, ld, w->dt_bias, w->A, w->D, ssm, b, &m->md);
@@ -385,7 +415,9 @@ static void mamba_fwd(struct nh_model *m, int li, const struct nh_mamba *w, cons
     }
     if (diag) diag_state(m, li, b, ssm, "out");
     op->gated_rmsnorm(be, ws->yn, ws->y, ws->proj, ld, w->norm_w, T, I, I / m->md.groups, m->c.eps);
+    tick(m, T_M_CONV_SSD);
     op->matmul(be, ws->mix, ws->yn, &w->out_proj, T);
+    tick(m, T_M_OUT);
 }
 
 static void attn_fwd(struct nh_model *m, int li, const struct nh_attn *w, const struct batch *b, struct caches *c) {
@@ -396,10 +428,13 @@ static void attn_fwd(struct nh_model *m, int li, const struct nh_attn *w, const 
     struct attn_dims d = m->ad;
     d.block_size = c->block_size;
     op->matmul(be, ws->proj, ws->x, &w->qkv, T);
+    tick(m, T_ATTN_QKV);
     op->kv_write(be, c->k[li], c->v[li], ws->proj, ld, b, &d);
     if (nd) op->attn_decode(be, ws->y, ws->proj, ld, c->k[li], c->v[li], b, &d);
     if (b->num_prefills) op->attn_prefill(be, ws->y, ws->proj, ld, c->k[li], c->v[li], b, nd, b->num_seqs, &d);
+    tick(m, T_ATTN);
     op->matmul(be, ws->mix, ws->y, &w->o, T);
+    tick(m, T_ATTN_O);
 }
 
 // out = down(relu(up(x))^2), through proj as the hidden buffer
@@ -424,10 +459,13 @@ static void moe_fwd(struct nh_model *m, const struct nh_moe *w, const struct bat
         xin = ws->xl;
     }
     float *eo = m->c.latent ? ws->eo : ws->mix;
+    tick(m, T_ROUTER);
     op->moe_experts(be, eo, xin, &w->experts, ws->rids, ws->rw, T, k);
     if (m->c.latent) op->matmul(be, ws->mix, ws->eo, &w->fc2, T);
+    tick(m, T_EXPERTS);
     mlp(m, ws->y, ws->x, &w->shared_up, &w->shared_down, T); // shared expert on the un-projected input
     op->add(be, ws->mix, ws->y, (int64_t)T * m->c.hidden);
+    tick(m, T_SHARED);
 }
 
 static void nh_forward(struct model *base, const struct batch *b, struct caches *c, float *logits, int all_rows) {
@@ -437,15 +475,21 @@ static void nh_forward(struct model *base, const struct batch *b, struct caches 
     struct nh_ws *ws = &m->ws;
     int T = b->num_tokens, D = m->c.hidden;
     float eps = m->c.eps;
+    tick(m, -1);
     op->embed(be, ws->res, &m->embed, b->input_ids, T);
+    tick(m, T_EMBED);
     for (int i = 0; i < m->c.num_layers; i++) {
         struct nh_layer *ly = &m->layers[i];
         if (i == 0) op->rmsnorm(be, ws->x, ws->res, ly->norm_w, T, D, eps);
         else op->add_rmsnorm(be, ws->res, ws->mix, ws->x, ly->norm_w, T, D, eps); // h += previous mixer
+        tick(m, T_NORM);
         switch (ly->kind) {
         case NH_MAMBA: mamba_fwd(m, i, &ly->m, b, c); break;
         case NH_ATTN: attn_fwd(m, i, &ly->a, b, c); break;
-        case NH_MLP: mlp(m, ws->mix, ws->x, &ly->f.up, &ly->f.down, T); break;
+        case NH_MLP:
+            mlp(m, ws->mix, ws->x, &ly->f.up, &ly->f.down, T);
+            tick(m, T_MLP);
+            break;
         case NH_MOE: moe_fwd(m, &ly->e, b); break;
         }
     }
@@ -459,6 +503,8 @@ static void nh_forward(struct model *base, const struct batch *b, struct caches 
     }
     op->rmsnorm(be, h, h, m->norm_f, rows, D, eps);
     op->matmul(be, logits, h, &m->lm_head, rows);
+    tick(m, T_HEAD);
+    tick_report(m, T);
 }
 
 const struct model_ops nemotron_h_ops = {

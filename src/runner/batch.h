@@ -28,6 +28,9 @@ struct batch {
     int num_tokens, num_seqs, num_decodes, num_prefills, num_sample;
     int max_blocks_per_seq; // row stride of block_tables
     int max_query_len, max_seq_len;
+    // Set when the step is recorded into a graph: launch shapes must not
+    // depend on this step's contents (attention splits for max_model_len).
+    int fixed_shapes, max_model_len;
 
     // Device arrays (pointers into the step's metadata buffer).
     int32_t *query_start_loc;   // [S+1] token offsets of the sequences

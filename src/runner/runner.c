@@ -12,26 +12,42 @@ struct meta_layout { // offsets (int32 units) into the metadata buffer
     size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, has_init, src, srows, sparams, total;
 };
 
+// Host side of one launched step (RUNNER_INFLIGHT of them, used in turn):
+// page-locked so its copies overlap the device's work.
+struct step_slot {
+    int32_t *staging;          // metadata image uploaded by the launch
+    int32_t *ids, *top_ids;    // sampled ids and top log-prob ids, copied back
+    float *lp, *top_lp;
+    struct request **reqs;     // sampled requests, in sample-row order
+    int32_t *pos;              // where each sampled id goes in its request's tokens
+    struct request **sched;    // every request of the step
+    int num, num_sched, any_logprobs, fence;
+};
+
+#define MAX_GRAPH_BATCH 256
+
 struct runner {
     struct backend *be;
     struct model *model;
     struct runner_config cfg;
-    int vocab, max_blocks;
+    int vocab, max_blocks, pad_row, pad_slot;
     struct caches caches;
     struct id_pool rows;
-    int32_t *table;     // device [max_num_seqs * max_model_len]
+    int32_t *table;     // device [(max_num_seqs + 1) * max_model_len]; the last row pads graphs
     int32_t *input_ids; // device [max_num_batched_tokens]
     int32_t *meta;      // device metadata, uploaded in one copy per step
-    int32_t *staging;   // host image of meta
     struct meta_layout lay;
     float *logits;      // device [logit rows, vocab]
     float *logits_all;  // device [max tokens, vocab] with the hook
     struct sample_out dev_out;
-    // host side of step_out
-    struct request **out_reqs;
-    int32_t *out_ids, *out_top_ids;
-    float *out_lp, *out_top_lp;
+    struct step_slot slots[RUNNER_INFLIGHT];
+    int next_slot;
     int32_t *order;
+    // graphs of pure-decode steps, by padded batch size: seen once (run eagerly,
+    // which sizes every buffer), then recorded and replayed
+    void *graphs[MAX_GRAPH_BATCH + 1];
+    unsigned char seen[MAX_GRAPH_BATCH + 1];
+    int graph_epoch, num_graphs;
     runner_logits_hook hook;
     void *hook_user;
     float *hook_logits;
@@ -64,6 +80,12 @@ static void *dev_alloc(struct runner *r, size_t bytes, int *rc, const char *what
     return p;
 }
 
+static void *host_alloc(struct runner *r, size_t bytes, int *rc) {
+    void *p = r->be->ops->host_alloc(r->be, bytes);
+    if (!p && !*rc) *rc = vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of page-locked host memory", bytes);
+    return p;
+}
+
 static int alloc_caches(struct runner *r) {
     const struct model_spec *sp = &r->model->spec;
     struct caches *c = &r->caches;
@@ -71,7 +93,7 @@ static int alloc_caches(struct runner *r) {
     c->num_layers = L;
     c->block_size = r->cfg.block_size;
     c->num_blocks = r->cfg.num_blocks;
-    c->num_slots = r->cfg.num_slots;
+    c->num_slots = r->cfg.num_slots + 1; // + the slot that pads graph batches
     c->k = xcalloc(L, sizeof(void *));
     c->v = xcalloc(L, sizeof(void *));
     c->conv = xcalloc(L, sizeof(float *));
@@ -101,26 +123,34 @@ int runner_create(struct backend *be, struct model *m, const struct runner_confi
     r->cfg = *cfg;
     r->vocab = m->spec.vocab_size;
     r->max_blocks = CDIV(cfg->max_model_len, cfg->block_size);
-    int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1);
+    r->pad_row = cfg->max_num_seqs;
+    r->pad_slot = cfg->num_slots;
+    int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1), SP = S;
     layout(&r->lay, S, T, r->max_blocks);
     id_pool_init(&r->rows, S);
     int rc = alloc_caches(r);
-    r->table = dev_alloc(r, sizeof(int32_t) * (size_t)S * cfg->max_model_len, &rc, "the token table");
+    r->table = dev_alloc(r, sizeof(int32_t) * (size_t)(S + 1) * cfg->max_model_len, &rc, "the token table");
     r->input_ids = dev_alloc(r, sizeof(int32_t) * T, &rc, "input ids");
     r->meta = dev_alloc(r, sizeof(int32_t) * r->lay.total, &rc, "batch metadata");
-    r->logits = dev_alloc(r, sizeof(float) * (size_t)S * r->vocab, &rc, "logits");
-    r->dev_out.ids = dev_alloc(r, sizeof(int32_t) * S, &rc, "sampled ids");
-    r->dev_out.logprobs = dev_alloc(r, sizeof(float) * S, &rc, "logprobs");
-    r->dev_out.top_ids = dev_alloc(r, sizeof(int32_t) * S * mt, &rc, "top logprobs");
-    r->dev_out.top_logprobs = dev_alloc(r, sizeof(float) * S * mt, &rc, "top logprobs");
+    r->logits = dev_alloc(r, sizeof(float) * (size_t)SP * r->vocab, &rc, "logits");
+    r->dev_out.ids = dev_alloc(r, sizeof(int32_t) * SP, &rc, "sampled ids");
+    r->dev_out.logprobs = dev_alloc(r, sizeof(float) * SP, &rc, "logprobs");
+    r->dev_out.top_ids = dev_alloc(r, sizeof(int32_t) * SP * mt, &rc, "top logprobs");
+    r->dev_out.top_logprobs = dev_alloc(r, sizeof(float) * SP * mt, &rc, "top logprobs");
     r->dev_out.max_top = mt;
-    r->staging = xcalloc(r->lay.total, sizeof(int32_t));
-    r->out_reqs = xcalloc(S, sizeof(struct request *));
-    r->out_ids = xcalloc(S, sizeof(int32_t));
-    r->out_lp = xcalloc(S, sizeof(float));
-    r->out_top_ids = xcalloc((size_t)S * mt, sizeof(int32_t));
-    r->out_top_lp = xcalloc((size_t)S * mt, sizeof(float));
+    for (int k = 0; k < RUNNER_INFLIGHT; k++) {
+        struct step_slot *sl = &r->slots[k];
+        sl->staging = host_alloc(r, sizeof(int32_t) * r->lay.total, &rc);
+        sl->ids = host_alloc(r, sizeof(int32_t) * SP, &rc);
+        sl->lp = host_alloc(r, sizeof(float) * SP, &rc);
+        sl->top_ids = host_alloc(r, sizeof(int32_t) * SP * mt, &rc);
+        sl->top_lp = host_alloc(r, sizeof(float) * SP * mt, &rc);
+        sl->reqs = xcalloc(SP, sizeof(struct request *));
+        sl->pos = xcalloc(SP, sizeof(int32_t));
+        sl->sched = xcalloc(S, sizeof(struct request *));
+    }
     r->order = xcalloc(S, sizeof(int32_t));
+    r->graph_epoch = be->graph_epoch;
     if (rc) {
         runner_free(r);
         return rc;
@@ -129,9 +159,20 @@ int runner_create(struct backend *be, struct model *m, const struct runner_confi
     return VLLM_OK;
 }
 
+static void free_graphs(struct runner *r) {
+    for (int i = 0; i <= MAX_GRAPH_BATCH; i++) {
+        if (r->graphs[i]) r->be->ops->graph_free(r->be, r->graphs[i]);
+        r->graphs[i] = NULL;
+        r->seen[i] = 0;
+    }
+    r->graph_epoch = r->be->graph_epoch;
+}
+
 void runner_free(struct runner *r) {
     if (!r) return;
     struct backend *be = r->be;
+    be->ops->sync(be);
+    free_graphs(r);
     struct caches *c = &r->caches;
     for (int i = 0; i < c->num_layers; i++) {
         be->ops->free(be, c->k[i]);
@@ -146,13 +187,16 @@ void runner_free(struct runner *r) {
     void *dev[] = {r->table, r->input_ids, r->meta, r->logits, r->logits_all, r->dev_out.ids, r->dev_out.logprobs,
                    r->dev_out.top_ids, r->dev_out.top_logprobs};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
+    for (int k = 0; k < RUNNER_INFLIGHT; k++) {
+        struct step_slot *sl = &r->slots[k];
+        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp};
+        for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+            if (h[i]) be->ops->host_free(be, h[i]);
+        free(sl->reqs);
+        free(sl->pos);
+        free(sl->sched);
+    }
     id_pool_release(&r->rows);
-    free(r->staging);
-    free(r->out_reqs);
-    free(r->out_ids);
-    free(r->out_lp);
-    free(r->out_top_ids);
-    free(r->out_top_lp);
     free(r->order);
     free(r->hook_logits);
     free(r->hook_req);
@@ -165,7 +209,7 @@ int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes) {
     return r->kv_bytes;
 }
 
-struct caches *runner_caches(struct runner *r) { return &r->caches; }
+int runner_graphs_captured(const struct runner *r) { return r->num_graphs; }
 
 void runner_remove(struct runner *r, struct request *req) {
     id_pool_put(&r->rows, req->row);
@@ -212,10 +256,36 @@ static void fill_sample_params(struct runner *r, const struct request *q, struct
     p->step = (uint32_t)req_num_output(q);
 }
 
-// Fills the host image of the metadata and points b at the device copy.
-static void build_batch(struct runner *r, const struct sched_output *so, struct batch *b) {
+// Metadata of a padding row of a recorded decode batch: one token that
+// writes no KV, reads and writes the pad state slot, and samples into the
+// pad row of the token table.
+static void pad_row(struct runner *r, int32_t *st, const struct meta_layout *l, int s, int mb,
+                    struct sample_params *sp) {
+    int base = r->pad_row * r->cfg.max_model_len;
+    st[l->qsl + s] = s;
+    st[l->ctx + s] = 0;
+    st[l->seq_lens + s] = 1;
+    st[l->state + s] = r->pad_slot;
+    st[l->has_init + s] = 1;
+    for (int j = 0; j < mb; j++) st[l->btab + s * mb + j] = 0;
+    st[l->pos + s] = 0;
+    st[l->slot_map + s] = -1;
+    st[l->src + s] = base;
+    st[l->srows + s] = s;
+    memset(sp, 0, sizeof *sp);
+    sp->top_p = 1;
+    sp->repetition_penalty = 1;
+    sp->row_base = base;
+    sp->num_prompt = sp->num_tokens = 1;
+    sp->num_logprobs = -1;
+}
+
+// Fills the host image of the metadata in sl->staging and points b at the
+// device copy. pad > 0: a pure-decode batch padded to `pad` rows for a graph.
+static void build_batch(struct runner *r, const struct sched_output *so, struct step_slot *sl, int pad,
+                        struct batch *b) {
     const struct meta_layout *l = &r->lay;
-    int32_t *st = r->staging, n = so->num_entries, nd = 0, k = 0;
+    int32_t *st = sl->staging, n = so->num_entries, nd = 0, k = 0;
     for (int i = 0; i < n; i++) // decode rows first, then prefills, each in scheduling order
         if (so->entries[i].is_decode) r->order[k++] = i;
     nd = k;
@@ -223,67 +293,72 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
         if (!so->entries[i].is_decode) r->order[k++] = i;
     int mb = 1;
     for (int i = 0; i < n; i++) mb = MAX(mb, so->entries[i].req->num_blocks);
-    struct meta_layout ll = *l; // block tables use this step's widest row as stride
+    if (pad) mb = r->max_blocks; // a recorded graph keeps one stride
     memset(b, 0, sizeof *b);
-    b->num_seqs = n;
-    b->num_decodes = nd;
+    b->num_seqs = pad ? pad : n;
+    b->num_decodes = pad ? pad : nd;
     b->num_prefills = n - nd;
     b->max_blocks_per_seq = mb;
+    b->fixed_shapes = pad > 0;
+    b->max_model_len = r->cfg.max_model_len;
     int t = 0, ns = 0, bs = r->cfg.block_size, has_kv = r->cfg.num_blocks > 0;
-    struct sample_params *sp = (struct sample_params *)(st + ll.sparams);
+    struct sample_params *sp = (struct sample_params *)(st + l->sparams);
     for (int s = 0; s < n; s++) {
         const struct sched_entry *e = &so->entries[r->order[s]];
         const struct request *q = e->req;
         int ctx = q->num_computed;
-        st[ll.qsl + s] = t;
-        st[ll.ctx + s] = ctx;
-        st[ll.seq_lens + s] = ctx + e->num_tokens;
-        st[ll.state + s] = q->slot < 0 ? 0 : q->slot;
-        st[ll.has_init + s] = ctx > 0;
-        for (int j = 0; j < mb; j++) st[ll.btab + s * mb + j] = j < q->num_blocks ? q->blocks[j] : 0;
+        st[l->qsl + s] = t;
+        st[l->ctx + s] = ctx;
+        st[l->seq_lens + s] = ctx + e->num_tokens;
+        st[l->state + s] = q->slot < 0 ? 0 : q->slot;
+        st[l->has_init + s] = ctx > 0;
+        for (int j = 0; j < mb; j++) st[l->btab + s * mb + j] = j < q->num_blocks ? q->blocks[j] : 0;
         for (int i = 0; i < e->num_tokens; i++, t++) {
             int pos = ctx + i;
-            st[ll.pos + t] = pos;
-            st[ll.slot_map + t] = has_kv ? q->blocks[pos / bs] * bs + pos % bs : -1;
-            st[ll.src + t] = q->row * r->cfg.max_model_len + pos;
+            st[l->pos + t] = pos;
+            st[l->slot_map + t] = has_kv ? q->blocks[pos / bs] * bs + pos % bs : -1;
+            st[l->src + t] = q->row * r->cfg.max_model_len + pos;
             if (r->hook) r->hook_req[t] = (struct request *)q, r->hook_pos[t] = pos;
         }
         b->max_query_len = MAX(b->max_query_len, e->num_tokens);
         b->max_seq_len = MAX(b->max_seq_len, ctx + e->num_tokens);
         if (ctx + e->num_tokens == q->num_tokens) { // the whole sequence is in: sample its next token
-            st[ll.srows + ns] = t - 1;
+            st[l->srows + ns] = t - 1;
             fill_sample_params(r, q, &sp[ns]);
-            r->out_reqs[ns++] = (struct request *)q;
+            sl->reqs[ns] = (struct request *)q;
+            sl->pos[ns++] = q->num_tokens;
         }
     }
-    st[ll.qsl + n] = t;
+    sl->num = ns;
+    for (int s = n; s < pad; s++, t++, ns++) pad_row(r, st, l, s, mb, &sp[s]);
+    st[l->qsl + b->num_seqs] = t;
     b->num_tokens = t;
     b->num_sample = ns;
     int32_t *d = r->meta;
-    b->query_start_loc = d + ll.qsl;
-    b->seq_lens = d + ll.seq_lens;
-    b->context_lens = d + ll.ctx;
-    b->positions = d + ll.pos;
-    b->slot_mapping = d + ll.slot_map;
-    b->block_tables = d + ll.btab;
-    b->state_slots = d + ll.state;
-    b->has_initial_state = d + ll.has_init;
-    b->token_src = d + ll.src;
-    b->sample_rows = d + ll.srows;
-    b->sample_params = (struct sample_params *)(d + ll.sparams);
+    b->query_start_loc = d + l->qsl;
+    b->seq_lens = d + l->seq_lens;
+    b->context_lens = d + l->ctx;
+    b->positions = d + l->pos;
+    b->slot_mapping = d + l->slot_map;
+    b->block_tables = d + l->btab;
+    b->state_slots = d + l->state;
+    b->has_initial_state = d + l->has_init;
+    b->token_src = d + l->src;
+    b->sample_rows = d + l->srows;
+    b->sample_params = (struct sample_params *)(d + l->sparams);
     b->input_ids = r->input_ids;
-    b->h_query_start_loc = st + ll.qsl;
-    b->h_seq_lens = st + ll.seq_lens;
-    b->h_context_lens = st + ll.ctx;
-    b->h_state_slots = st + ll.state;
-    b->h_has_initial_state = st + ll.has_init;
+    b->h_query_start_loc = st + l->qsl;
+    b->h_seq_lens = st + l->seq_lens;
+    b->h_context_lens = st + l->ctx;
+    b->h_state_slots = st + l->state;
+    b->h_has_initial_state = st + l->has_init;
     b->h_sample_params = sp;
 }
 
-static void diag_batch(struct runner *r, const struct sched_output *so, const struct batch *b) {
-    diag_printf("step %llu: %d tokens, %d decodes, %d prefills, %d sampled\n", (unsigned long long)r->steps,
-                b->num_tokens, b->num_decodes, b->num_prefills, b->num_sample);
-    for (int s = 0; s < b->num_seqs; s++) {
+static void diag_batch(struct runner *r, const struct sched_output *so, const struct batch *b, int graph) {
+    diag_printf("step %llu: %d tokens, %d decodes, %d prefills, %d sampled%s\n", (unsigned long long)r->steps,
+                b->num_tokens, b->num_decodes, b->num_prefills, b->num_sample, graph ? " (graph)" : "");
+    for (int s = 0; s < so->num_entries; s++) {
         const struct request *q = so->entries[r->order[s]].req;
         diag_printf("  seq %d req %llu %s slot %d has_initial %d tokens [%d, %d)\n", s, (unsigned long long)q->id,
                     s < b->num_decodes ? "decode" : "prefill", b->h_state_slots[s], b->h_has_initial_state[s],
@@ -299,36 +374,82 @@ static void run_hook(struct runner *r, const struct batch *b) {
     op->gather_rows(r->be, r->logits, r->logits_all, b->sample_rows, b->num_sample, V);
 }
 
-int runner_execute(struct runner *r, const struct sched_output *so, struct step_out *out) {
+// gather input ids, forward, sample: the part of a step a graph records
+static void run_step(struct runner *r, const struct batch *b) {
     const struct backend_ops *op = r->be->ops;
-    memset(out, 0, sizeof *out);
-    if (so->num_entries == 0) return VLLM_OK;
-    for (int i = 0; i < so->num_entries; i++) TRY(ensure_row(r, so->entries[i].req));
-    struct batch b;
-    build_batch(r, so, &b);
-    size_t used = r->lay.sparams + (size_t)b.num_sample * (sizeof(struct sample_params) / 4);
-    op->upload(r->be, r->meta, r->staging, sizeof(int32_t) * used); // the step's metadata, one copy
-    if (diag_on("1")) diag_batch(r, so, &b);
-    op->gather_ids(r->be, b.input_ids, r->table, b.token_src, b.num_tokens);
-    r->model->ops->forward(r->model, &b, &r->caches, r->hook ? r->logits_all : r->logits, r->hook != NULL);
-    if (r->hook) run_hook(r, &b);
-    r->steps++;
-    if (!b.num_sample) return VLLM_OK;
-    op->sample(r->be, r->logits, r->vocab, r->table, &b, &r->dev_out);
-    int ns = b.num_sample, mt = r->dev_out.max_top;
-    op->download(r->be, r->out_ids, r->dev_out.ids, sizeof(int32_t) * ns);
-    for (int i = 0; i < ns; i++) out->any_logprobs |= b.h_sample_params[i].num_logprobs >= 0;
-    if (out->any_logprobs) {
-        op->download(r->be, r->out_lp, r->dev_out.logprobs, sizeof(float) * ns);
-        op->download(r->be, r->out_top_ids, r->dev_out.top_ids, sizeof(int32_t) * ns * mt);
-        op->download(r->be, r->out_top_lp, r->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    op->gather_ids(r->be, b->input_ids, r->table, b->token_src, b->num_tokens);
+    r->model->ops->forward(r->model, b, &r->caches, r->hook ? r->logits_all : r->logits, r->hook != NULL);
+    if (r->hook) run_hook(r, b);
+    if (b->num_sample) op->sample(r->be, r->logits, r->vocab, r->table, b, &r->dev_out);
+}
+
+// The padded batch size a pure-decode step replays a graph of, or 0.
+static int graph_size(const struct runner *r, const struct sched_output *so) {
+    const struct backend_ops *op = r->be->ops;
+    if (!r->cfg.use_graphs || !op->graph_begin || r->hook || diag_on("1") || diag_on("time")) return 0;
+    for (int i = 0; i < so->num_entries; i++)
+        if (!so->entries[i].is_decode) return 0;
+    int n = so->num_entries, p = 1;
+    while (p < n) p *= 2;
+    // padded rows must fit the step buffers: tokens, sequences, logit rows
+    return p <= MAX_GRAPH_BATCH && p <= r->cfg.max_num_batched_tokens && p <= r->cfg.max_num_seqs ? p : 0;
+}
+
+int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
+    const struct backend_ops *op = r->be->ops;
+    int k = r->next_slot;
+    r->next_slot = (k + 1) % RUNNER_INFLIGHT;
+    struct step_slot *sl = &r->slots[k];
+    for (int i = 0; i < so->num_entries; i++) {
+        TRY(ensure_row(r, so->entries[i].req));
+        sl->sched[i] = so->entries[i].req;
     }
-    out->num = ns;
-    out->reqs = r->out_reqs;
-    out->ids = r->out_ids;
-    out->logprobs = r->out_lp;
-    out->top_ids = r->out_top_ids;
-    out->top_logprobs = r->out_top_lp;
-    out->max_top = mt;
+    sl->num_sched = so->num_entries;
+    int pad = graph_size(r, so);
+    if (pad && r->graph_epoch != r->be->graph_epoch) free_graphs(r); // recorded buffers moved
+    struct batch b;
+    build_batch(r, so, sl, pad, &b);
+    size_t used = r->lay.sparams + (size_t)b.num_sample * (sizeof(struct sample_params) / 4);
+    op->upload(r->be, r->meta, sl->staging, sizeof(int32_t) * used); // the step's metadata, one copy
+    if (diag_on("1")) diag_batch(r, so, &b, pad > 0);
+    if (pad && r->graphs[pad]) op->graph_launch(r->be, r->graphs[pad]);
+    else if (pad && r->seen[pad]) { // second time at this size: record, then replay
+        op->graph_begin(r->be);
+        run_step(r, &b);
+        r->graphs[pad] = op->graph_end(r->be);
+        r->num_graphs++;
+        op->graph_launch(r->be, r->graphs[pad]);
+    } else {
+        if (pad) r->seen[pad] = 1;
+        run_step(r, &b);
+    }
+    r->steps++;
+    int ns = b.num_sample, mt = r->dev_out.max_top;
+    sl->any_logprobs = 0;
+    for (int i = 0; i < sl->num; i++) sl->any_logprobs |= b.h_sample_params[i].num_logprobs >= 0;
+    if (ns) op->download_async(r->be, sl->ids, r->dev_out.ids, sizeof(int32_t) * ns);
+    if (sl->any_logprobs) {
+        op->download_async(r->be, sl->lp, r->dev_out.logprobs, sizeof(float) * ns);
+        op->download_async(r->be, sl->top_ids, r->dev_out.top_ids, sizeof(int32_t) * ns * mt);
+        op->download_async(r->be, sl->top_lp, r->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    }
+    sl->fence = op->fence(r->be);
+    *step = k;
     return VLLM_OK;
+}
+
+void runner_wait(struct runner *r, int step, struct step_out *out) {
+    struct step_slot *sl = &r->slots[step];
+    r->be->ops->fence_wait(r->be, sl->fence);
+    out->num = sl->num;
+    out->reqs = sl->reqs;
+    out->pos = sl->pos;
+    out->ids = sl->ids;
+    out->logprobs = sl->lp;
+    out->top_ids = sl->top_ids;
+    out->top_logprobs = sl->top_lp;
+    out->max_top = r->dev_out.max_top;
+    out->any_logprobs = sl->any_logprobs;
+    out->scheduled = sl->sched;
+    out->num_scheduled = sl->num_sched;
 }

@@ -1,6 +1,7 @@
 // runner.h - the model runner: owns the caches and the token table on the
 // backend's device, builds one flat batch per step (decodes first), runs the
-// model and samples.
+// model and samples. Steps are launched and waited for separately, so the
+// host can schedule step N+1 while the device runs step N.
 #ifndef VLLM_RUNNER_RUNNER_H
 #define VLLM_RUNNER_RUNNER_H
 
@@ -13,17 +14,23 @@ struct runner_config {
     int max_num_seqs, max_model_len, max_num_batched_tokens;
     int block_size, num_blocks, num_slots;
     int max_top_logprobs;
+    int use_graphs; // record pure-decode steps into device graphs, when the backend can
 };
+
+#define RUNNER_INFLIGHT 2 // steps launched and not yet waited for, at most
 
 struct step_out {
     int num;                 // sampled requests
     struct request **reqs;   // [num]
+    int32_t *pos;            // [num] index of the sampled token in each request's token list
     int32_t *ids;            // [num]
     float *logprobs;         // [num]
     int32_t *top_ids;        // [num, max_top]
     float *top_logprobs;     // [num, max_top]
     int max_top;
     int any_logprobs;
+    struct request **scheduled; // every request the step ran (sampled or not)
+    int num_scheduled;
 };
 
 // Test hook: when set, the model computes logits for every row and the hook
@@ -38,10 +45,14 @@ void runner_free(struct runner *r);
 int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes);
 // Releases a request's token-table row (finish, abort, preemption).
 void runner_remove(struct runner *r, struct request *req);
-// One step: rows for new requests (their tokens uploaded), metadata up in one
-// copy, input ids gathered on the device, forward, sample, sampled ids down.
-int runner_execute(struct runner *r, const struct sched_output *so, struct step_out *out);
+// Launches one step: rows for new requests (their tokens uploaded), the
+// metadata up in one copy, input ids gathered on the device, forward and
+// sample (replayed from a graph for pure-decode batches), and the sampled ids
+// copied back without waiting. Returns the step's handle in *step.
+int runner_launch(struct runner *r, const struct sched_output *so, int *step);
+// Waits for a launched step; *out is valid until that handle is launched again.
+void runner_wait(struct runner *r, int step, struct step_out *out);
 void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user);
-struct caches *runner_caches(struct runner *r);
+int runner_graphs_captured(const struct runner *r);
 
 #endif

@@ -31,6 +31,11 @@ static void advance(const struct sched_output *o) {
     }
 }
 
+static void sched_remove(struct scheduler *s, struct request *r) {
+    sched_unschedule(s, r);
+    sched_free_resources(s, r);
+}
+
 static const struct sched_entry *find(const struct sched_output *o, const struct request *r) {
     for (int i = 0; i < o->num_entries; i++)
         if (o->entries[i].req == r) return &o->entries[i];

@@ -55,6 +55,12 @@ static void cpu_memset0(struct backend *be, void *dst, size_t n) {
     memset(dst, 0, n);
 }
 static void cpu_sync(struct backend *be) { (void)be; }
+static void *cpu_host_alloc(struct backend *be, size_t bytes) { return cpu_alloc(be, bytes); }
+static int cpu_fence(struct backend *be) {
+    (void)be;
+    return 0;
+}
+static void cpu_fence_wait(struct backend *be, int fence) { (void)be, (void)fence; }
 
 // The reference keeps fp32 weights whatever dtype is asked for; a bf16
 // weight holds bf16 values (rounded to nearest even), as the fast path's.
@@ -192,6 +198,11 @@ static const struct backend_ops cpu_ops = {
     .download = cpu_copy,
     .memset0 = cpu_memset0,
     .sync = cpu_sync,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_free,
+    .download_async = cpu_copy,
+    .fence = cpu_fence,
+    .fence_wait = cpu_fence_wait,
     .weight_upload = cpu_weight_upload,
     .weight_random = cpu_weight_random,
     .gather_ids = cpu_gather_ids,

@@ -6,7 +6,10 @@
 // [num_blocks, block_size, kv_heads, head_dim] in fp32 or bf16.
 #include "backend/cuda/cuda_common.cuh"
 
-#define SPLIT_KEYS 512
+// Keys per split: decode has one query per sequence, so it needs short splits
+// to give the GPU enough warps; a prefill has a warp per query already.
+#define SPLIT_DECODE 64
+#define SPLIT_PREFILL 512
 #define MAX_E 8 // head_dim <= 256
 
 template <typename T>
@@ -43,7 +46,7 @@ struct attn_args {
     float *out;                     // [T, Hq*Dh] (nsplit == 1)
     float *part;                    // [T, Hq, nsplit, Dh + 2] partial acc, m, l
     const float *qkv;
-    int ld, H, Hkv, Dh, bs, mbps, nsplit;
+    int ld, H, Hkv, Dh, bs, mbps, nsplit, split;
     float scale;
     const int32_t *qsl, *pos, *btab;
     int seq0, seq1, tok0;
@@ -61,7 +64,7 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
         else hi = mid - 1;
     }
     int s = lo, kvh = h / (a.H / a.Hkv), kvd = a.Hkv * a.Dh, n = a.pos[t] + 1;
-    int j0 = split * SPLIT_KEYS, j1 = min(n, j0 + SPLIT_KEYS);
+    int j0 = split * a.split, j1 = min(n, j0 + a.split);
     float q[MAX_E], acc[MAX_E];
     int ne = 0;
     for (int e = lane; e < a.Dh; e += 32) q[ne] = a.qkv[(int64_t)t * a.ld + h * a.Dh + e] * a.scale, acc[ne++] = 0;
@@ -110,7 +113,7 @@ __global__ void k_attn_merge(attn_args a) {
 }
 
 static void launch_attn(struct backend *be, float *out, const float *qkv, int ld, const void *kc, const void *vc,
-                        const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
+                        const struct batch *b, int seq0, int seq1, const struct attn_dims *d, int split) {
     if (seq1 <= seq0) return;
     int tok0 = b->h_query_start_loc[seq0], ntok = b->h_query_start_loc[seq1] - tok0;
     if (ntok <= 0) return;
@@ -118,11 +121,13 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
         fprintf(stderr, "vllm: head_dim %d > %d is not built for CUDA\n", d->head_dim, 32 * MAX_E);
         abort();
     }
-    int maxlen = 0;
-    for (int s = seq0; s < seq1; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
-    int nsplit = cdiv(maxlen, SPLIT_KEYS);
+    int maxlen = 0; // a recorded graph covers any context: splits past a sequence's end exit at once
+    if (b->fixed_shapes) maxlen = b->max_model_len;
+    else
+        for (int s = seq0; s < seq1; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
+    int nsplit = cdiv(maxlen, split);
     attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
-                   d->scale, b->query_start_loc, b->positions, b->block_tables, seq0, seq1, tok0};
+                   split, d->scale, b->query_start_loc, b->positions, b->block_tables, seq0, seq1, tok0};
     if (nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)ntok * d->heads * nsplit * (d->head_dim + 2));
     int wpb = 4;
     dim3 grid(ntok, cdiv(d->heads, wpb), nsplit);
@@ -139,10 +144,10 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
 
 void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
-    launch_attn(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d);
+    launch_attn(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d, SPLIT_PREFILL);
 }
 
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d) {
-    launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, b->num_decodes, d);
+    launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, b->num_decodes, d, SPLIT_DECODE);
 }

@@ -20,7 +20,14 @@ extern "C" {
 void *cuda_scratch(struct backend *be, size_t bytes) {
     cuda_impl *c = cu(be);
     if (c->scratch_bytes < bytes) {
+        cudaStreamCaptureStatus cs;
+        CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
+        if (cs != cudaStreamCaptureStatusNone) {
+            fprintf(stderr, "vllm: internal error: scratch grows while a graph is recorded\n");
+            abort();
+        }
         CUDA_CHECK(cudaStreamSynchronize(c->stream)); // nothing queued may still use the old buffer
+        be->graph_epoch++; // recorded graphs point at the old buffer
         if (c->scratch) CUDA_CHECK(cudaFree(c->scratch));
         size_t n = bytes + bytes / 4 + (1 << 20);
         CUDA_CHECK(cudaMalloc(&c->scratch, n));
@@ -33,7 +40,17 @@ static void cu_destroy(struct backend *be) {
     cuda_impl *c = cu(be);
     cudaStreamSynchronize(c->stream);
     if (c->scratch) cudaFree(c->scratch);
+    for (int i = 0; i < c->num_plans; i++) {
+        struct lt_plan *p = &c->plans[i];
+        if (p->op) cublasLtMatmulDescDestroy(p->op);
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    }
+    cublasLtDestroy(c->lt);
     cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
+    for (int i = 0; i < CUDA_FENCES; i++) cudaEventDestroy(c->events[i]);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -71,14 +88,20 @@ static void cu_memset0(struct backend *be, void *dst, size_t n) {
 
 static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream)); }
 
-static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                            enum dtype dt) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+static int alloc_weight(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
+    size_t bytes = (size_t)rows * cols * dtype_size(dt);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
     w->dtype = dt;
     w->rows = rows;
     w->cols = cols;
+    return VLLM_OK;
+}
+
+static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
+                            enum dtype dt) {
+    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+    TRY(alloc_weight(be, w, rows, cols, dt));
     // On our stream, after the zeroing memset that cu_alloc queued there (a plain
     // cudaMemcpy runs on the legacy stream, which does not wait for ours).
     cudaStream_t s = cu(be)->stream;
@@ -117,12 +140,8 @@ __global__ void k_random(T *w, size_t n, uint64_t seed, float std) {
 
 static int cu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
                             uint64_t seed, float std) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
-    w->data = cu_alloc(be, bytes);
-    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
-    w->dtype = dt;
-    w->rows = rows;
-    w->cols = cols;
+    size_t n = (size_t)rows * cols;
+    TRY(alloc_weight(be, w, rows, cols, dt));
     if (dt == DT_BF16) k_random<<<4096, 256, 0, cu(be)->stream>>>((__nv_bfloat16 *)w->data, n, seed, std);
     else k_random<<<4096, 256, 0, cu(be)->stream>>>((float *)w->data, n, seed, std);
     LAUNCH_CHECK();
@@ -189,6 +208,115 @@ __global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, int64_t n) {
     for (; i < n; i += (int64_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(x[i]);
 }
 
+// Decode-sized products (n <= 8 rows) with bf16 weights: each warp streams
+// one weight row once, 16 bytes per lane per load, and applies it to every
+// row of x (rounded to bf16 as the GEMM path rounds it), accumulating fp32.
+// cuBLAS reaches a fraction of the bandwidth on these skinny shapes.
+#define GEMV_ROWS 4 // weight rows per block: each x value loaded serves 4 rows
+
+// A block owns GEMV_ROWS weight rows; its 8 warps split K between them and
+// reduce through shared memory in a fixed order (deterministic), so even
+// 4096-row matrices give the GPU thousands of warps to keep loads in flight.
+template <int NB>
+__global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, const __nv_bfloat16 *w, int N, int K) {
+    __shared__ float red[8][GEMV_ROWS][NB];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * GEMV_ROWS;
+    const uint4 *wr[GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const uint4 *)(w + (int64_t)min(row0 + r, N - 1) * K);
+    float acc[GEMV_ROWS][NB];
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0;
+    for (int k8 = warp * 32 + lane; k8 < K / 8; k8 += 256) {
+        uint4 u[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8); // all loads in flight first
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const float4 *xp = (const float4 *)(x + (int64_t)b * K + k8 * 8);
+            float4 x0 = xp[0], x1 = xp[1];
+            float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) xs[i] = __bfloat162float(__float2bfloat16(xs[i])); // as the GEMM path rounds x
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) {
+                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u[r];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float2 f = __bfloat1622float2(h[i]);
+                    acc[r][b] += f.x * xs[2 * i] + f.y * xs[2 * i + 1];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_ROWS; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float v = warp_sum(acc[r][b]);
+            if (lane == 0) red[warp][r][b] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < GEMV_ROWS * NB) {
+        int r = threadIdx.x / NB, b = threadIdx.x % NB;
+        float v = 0;
+        for (int q = 0; q < 8; q++) v += red[q][r][b];
+        if (row0 + r < N) y[(int64_t)b * N + row0 + r] = v;
+    }
+}
+
+static bool gemv_bf16(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+    int N = (int)w->rows, K = (int)w->cols;
+    if (n > 4 || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w->data & 15)) return false;
+    dim3 g(cdiv(N, GEMV_ROWS));
+    cudaStream_t s = cu(be)->stream;
+    const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->data;
+    switch (n) {
+    case 1: k_gemv_bf16<1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 2: k_gemv_bf16<2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 3: k_gemv_bf16<3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    default: k_gemv_bf16<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    }
+    LAUNCH_CHECK();
+    return true;
+}
+
+// The cuBLASLt plan (descriptors + the heuristic's algorithm) of a shape,
+// made once. Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N,
+// transposed; bf16 or fp32 inputs, fp32 output and accumulation (no TF32).
+static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum dtype dt) {
+    for (int i = 0; i < c->num_plans; i++) {
+        struct lt_plan *p = &c->plans[i];
+        if (p->N == N && p->K == K && p->n == n && p->dt == (int)dt) return p;
+    }
+    if (c->num_plans == LT_PLANS) return NULL; // many shapes: cublasGemmEx serves the rest
+    struct lt_plan *p = &c->plans[c->num_plans++];
+    memset(p, 0, sizeof *p);
+    p->N = N, p->K = K, p->n = n, p->dt = dt;
+    cudaDataType_t in = dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+        cublasLtMatrixLayoutCreate(&p->la, in, K, N, K) || cublasLtMatrixLayoutCreate(&p->lb, in, K, n, K) ||
+        cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, n, N))
+        return p;
+    cublasLtMatmulPreference_t pref;
+    if (cublasLtMatmulPreferenceCreate(&pref)) return p;
+    uint64_t ws = c->blas_ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    if (!cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found) && found) {
+        p->algo = h.algo;
+        p->ok = 1;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return p;
+}
+
 // y: [n, N] = x: [n, K] @ W[N, K]^T. cuBLAS is column-major: it computes
 // Y^T (N x n) = op(W) (N x K) * X^T (K x n) with W seen as K x N, transposed.
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
@@ -196,15 +324,25 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     cuda_impl *c = cu(be);
     int N = (int)w->rows, K = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
+    struct lt_plan *p = lt_plan_for(c, N, K, n, w->dtype);
     if (w->dtype == DT_F32) {
+        if (p && p->ok &&
+            cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, x, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
+                           c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS)
+            return;
         CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, (const float *)w->data, K, x, K,
                                  &zero, y, N));
         return;
     }
+    if (gemv_bf16(be, y, x, w, n)) return;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, (size_t)n * K * 2);
     int64_t nk = (int64_t)n * K;
     k_to_bf16<<<(int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536), 256, 0, c->stream>>>(xb, x, nk);
     LAUNCH_CHECK();
+    if (p && p->ok &&
+        cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, xb, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
+                       c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS)
+        return;
     CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, w->data, CUDA_R_16BF, K, xb,
                               CUDA_R_16BF, K, &zero, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -264,38 +402,103 @@ static double cu_sum_sq(struct backend *be, const float *x, int64_t n) {
     return h;
 }
 
-static const struct backend_ops cuda_ops = {
-    "cuda",
-    cu_destroy,
-    cu_alloc,
-    cu_free,
-    cu_upload,
-    cu_download,
-    cu_memset0,
-    cu_sync,
-    cu_weight_upload,
-    cu_weight_random,
-    cu_gather_ids,
-    cu_embed,
-    cu_rmsnorm,
-    cu_add_rmsnorm,
-    cu_matmul,
-    cu_gather_rows,
-    cu_add,
-    cu_relu2,
-    cu_sum_sq,
-    cuda_conv1d_fwd,
-    cuda_conv1d_update,
-    cuda_ssd_prefill,
-    cuda_ssd_decode,
-    cuda_gated_rmsnorm,
-    cuda_kv_write,
-    cuda_attn_prefill,
-    cuda_attn_decode,
-    cuda_moe_route,
-    cuda_moe_experts,
-    cuda_sample,
-};
+static void *cu_host_alloc(struct backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cu_host_free(struct backend *be, void *p) {
+    cu_sync(be);
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cu_download_async(struct backend *be, void *dst, const void *src, size_t n) {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cu(be)->stream));
+}
+
+static int cu_fence(struct backend *be) {
+    cuda_impl *c = cu(be);
+    int f = c->next_fence++;
+    CUDA_CHECK(cudaEventRecord(c->events[f % CUDA_FENCES], c->stream));
+    return f;
+}
+
+static void cu_fence_wait(struct backend *be, int fence) {
+    CUDA_CHECK(cudaEventSynchronize(cu(be)->events[fence % CUDA_FENCES]));
+}
+
+static void cu_graph_begin(struct backend *be) {
+    CUDA_CHECK(cudaStreamBeginCapture(cu(be)->stream, cudaStreamCaptureModeThreadLocal));
+}
+
+static void *cu_graph_end(struct backend *be) {
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    CUDA_CHECK(cudaStreamEndCapture(cu(be)->stream, &g));
+    CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return (void *)x;
+}
+
+static void cu_graph_launch(struct backend *be, void *graph) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, cu(be)->stream));
+}
+
+static void cu_graph_free(struct backend *be, void *graph) {
+    cu_sync(be);
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+static struct backend_ops cuda_ops;
+
+static void init_ops(void) {
+    struct backend_ops *o = &cuda_ops;
+    o->name = "cuda";
+    o->destroy = cu_destroy;
+    o->alloc = cu_alloc;
+    o->free = cu_free;
+    o->upload = cu_upload;
+    o->download = cu_download;
+    o->memset0 = cu_memset0;
+    o->sync = cu_sync;
+    o->host_alloc = cu_host_alloc;
+    o->host_free = cu_host_free;
+    o->download_async = cu_download_async;
+    o->fence = cu_fence;
+    o->fence_wait = cu_fence_wait;
+    o->graph_begin = cu_graph_begin;
+    o->graph_end = cu_graph_end;
+    o->graph_launch = cu_graph_launch;
+    o->graph_free = cu_graph_free;
+    o->weight_upload = cu_weight_upload;
+    o->weight_random = cu_weight_random;
+    o->gather_ids = cu_gather_ids;
+    o->embed = cu_embed;
+    o->rmsnorm = cu_rmsnorm;
+    o->add_rmsnorm = cu_add_rmsnorm;
+    o->matmul = cu_matmul;
+    o->gather_rows = cu_gather_rows;
+    o->add = cu_add;
+    o->relu2 = cu_relu2;
+    o->sum_sq = cu_sum_sq;
+    o->conv1d_fwd = cuda_conv1d_fwd;
+    o->conv1d_update = cuda_conv1d_update;
+    o->ssd_prefill = cuda_ssd_prefill;
+    o->ssd_decode = cuda_ssd_decode;
+    o->gated_rmsnorm = cuda_gated_rmsnorm;
+    o->kv_write = cuda_kv_write;
+    o->attn_prefill = cuda_attn_prefill;
+    o->attn_decode = cuda_attn_decode;
+    o->moe_route = cuda_moe_route;
+    o->moe_experts = cuda_moe_experts;
+    o->sample = cuda_sample;
+}
 
 extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     int n = 0;
@@ -313,6 +516,13 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    for (int i = 0; i < CUDA_FENCES; i++) CUDA_CHECK(cudaEventCreateWithFlags(&c->events[i], cudaEventDisableTiming));
+    // cuBLAS gets a fixed workspace, so that recording it in a graph allocates nothing
+    c->blas_ws_bytes = (size_t)64 << 20;
+    CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
+    CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
+    CUBLAS_CHECK(cublasLtCreate(&c->lt));
+    init_ops();
     struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
     be->ops = &cuda_ops;
     be->num_threads = 1;

@@ -3,6 +3,9 @@
 // state update for decode, and the gated grouped RMSNorm. State is fp32.
 //
 // zxbcdt rows (ld floats): z [I] | x [H*P] | B [G*N] | C [G*N] | dt [H].
+#include <algorithm>
+#include <vector>
+
 #include "backend/cuda/cuda_common.cuh"
 
 // One thread per (sequence, channel) walks the sequence's tokens with a
@@ -87,110 +90,280 @@ __device__ __forceinline__ float dt_of(const ssd_args &a, const float *row, int 
     return fminf(fmaxf(v, a.dt_min), a.dt_max);
 }
 
-// One block per (sequence, head) walks the sequence chunk by chunk; chunk
-// boundaries fall on absolute multiples of chunk_size. Shared memory: dt and
-// its running sum [L], M = (C_i . B_j) exp(acum_i - acum_j) dt_j [L, L], the
-// state S [P, N], and x of the chunk [L, P].
-__global__ void k_ssd_prefill(ssd_args a) {
-    extern __shared__ float sm[];
-    int L = a.chunk, P = a.P, N = a.N, H = a.H;
-    int s = a.seq0 + blockIdx.x, h = blockIdx.y, g = h / (H / a.G), tid = threadIdx.x, nt = blockDim.x;
-    float *dt = sm, *acum = dt + L, *M = acum + L, *S = M + L * L, *X = S + P * N;
-    int t0 = a.qsl[s], len = a.qsl[s + 1] - t0, p0 = a.ctx[s];
-    float *gst = a.ssm + ((int64_t)a.slots[s] * H + h) * P * N;
-    int init = a.has_init[s];
-    for (int k = tid; k < P * N; k += nt) S[k] = init ? gst[k] : 0.0f; // a fresh slot reads as zeros
-    int xoff = a.I + h * P, boff = 2 * a.I + g * N, coff = 2 * a.I + a.G * N + g * N;
-    float Ah = a.A[h], Dh = a.D[h];
-    for (int i0 = 0; i0 < len;) {
-        int lc = min(len - i0, L - (p0 + i0) % L);
-        __syncthreads();
-        for (int i = tid; i < lc; i += nt) dt[i] = dt_of(a, a.zx + (int64_t)(t0 + i0 + i) * a.ld, h);
-        __syncthreads();
-        if (tid == 0) {
-            float run = 0;
-            for (int i = 0; i < lc; i++) acum[i] = run += dt[i] * Ah;
-        }
-        for (int k = tid; k < lc * P; k += nt) X[k] = a.zx[(int64_t)(t0 + i0 + k / P) * a.ld + xoff + k % P];
-        __syncthreads();
-        for (int k = tid; k < lc * lc; k += nt) {
-            int i = k / lc, j = k % lc;
-            float v = 0;
-            if (j <= i) {
-                const float *ci = a.zx + (int64_t)(t0 + i0 + i) * a.ld + coff, *bj = a.zx + (int64_t)(t0 + i0 + j) * a.ld + boff;
-                for (int n = 0; n < N; n++) v += ci[n] * bj[n];
-                v *= expf(acum[i] - acum[j]) * dt[j];
-            }
-            M[i * L + j] = v;
-        }
-        __syncthreads();
-        for (int k = tid; k < lc * P; k += nt) {
-            int i = k / P, p = k % P;
-            const float *ci = a.zx + (int64_t)(t0 + i0 + i) * a.ld + coff;
-            float off = 0, diag = 0;
-            for (int n = 0; n < N; n++) off += S[p * N + n] * ci[n];
-            for (int j = 0; j <= i; j++) diag += M[i * L + j] * X[j * P + p];
-            a.y[(int64_t)(t0 + i0 + i) * a.I + h * P + p] = expf(acum[i]) * off + diag + Dh * X[i * P + p];
-        }
-        __syncthreads();
-        float last = acum[lc - 1], dall = expf(last);
-        for (int k = tid; k < P * N; k += nt) {
-            int p = k / N, n = k % N;
-            float v = S[k] * dall;
-            for (int j = 0; j < lc; j++)
-                v += expf(last - acum[j]) * dt[j] * X[j * P + p] * a.zx[(int64_t)(t0 + i0 + j) * a.ld + boff + n];
-            S[k] = v;
-        }
-        i0 += lc;
+// The SSD chunked scan as batched matrix products (fp32, cuBLAS), over the
+// chunks of every prefill sequence at once. Chunks end at absolute multiples
+// of chunk_size and are padded to L rows. Per chunk c, head h (group g):
+//   CB = C B^T                         [L, L]   per (c, g)
+//   M  = CB * exp(acum_i - acum_j) dt_j, j <= i  (causal decay)
+//   Yd = M X                            [L, P]   intra-chunk
+//   Sc = (exp(acum_L - acum_j) dt_j X)^T B       [P, N]   the chunk's own state
+//   S_in(c+1) = exp(acum_L) S_in(c) + Sc          sequential over chunks
+//   Yo = C S_in^T                       [L, P];  y = Yd + exp(acum_i) Yo + D x
+struct ssd_chunk {
+    int seq, t, len; // sequence, first token row, tokens (<= L)
+};
+
+struct ssd_bufs {
+    float *xp, *bp, *cp, *dt, *ac, *cb, *m, *xs, *sc, *sin, *yd, *yo;
+    struct ssd_chunk *chunks;
+    int32_t *first; // [nseq + 1] first chunk of each sequence
+    const float **ptr;
+};
+
+// padded copies of x, B, C of each chunk (zero rows past its length)
+__global__ void k_ssd_gather(ssd_args a, const ssd_chunk *ch, float *xp, float *bp, float *cp) {
+    int c = blockIdx.x, i = blockIdx.y, L = a.chunk, HP = a.I, GN = a.G * a.N;
+    ssd_chunk k = ch[c];
+    const float *row = a.zx + (int64_t)(k.t + i) * a.ld;
+    bool in = i < k.len;
+    for (int j = threadIdx.x; j < HP; j += blockDim.x) xp[((int64_t)c * L + i) * HP + j] = in ? row[a.I + j] : 0.0f;
+    for (int j = threadIdx.x; j < GN; j += blockDim.x) {
+        bp[((int64_t)c * L + i) * GN + j] = in ? row[2 * a.I + j] : 0.0f;
+        cp[((int64_t)c * L + i) * GN + j] = in ? row[2 * a.I + GN + j] : 0.0f;
     }
-    __syncthreads();
-    for (int k = tid; k < P * N; k += nt) gst[k] = S[k];
+}
+
+// dt and its running sum times A, per (chunk, head); zero past the length
+__global__ void k_ssd_dt(ssd_args a, const ssd_chunk *ch, int nc, float *dt, float *ac) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= nc * a.H) return;
+    int c = idx / a.H, h = idx % a.H, L = a.chunk;
+    ssd_chunk k = ch[c];
+    float run = 0, A = a.A[h];
+    for (int i = 0; i < L; i++) {
+        float d = i < k.len ? dt_of(a, a.zx + (int64_t)(k.t + i) * a.ld, h) : 0.0f;
+        run += d * A;
+        dt[(int64_t)idx * L + i] = d;
+        ac[(int64_t)idx * L + i] = run;
+    }
+}
+
+// M (causal, decayed, dt-weighted) and the scaled x for the chunk states
+__global__ void k_ssd_mask(ssd_args a, const ssd_chunk *ch, const float *cb, const float *dt, const float *ac,
+                           const float *xp, float *m, float *xs) {
+    int c = blockIdx.x, h = blockIdx.y, L = a.chunk, P = a.P, g = h / (a.H / a.G);
+    int len = ch[c].len;
+    const float *d = dt + ((int64_t)c * a.H + h) * L, *q = ac + ((int64_t)c * a.H + h) * L;
+    const float *cbc = cb + ((int64_t)c * a.G + g) * L * L;
+    float *mc = m + ((int64_t)c * a.H + h) * L * L;
+    float last = q[len - 1];
+    for (int k = threadIdx.x; k < L * L; k += blockDim.x) {
+        int i = k / L, j = k % L;
+        mc[k] = (j <= i && i < len) ? cbc[k] * expf(q[i] - q[j]) * d[j] : 0.0f;
+    }
+    for (int k = threadIdx.x; k < L * P; k += blockDim.x) {
+        int j = k / P, p = k % P;
+        int64_t o = ((int64_t)c * L + j) * a.I + h * P + p;
+        xs[o] = j < len ? expf(last - q[j]) * d[j] * xp[o] : 0.0f;
+    }
+}
+
+// states entering each chunk, sequentially over a sequence's chunks; the
+// slot's state (zero when !has_initial_state) enters the first, the last
+// chunk's exit state goes back to the slot
+__global__ void k_ssd_pass(ssd_args a, const ssd_chunk *ch, const int32_t *first, const float *sc, const float *ac,
+                           float *sin) {
+    int s = a.seq0 + blockIdx.x, h = blockIdx.y, PN = a.P * a.N, L = a.chunk;
+    float *gst = a.ssm + ((int64_t)a.slots[s] * a.H + h) * PN;
+    int init = a.has_init[s], c0 = first[blockIdx.x], c1 = first[blockIdx.x + 1];
+    for (int k = threadIdx.x; k < PN; k += blockDim.x) {
+        float v = init ? gst[k] : 0.0f; // a fresh slot reads as zeros
+        for (int c = c0; c < c1; c++) {
+            int64_t o = ((int64_t)c * a.H + h) * PN + k;
+            sin[o] = v;
+            v = expf(ac[((int64_t)c * a.H + h) * L + ch[c].len - 1]) * v + sc[o];
+        }
+        gst[k] = v;
+    }
+}
+
+__global__ void k_ssd_out(ssd_args a, const ssd_chunk *ch, const float *yd, const float *yo, const float *ac,
+                          const float *xp) {
+    int c = blockIdx.x, i = blockIdx.y, L = a.chunk, P = a.P;
+    ssd_chunk k = ch[c];
+    if (i >= k.len) return;
+    for (int j = threadIdx.x; j < a.I; j += blockDim.x) {
+        int h = j / P;
+        int64_t o = ((int64_t)c * L + i) * a.I + j;
+        float e = expf(ac[((int64_t)c * a.H + h) * L + i]);
+        a.y[(int64_t)(k.t + i) * a.I + j] = yd[o] + e * yo[o] + a.D[h] * xp[o];
+    }
+}
+
+static void sgemm_batched(struct backend *be, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                          const float **A, int lda, const float **B, int ldb, float **C, int ldc, int batch) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasSgemmBatched(cu(be)->blas, ta, tb, m, n, k, &one, A, lda, B, ldb, &zero, C, ldc, batch);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "vllm: cublasSgemmBatched failed (%d)\n", (int)st);
+        abort();
+    }
 }
 
 void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
                       const float *D, float *ssm_state, const struct batch *b, int seq0, int seq1,
                       const struct mamba_dims *d) {
-    int n = seq1 - seq0;
-    if (n <= 0) return;
-    int L = d->chunk_size, P = d->head_dim, N = d->state;
-    size_t smem = sizeof(float) * ((size_t)2 * L + (size_t)L * L + (size_t)P * N + (size_t)L * P);
-    if (smem > cu(be)->smem_optin) {
-        fprintf(stderr, "vllm: SSD chunk %d x head %d x state %d needs %zu bytes of shared memory (max %zu)\n", L, P, N,
-                smem, cu(be)->smem_optin);
-        abort();
+    int ns = seq1 - seq0;
+    if (ns <= 0) return;
+    int L = d->chunk_size, H = d->heads, P = d->head_dim, G = d->groups, N = d->state, HP = H * P, GN = G * N;
+    // the chunks, from the host mirrors of the batch
+    int nc = 0;
+    for (int s = seq0; s < seq1; s++) {
+        int len = b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], p0 = b->h_context_lens[s];
+        for (int i0 = 0; i0 < len;) nc++, i0 += std::min(len - i0, L - (p0 + i0) % L);
     }
-    CUDA_CHECK(cudaFuncSetAttribute(k_ssd_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    ssd_args a = {y, zxbcdt, ld, d->heads, P, d->groups, N, L, d->heads * P, d->conv_dim, dt_bias, A, D, ssm_state,
+    std::vector<ssd_chunk> ch(nc);
+    std::vector<int32_t> first(ns + 1);
+    nc = 0;
+    for (int s = seq0; s < seq1; s++) {
+        int t0 = b->h_query_start_loc[s], len = b->h_query_start_loc[s + 1] - t0, p0 = b->h_context_lens[s];
+        first[s - seq0] = nc;
+        for (int i0 = 0; i0 < len;) {
+            int lc = std::min(len - i0, L - (p0 + i0) % L);
+            ch[nc++] = {s, t0 + i0, lc};
+            i0 += lc;
+        }
+    }
+    first[ns] = nc;
+    // one scratch allocation, carved
+    size_t f_xp = (size_t)nc * L * HP, f_bc = (size_t)nc * L * GN, f_dt = (size_t)nc * H * L;
+    size_t f_cb = (size_t)nc * G * L * L, f_m = (size_t)nc * H * L * L, f_st = (size_t)nc * H * P * N;
+    size_t nptr = (size_t)nc * (G + 3 * H) * 3;
+    size_t floats = 4 * f_xp + 2 * f_bc + 2 * f_dt + f_cb + f_m + 2 * f_st;
+    size_t bytes = floats * 4 + sizeof(ssd_chunk) * nc + 4 * (ns + 1) + sizeof(void *) * nptr + 1024;
+    char *base = (char *)cuda_scratch(be, bytes);
+    ssd_bufs s;
+    float *f = (float *)base;
+    s.xp = f, f += f_xp;
+    s.xs = f, f += f_xp;
+    s.yd = f, f += f_xp;
+    s.yo = f, f += f_xp;
+    s.bp = f, f += f_bc;
+    s.cp = f, f += f_bc;
+    s.dt = f, f += f_dt;
+    s.ac = f, f += f_dt;
+    s.cb = f, f += f_cb;
+    s.m = f, f += f_m;
+    s.sc = f, f += f_st;
+    s.sin = f, f += f_st;
+    char *tail = (char *)f;
+    tail = (char *)(((uintptr_t)tail + 255) & ~(uintptr_t)255);
+    s.ptr = (const float **)tail;
+    tail += sizeof(void *) * nptr;
+    s.chunks = (ssd_chunk *)tail;
+    tail += sizeof(ssd_chunk) * nc;
+    s.first = (int32_t *)tail;
+    // pointer arrays of the four batched products
+    std::vector<const float *> hp(nptr);
+    const float **pa = hp.data();
+    size_t o = 0;
+    int nb1 = nc * G, nbh = nc * H;
+    size_t cbA = o, cbB = o + nb1, cbC = o + 2 * nb1;
+    o += 3 * nb1;
+    size_t ydA = o, ydB = o + nbh, ydC = o + 2 * nbh;
+    o += 3 * nbh;
+    size_t scA = o, scB = o + nbh, scC = o + 2 * nbh;
+    o += 3 * nbh;
+    size_t yoA = o, yoB = o + nbh, yoC = o + 2 * nbh;
+    for (int c = 0; c < nc; c++) {
+        for (int g = 0; g < G; g++) { // CB[c,g] (row-major [i][j]) = C_i . B_j
+            int q = c * G + g;
+            pa[cbA + q] = s.bp + (size_t)c * L * GN + g * N;
+            pa[cbB + q] = s.cp + (size_t)c * L * GN + g * N;
+            pa[cbC + q] = s.cb + (size_t)q * L * L;
+        }
+        for (int h = 0; h < H; h++) {
+            int q = c * H + h, g = h / (H / G);
+            pa[ydA + q] = s.xp + (size_t)c * L * HP + h * P; // Yd^T = X^T M^T
+            pa[ydB + q] = s.m + (size_t)q * L * L;
+            pa[ydC + q] = s.yd + (size_t)c * L * HP + h * P;
+            pa[scA + q] = s.bp + (size_t)c * L * GN + g * N; // Sc^T = B^T Xs
+            pa[scB + q] = s.xs + (size_t)c * L * HP + h * P;
+            pa[scC + q] = s.sc + (size_t)q * P * N;
+            pa[yoA + q] = s.sin + (size_t)q * P * N; // Yo^T = S_in C^T
+            pa[yoB + q] = s.cp + (size_t)c * L * GN + g * N;
+            pa[yoC + q] = s.yo + (size_t)c * L * HP + h * P;
+        }
+    }
+    cudaStream_t st = cu(be)->stream;
+    CUDA_CHECK(cudaMemcpyAsync(s.ptr, hp.data(), sizeof(void *) * nptr, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(s.chunks, ch.data(), sizeof(ssd_chunk) * nc, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(s.first, first.data(), 4 * (ns + 1), cudaMemcpyHostToDevice, st));
+    ssd_args a = {y, zxbcdt, ld, H, P, G, N, L, HP, d->conv_dim, dt_bias, A, D, ssm_state,
                   b->query_start_loc, b->context_lens, b->state_slots, b->has_initial_state, seq0, d->dt_min, d->dt_max};
-    k_ssd_prefill<<<dim3(n, d->heads), 256, smem, cu(be)->stream>>>(a);
+    k_ssd_gather<<<dim3(nc, L), 256, 0, st>>>(a, s.chunks, s.xp, s.bp, s.cp);
+    k_ssd_dt<<<cdiv(nbh, 128), 128, 0, st>>>(a, s.chunks, nc, s.dt, s.ac);
+    LAUNCH_CHECK();
+    float **P_ = (float **)s.ptr;
+    sgemm_batched(be, CUBLAS_OP_T, CUBLAS_OP_N, L, L, N, s.ptr + cbA, GN, s.ptr + cbB, GN, P_ + cbC, L, nb1);
+    k_ssd_mask<<<dim3(nc, H), 256, 0, st>>>(a, s.chunks, s.cb, s.dt, s.ac, s.xp, s.m, s.xs);
+    LAUNCH_CHECK();
+    sgemm_batched(be, CUBLAS_OP_N, CUBLAS_OP_N, P, L, L, s.ptr + ydA, HP, s.ptr + ydB, L, P_ + ydC, HP, nbh);
+    sgemm_batched(be, CUBLAS_OP_N, CUBLAS_OP_T, N, P, L, s.ptr + scA, GN, s.ptr + scB, HP, P_ + scC, N, nbh);
+    k_ssd_pass<<<dim3(ns, H), 256, 0, st>>>(a, s.chunks, s.first, s.sc, s.ac, s.sin);
+    LAUNCH_CHECK();
+    sgemm_batched(be, CUBLAS_OP_T, CUBLAS_OP_N, P, L, N, s.ptr + yoA, N, s.ptr + yoB, GN, P_ + yoC, HP, nbh);
+    k_ssd_out<<<dim3(nc, L), 256, 0, st>>>(a, s.chunks, s.yd, s.yo, s.ac, s.xp);
     LAUNCH_CHECK();
 }
 
-// One block per (decode sequence, head); a warp per row p of the state,
-// lanes over n: the state is read and written once, in place.
-__global__ void k_ssd_decode(ssd_args a) {
+// One block per (decode sequence, head): the state [P, N] is read and
+// written once, in place. A warp owns two rows at a time; lanes cover n
+// (coalesced 128-byte rows), and all of a row's loads are issued before use.
+#define SSD_NMAX 8 // N <= 256
+__global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int P = a.P, N = a.N, g = h / (a.H / a.G);
+    int P = a.P, N = a.N, g = h / (a.H / a.G), nq = (N + 31) / 32;
     int t = a.qsl[s];
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
     float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
-    for (int p = warp; p < P; p += nw) {
-        float xv = row[a.I + h * P + p], dx = dt * xv, acc = 0;
-        for (int n = lane; n < N; n += 32) {
-            float v = st[p * N + n] * dA + dx * B[n];
-            st[p * N + n] = v;
-            acc += v * C[n];
+    float b[SSD_NMAX], c[SSD_NMAX];
+#pragma unroll
+    for (int q = 0; q < SSD_NMAX; q++) {
+        int n = lane + 32 * q;
+        b[q] = q < nq && n < N ? B[n] : 0.0f;
+        c[q] = q < nq && n < N ? C[n] : 0.0f;
+    }
+    for (int p0 = 2 * warp; p0 < P; p0 += 2 * nw) {
+        float v[2][SSD_NMAX], xv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int p = min(p0 + r, P - 1);
+            xv[r] = row[a.I + h * P + p];
+#pragma unroll
+            for (int q = 0; q < SSD_NMAX; q++) {
+                int n = lane + 32 * q;
+                v[r][q] = q < nq && n < N ? st[(int64_t)p * N + n] : 0.0f;
+            }
         }
-        acc = warp_sum(acc);
-        if (lane == 0) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            int p = p0 + r;
+            float dx = dt * xv[r], acc = 0;
+#pragma unroll
+            for (int q = 0; q < SSD_NMAX; q++) {
+                int n = lane + 32 * q;
+                if (q < nq && n < N) {
+                    float nv = v[r][q] * dA + dx * b[q];
+                    if (p < P) st[(int64_t)p * N + n] = nv;
+                    acc += nv * c[q];
+                }
+            }
+            acc = warp_sum(acc);
+            if (lane == 0 && p < P) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv[r];
+        }
     }
 }
 
 void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
     if (b->num_decodes <= 0) return;
+    if (d->state > 32 * SSD_NMAX) {
+        fprintf(stderr, "vllm: SSM state size %d > %d is not built for CUDA\n", d->state, 32 * SSD_NMAX);
+        abort();
+    }
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   b->has_initial_state, 0, d->dt_min, d->dt_max};

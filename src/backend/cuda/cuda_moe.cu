@@ -6,62 +6,105 @@
 
 #define MAX_EXPERTS 1024
 
-// One thread per token; ties go to the lower index, as in the CPU reference.
+// One warp per token. Lanes hold experts e = lane + 32 q; group scores
+// and the top-k are warp reductions; ties go to the lower index, as in the
+// CPU reference.
+#define ROUTE_Q (MAX_EXPERTS / 32)
+
+__device__ __forceinline__ void warp_best(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+    }
+}
+
 __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                             moe_route_cfg c) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
-    int E = c.num_experts, ng = c.n_group, per = E / ng;
+    int E = c.num_experts, per = E / c.n_group, nq = (E + 31) / 32;
     const float *l = logits + (int64_t)t * E;
-    float gscore[64];
-    int gsel[64];
-    for (int g = 0; g < ng; g++) {
-        float a = -INFINITY, b2 = -INFINITY;
-        for (int e = g * per; e < (g + 1) * per; e++) {
-            float ch = 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f);
-            if (ch > a) b2 = a, a = ch;
-            else if (ch > b2) b2 = ch;
-        }
-        gscore[g] = a + (per > 1 ? b2 : 0.0f);
+    float sig[ROUTE_Q], ch[ROUTE_Q];
+    bool allowed[ROUTE_Q];
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        int e = lane + 32 * q;
+        bool in = q < nq && e < E;
+        sig[q] = in ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
+        ch[q] = in ? sig[q] + (bias ? bias[e] : 0.0f) : -INFINITY;
+        allowed[q] = false;
     }
+    // groups: score = sum of the group's two best choice scores
+    uint64_t taken_groups = 0;
     for (int j = 0; j < c.topk_group; j++) {
-        int best = -1;
-        for (int g = 0; g < ng; g++) {
-            bool taken = false;
-            for (int q = 0; q < j; q++) taken |= gsel[q] == g;
-            if (!taken && (best < 0 || gscore[g] > gscore[best])) best = g;
+        float best = -INFINITY;
+        int bestg = 0x7fffffff;
+        for (int g = 0; g < c.n_group; g++) {
+            if (taken_groups >> g & 1) continue;
+            float a = -INFINITY, b2 = -INFINITY;
+            int ia = 0x7fffffff;
+#pragma unroll
+            for (int q = 0; q < ROUTE_Q; q++) { // best in group
+                int e = lane + 32 * q;
+                float v = (e >= g * per && e < (g + 1) * per) ? ch[q] : -INFINITY;
+                int ie = e;
+                warp_best(v, ie);
+                if (v > a || (v == a && ie < ia)) a = v, ia = ie;
+            }
+            if (per > 1) // second best in group
+#pragma unroll
+                for (int q = 0; q < ROUTE_Q; q++) {
+                    int e = lane + 32 * q;
+                    float v = (e >= g * per && e < (g + 1) * per && e != ia) ? ch[q] : -INFINITY;
+                    int ie = e;
+                    warp_best(v, ie);
+                    b2 = fmaxf(b2, v);
+                }
+            float gs = a + (per > 1 ? b2 : 0.0f);
+            if (gs > best || (gs == best && g < bestg)) best = gs, bestg = g;
         }
-        gsel[j] = best;
+        taken_groups |= 1ull << bestg;
+    }
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        int e = lane + 32 * q;
+        allowed[q] = e < E && (taken_groups >> (e / per) & 1);
     }
     int32_t *id = ids + (int64_t)t * c.top_k;
     float *w = weights + (int64_t)t * c.top_k, sum = 0;
     for (int j = 0; j < c.top_k; j++) {
-        int best = -1;
-        float bs = 0;
-        for (int q = 0; q < c.topk_group; q++)
-            for (int e = gsel[q] * per; e < (gsel[q] + 1) * per; e++) {
-                bool taken = false;
-                for (int r = 0; r < j; r++) taken |= id[r] == e;
-                float ch = 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f);
-                if (!taken && (best < 0 || ch > bs || (ch == bs && e < best))) best = e, bs = ch;
-            }
-        id[j] = best;
-        sum += w[j] = 1.0f / (1.0f + expf(-l[best]));
+        float v = -INFINITY;
+        int ie = 0x7fffffff;
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++) {
+            int e = lane + 32 * q;
+            float cv = allowed[q] ? ch[q] : -INFINITY;
+            if (cv > v || (cv == v && e < ie)) v = cv, ie = e;
+        }
+        warp_best(v, ie);
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++)
+            if (lane + 32 * q == ie) allowed[q] = false;
+        float s_ = 1.0f / (1.0f + expf(-l[ie]));
+        if (lane == 0) id[j] = ie, w[j] = s_;
+        sum += s_;
     }
-    for (int j = 0; j < c.top_k; j++) {
-        if (c.norm_topk_prob) w[j] /= sum + 1e-20f;
-        w[j] *= c.routed_scaling_factor;
-    }
+    if (lane == 0)
+        for (int j = 0; j < c.top_k; j++) {
+            if (c.norm_topk_prob) w[j] /= sum + 1e-20f;
+            w[j] *= c.routed_scaling_factor;
+        }
 }
 
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c) {
     if (n <= 0) return;
-    if (c->n_group > 64 || c->num_experts > MAX_EXPERTS) {
+    if (c->n_group > 64 || c->num_experts > MAX_EXPERTS || c->num_experts % c->n_group) {
         fprintf(stderr, "vllm: MoE with %d groups / %d experts is not built for CUDA\n", c->n_group, c->num_experts);
         abort();
     }
-    k_moe_route<<<cdiv(n, 128), 128, 0, cu(be)->stream>>>(ids, weights, logits, bias, n, *c);
+    k_moe_route<<<cdiv(n, 4), 128, 0, cu(be)->stream>>>(ids, weights, logits, bias, n, *c);
     LAUNCH_CHECK();
 }
 
@@ -93,23 +136,62 @@ __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int32_t *offsets, 
     }
 }
 
+__device__ __forceinline__ void load8(const __nv_bfloat16 *p, float f[8]) {
+    uint4 u = __ldg((const uint4 *)p);
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void load8(const float *p, float f[8]) {
+    float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+#define MOE_NB 8 // segment rows that share one pass over a weight row
+
 // out[r, row] = act(W_e[row] . in[src(r)]) for the rows r of expert e's
-// segment; each warp owns weight rows and reuses them across the segment.
+// segment. Each warp owns weight rows and streams each once per MOE_NB
+// segment rows, 8 values per lane per load (cols % 8 == 0).
 template <typename WT, bool RELU2, bool GATHER>
-__global__ void k_moe_mm(const WT *w, const float *in, float *out, const int32_t *offsets, const int32_t *perm, int k,
-                         int rows, int cols, int rows_per_block) {
+__global__ void __launch_bounds__(256) k_moe_mm(const WT *w, const float *in, float *out, const int32_t *offsets,
+                                                const int32_t *perm, int k, int rows, int cols, int rows_per_block) {
     int e = blockIdx.x, r0 = offsets[e], cnt = offsets[e + 1] - r0;
     if (cnt == 0) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int rbeg = blockIdx.y * rows_per_block, rend = min(rows, rbeg + rows_per_block);
     for (int row = rbeg + warp; row < rend; row += nw) {
         const WT *wr = w + ((int64_t)e * rows + row) * cols;
-        for (int r = r0; r < r0 + cnt; r++) {
-            const float *src = GATHER ? in + (int64_t)(perm[r] / k) * cols : in + (int64_t)r * cols;
-            float dot = 0;
-            for (int i = lane; i < cols; i += 32) dot += load_f(wr + i) * src[i];
-            dot = warp_sum(dot);
-            if (lane == 0) out[(int64_t)r * rows + row] = RELU2 ? (dot > 0 ? dot * dot : 0.0f) : dot;
+        for (int rb = r0; rb < r0 + cnt; rb += MOE_NB) {
+            int nb = min(MOE_NB, r0 + cnt - rb);
+            const float *src[MOE_NB];
+            float acc[MOE_NB];
+#pragma unroll
+            for (int b = 0; b < MOE_NB; b++) {
+                int r = rb + (b < nb ? b : 0);
+                src[b] = GATHER ? in + (int64_t)(perm[r] / k) * cols : in + (int64_t)r * cols;
+                acc[b] = 0;
+            }
+            for (int c8 = lane * 8; c8 < cols; c8 += 256) {
+                float wf[8];
+                load8(wr + c8, wf);
+#pragma unroll
+                for (int b = 0; b < MOE_NB; b++) {
+                    if (b >= nb) break;
+                    float xs[8];
+                    load8(src[b] + c8, xs);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[b] += wf[i] * xs[i];
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < MOE_NB; b++) {
+                if (b >= nb) break;
+                float dot = warp_sum(acc[b]);
+                if (lane == 0) out[(int64_t)(rb + b) * rows + row] = RELU2 ? (dot > 0 ? dot * dot : 0.0f) : dot;
+            }
         }
     }
 }
@@ -140,8 +222,9 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k) {
     if (n <= 0) return;
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k;
-    if (E > MAX_EXPERTS || top_k > 16) {
-        fprintf(stderr, "vllm: MoE with %d experts top-%d is not built for CUDA\n", E, top_k);
+    if (E > MAX_EXPERTS || top_k > 16 || I % 8 || L % 8) {
+        fprintf(stderr, "vllm: MoE with %d experts top-%d, widths %d / %d (need multiples of 8) is not built for CUDA\n",
+                E, top_k, I, L);
         abort();
     }
     size_t ints = (size_t)(E + 1) + 2 * (size_t)nk, floats = (size_t)nk * I + (size_t)nk * L;
@@ -151,7 +234,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     cudaStream_t st = cu(be)->stream;
     k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, offsets, perm, slot_of);
     LAUNCH_CHECK();
-    const int rpb = 64;
+    const int rpb = 8; // one weight row per warp: many warps in flight at decode sizes
     if (w->up.dtype == DT_BF16) {
         k_moe_mm<__nv_bfloat16, true, true><<<dim3(E, cdiv(I, rpb)), 256, 0, st>>>(
             (const __nv_bfloat16 *)w->up.data, x, h, offsets, perm, top_k, I, L, rpb);

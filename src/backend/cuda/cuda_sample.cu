@@ -173,7 +173,7 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
                  struct sample_out *out) {
     int n = b->num_sample;
     if (n <= 0) return;
-    int need_cnt = 0;
+    int need_cnt = b->fixed_shapes; // a recorded graph must not depend on this step's penalties
     for (int i = 0; i < n; i++) {
         const struct sample_params *p = &b->h_sample_params[i];
         need_cnt |= p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;

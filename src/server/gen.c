@@ -1,0 +1,487 @@
+// gen.c - one completion or chat request from submit to its last byte.
+//
+// The engine's callback (engine thread) only appends to the gen's `pend`
+// buffer under server.mu, queues the gen and wakes the loop; the loop thread
+// swaps `pend` with `work` and turns the events into SSE chunks or into the
+// final JSON. A client that leaves (the connection's close callback, or for a
+// non-streaming request a watch on its socket) cancels the engine request.
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "core/common.h"
+#include "server/server_internal.h"
+
+// ------------------------------------------------------- engine thread --
+
+// num_output: the tokens delivered so far, these included (counted here:
+// vllm_output.num_output_tokens also counts tokens still in flight).
+static void events_append(struct gen_events *ev, const struct vllm_output *o, int num_output) {
+    if (o->text_len) {
+        if (ev->text_len + o->text_len > ev->text_cap) {
+            ev->text_cap = (ev->text_len + o->text_len) * 2;
+            ev->text = xrealloc(ev->text, ev->text_cap);
+        }
+        memcpy(ev->text + ev->text_len, o->text, o->text_len);
+        ev->text_len += o->text_len;
+    }
+    int n = o->num_token_ids;
+    if (n) {
+        int k = o->logprobs ? o->num_top_logprobs : 0;
+        if (ev->n + n > ev->cap || k != ev->k) {
+            ev->cap = MAX(ev->cap, (ev->n + n) * 2);
+            ev->k = k;
+            ev->ids = xrealloc(ev->ids, sizeof(int32_t) * ev->cap);
+            ev->lp = xrealloc(ev->lp, sizeof(float) * ev->cap);
+            ev->top_ids = xrealloc(ev->top_ids, sizeof(int32_t) * ev->cap * (k ? k : 1));
+            ev->top_lp = xrealloc(ev->top_lp, sizeof(float) * ev->cap * (k ? k : 1));
+        }
+        memcpy(ev->ids + ev->n, o->token_ids, sizeof(int32_t) * n);
+        for (int i = 0; i < n; i++) ev->lp[ev->n + i] = o->logprobs ? o->logprobs[i] : 0;
+        if (k) {
+            memcpy(ev->top_ids + (size_t)ev->n * k, o->top_ids, sizeof(int32_t) * n * k);
+            memcpy(ev->top_lp + (size_t)ev->n * k, o->top_logprobs, sizeof(float) * n * k);
+        }
+        ev->n += n;
+    }
+    ev->num_prompt = o->num_prompt_tokens;
+    ev->num_output = num_output;
+    if (o->finish_reason != VLLM_FINISH_NONE) {
+        ev->done = 1;
+        ev->reason = o->finish_reason;
+        ev->status = o->status;
+        snprintf(ev->error, sizeof ev->error, "%s", o->error ? o->error : "");
+    }
+}
+
+static int finish_index(vllm_finish_reason r) {
+    return r == VLLM_FINISH_LENGTH ? 1 : r == VLLM_FINISH_ABORT ? 2 : r == VLLM_FINISH_ERROR ? 3 : 0;
+}
+
+void gen_on_output(void *user, const struct vllm_output *o) {
+    struct gen *g = user;
+    struct server *s = g->srv;
+    double now = now_s();
+    int wake = 0;
+    pthread_mutex_lock(&s->mu);
+    g->num_output += o->num_token_ids;
+    events_append(g->pend, o, g->num_output);
+    if (o->num_token_ids) {
+        if (g->t_first == 0) hist_observe(&s->m.ttft, now - g->t_arrival), g->t_first = now;
+        else hist_observe(&s->m.itl, now - g->t_last);
+        g->t_last = now;
+    }
+    if (o->finish_reason != VLLM_FINISH_NONE) {
+        if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - g->t_arrival);
+        s->m.finished[finish_index(o->finish_reason)]++;
+    }
+    if (!g->queued) {
+        g->queued = 1;
+        g->qnext = NULL;
+        if (s->ready_tail) s->ready_tail->qnext = g;
+        else s->ready_head = g, wake = 1;
+        s->ready_tail = g;
+    }
+    pthread_mutex_unlock(&s->mu);
+    // The gen may be freed from here on: only the server is touched.
+    if (wake) event_active(s->wake, EV_READ, 0);
+}
+
+// ---------------------------------------------------------- lifecycle --
+
+static void events_free(struct gen_events *ev) {
+    if (!ev) return;
+    free(ev->text), free(ev->ids), free(ev->lp), free(ev->top_ids), free(ev->top_lp);
+    free(ev);
+}
+
+static void gen_maybe_free(struct gen *g) {
+    if (!g->engine_done || g->req) return;
+    struct server *s = g->srv;
+    if (g->prev) g->prev->next = g->next;
+    else s->live = g->next;
+    if (g->next) g->next->prev = g->prev;
+    s->num_live--;
+    events_free(g->pend);
+    events_free(g->work);
+    free(g->text);
+    free(g->ids);
+    json_decref(g->logprobs);
+    gen_params_free(&g->p);
+    free(g);
+    server_maybe_exit(s);
+}
+
+// Takes the HTTP request back from the gen: no close callback or socket
+// watch refers to the gen after this.
+static struct evhttp_request *gen_detach(struct gen *g) {
+    struct evhttp_request *req = g->req;
+    if (g->watch) event_free(g->watch);
+    if (g->evcon) evhttp_connection_set_closecb(g->evcon, NULL, NULL);
+    g->watch = NULL;
+    g->evcon = NULL;
+    g->req = NULL;
+    return req;
+}
+
+// The client's connection closed before the answer was complete.
+static void on_close(struct evhttp_connection *evcon, void *arg) {
+    (void)evcon;
+    struct gen *g = arg;
+    struct evhttp_request *req = g->req;
+    // Mid-stream, libevent let go of the request (no connection): it is ours
+    // to free. Otherwise libevent frees it with the connection.
+    int ours = req && !evhttp_request_get_connection(req);
+    gen_detach(g);
+    if (ours) evhttp_request_free(req);
+    if (g->vreq) vllm_request_free(g->vreq); // cancels; its last event still comes
+    g->vreq = NULL;
+    gen_maybe_free(g);
+}
+
+// Non-streaming: libevent does not read the socket while the answer is
+// pending, so a client that leaves is noticed here.
+static void on_watch(evutil_socket_t fd, short what, void *arg) {
+    (void)what;
+    struct gen *g = arg;
+    char c;
+    ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r > 0) return; // a pipelined request: stop watching, it waits its turn
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(g->watch, NULL);
+        return;
+    }
+    evhttp_connection_free(g->evcon); // calls on_close
+}
+
+// While a stream runs, libevent reads the socket only to notice a close:
+// no read timeout (the client is silent), and at most 64 KB of whatever the
+// client sends meanwhile is buffered. Both are restored for the next request.
+static void set_streaming(struct gen *g, int on) {
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(g->evcon);
+    struct timeval tv = {g->srv->cfg.io_timeout_s, 0};
+    bufferevent_set_timeouts(bev, on ? NULL : &tv, &tv);
+    bufferevent_setwatermark(bev, EV_READ, 0, on ? 64 << 10 : 0);
+}
+
+// -------------------------------------------------------------- JSON --
+
+static const char *finish_string(vllm_finish_reason r) {
+    return r == VLLM_FINISH_LENGTH ? "length" : r == VLLM_FINISH_ABORT ? "abort" : "stop";
+}
+
+static json_t *ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *usage_json(const struct gen_events *ev) {
+    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", ev->num_prompt, "completion_tokens", ev->num_output,
+                     "total_tokens", ev->num_prompt + ev->num_output);
+}
+
+static json_t *logprob_json(float lp) { return json_real(isfinite(lp) ? lp : -9999.0); }
+
+static json_t *bytes_json(const char *piece) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)piece; *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+static json_t *chat_logprob(struct server *s, int32_t id, float lp) {
+    const char *piece = server_piece(s, id);
+    return json_pack("{s:o,s:o,s:o}", "token", json_text(piece, strlen(piece)), "logprob", logprob_json(lp), "bytes",
+                     bytes_json(piece));
+}
+
+// Appends the events' tokens to a logprobs object: chat's {"content": [...]}
+// or the completions API's {"tokens", "token_logprobs", "top_logprobs",
+// "text_offset"}.
+static void append_logprobs(struct gen *g, json_t *obj, const struct gen_events *ev) {
+    struct server *s = g->srv;
+    int k = MIN(ev->k, g->p.logprobs);
+    if (g->p.kind == API_CHAT) {
+        json_t *content = json_object_get(obj, "content");
+        for (int i = 0; i < ev->n; i++) {
+            json_t *e = chat_logprob(s, ev->ids[i], ev->lp[i]), *tops = json_array();
+            for (int j = 0; j < k; j++)
+                json_array_append_new(tops, chat_logprob(s, ev->top_ids[i * ev->k + j], ev->top_lp[i * ev->k + j]));
+            json_object_set_new(e, "top_logprobs", tops);
+            json_array_append_new(content, e);
+        }
+        return;
+    }
+    for (int i = 0; i < ev->n; i++) {
+        const char *piece = server_piece(s, ev->ids[i]);
+        json_array_append_new(json_object_get(obj, "tokens"), json_text(piece, strlen(piece)));
+        json_array_append_new(json_object_get(obj, "token_logprobs"), logprob_json(ev->lp[i]));
+        json_array_append_new(json_object_get(obj, "text_offset"), json_integer((json_int_t)g->text_offset));
+        g->text_offset += strlen(piece);
+        json_t *top = json_object();
+        for (int j = 0; j < k; j++) {
+            const char *p = server_piece(s, ev->top_ids[i * ev->k + j]);
+            json_object_set_new(top, p, logprob_json(ev->top_lp[i * ev->k + j]));
+        }
+        if (!json_object_get(top, piece)) json_object_set_new(top, piece, logprob_json(ev->lp[i]));
+        json_array_append_new(json_object_get(obj, "top_logprobs"), top);
+    }
+}
+
+static json_t *logprobs_new(const struct gen *g) {
+    if (g->p.kind == API_CHAT) return json_pack("{s:[]}", "content");
+    return json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+static json_t *response_base(struct gen *g, const char *object) {
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", g->id, "object", object, "created", (json_int_t)g->created, "model",
+                     g->srv->cfg.served_model_name);
+}
+
+// ---------------------------------------------------------- streaming --
+
+static void sse_send(struct gen *g, json_t *obj) {
+    char *js = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    struct evbuffer *buf = evbuffer_new();
+    evbuffer_add_printf(buf, "data: %s\n\n", js ? js : "{}");
+    evhttp_send_reply_chunk(g->req, buf);
+    evbuffer_free(buf);
+    free(js);
+}
+
+static json_t *stream_chunk(struct gen *g, json_t *choice) {
+    int chat = g->p.kind == API_CHAT;
+    json_t *c = response_base(g, chat ? "chat.completion.chunk" : "text_completion");
+    if (g->p.return_token_ids && !g->started) {
+        json_object_set_new(chat ? c : choice, "prompt_token_ids", ids_json(g->p.prompt_ids, g->p.num_prompt));
+    }
+    g->started = 1;
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    if (g->p.include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+static void stream_start(struct gen *g) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(g->req);
+    evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(g->req, 200, "OK");
+    set_streaming(g, 1);
+    // Each event goes out at once, not after the client's delayed ACK.
+    int one = 1;
+    evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (g->p.kind == API_CHAT) {
+        json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role", "assistant", "content", "",
+                                   "logprobs", "finish_reason");
+        sse_send(g, stream_chunk(g, choice));
+    }
+}
+
+static void stream_events(struct gen *g, const struct gen_events *ev) {
+    int failed = ev->done && (ev->reason == VLLM_FINISH_ABORT || ev->reason == VLLM_FINISH_ERROR);
+    int fin = ev->done && !failed, tokens = ev->n && (g->p.logprobs >= 0 || g->p.return_token_ids);
+    if (!ev->text_len && !tokens && !fin) return;
+    json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(ev->text ? ev->text : "", ev->text_len);
+    if (g->p.kind == API_CHAT) {
+        json_t *delta = json_object(); // the finish chunk's delta is {}
+        if (ev->text_len || !fin) json_object_set(delta, "content", text);
+        json_object_set_new(choice, "delta", delta);
+        json_decref(text);
+    } else {
+        json_object_set_new(choice, "text", text);
+    }
+    json_t *lp = json_null();
+    if (g->p.logprobs >= 0 && ev->n) append_logprobs(g, lp = logprobs_new(g), ev);
+    json_object_set_new(choice, "logprobs", lp);
+    json_object_set_new(choice, "finish_reason", fin ? json_string(finish_string(ev->reason)) : json_null());
+    if (g->p.kind == API_COMPLETION) json_object_set_new(choice, "stop_reason", json_null());
+    if (g->p.return_token_ids) json_object_set_new(choice, "token_ids", ids_json(ev->ids, ev->n));
+    sse_send(g, stream_chunk(g, choice));
+}
+
+static void stream_finish(struct gen *g, const struct gen_events *ev) {
+    if (ev->reason == VLLM_FINISH_ABORT || ev->reason == VLLM_FINISH_ERROR) {
+        struct api_error err = {0};
+        api_fail(&err, ev->reason == VLLM_FINISH_ABORT ? 503 : api_status_of(ev->status), NULL, "%s",
+                 ev->reason == VLLM_FINISH_ABORT ? "the request was aborted: the server is shutting down" : ev->error);
+        sse_send(g, api_error_json(&err));
+    } else if (g->p.include_usage) {
+        json_t *c = response_base(g, g->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+        json_object_set_new(c, "choices", json_array());
+        json_object_set_new(c, "usage", usage_json(ev));
+        sse_send(g, c);
+    }
+    struct evbuffer *buf = evbuffer_new();
+    evbuffer_add_printf(buf, "data: [DONE]\n\n");
+    evhttp_send_reply_chunk(g->req, buf);
+    evbuffer_free(buf);
+    set_streaming(g, 0);
+    struct evhttp_request *req = gen_detach(g);
+    server_track_reply(g->srv, req);
+    evhttp_send_reply_end(req);
+}
+
+// ------------------------------------------------------ non-streaming --
+
+static void collect_events(struct gen *g, const struct gen_events *ev) {
+    if (ev->text_len) {
+        if (g->text_len + ev->text_len > g->text_cap) {
+            g->text_cap = (g->text_len + ev->text_len) * 2;
+            g->text = xrealloc(g->text, g->text_cap);
+        }
+        memcpy(g->text + g->text_len, ev->text, ev->text_len);
+        g->text_len += ev->text_len;
+    }
+    if (ev->n && g->p.return_token_ids) {
+        xgrow((void **)&g->ids, &g->cap_ids, g->num_ids + ev->n, sizeof(int32_t));
+        memcpy(g->ids + g->num_ids, ev->ids, sizeof(int32_t) * ev->n);
+        g->num_ids += ev->n;
+    }
+    if (ev->n && g->p.logprobs >= 0) {
+        if (!g->logprobs) g->logprobs = logprobs_new(g);
+        append_logprobs(g, g->logprobs, ev);
+    }
+}
+
+static void reply_final(struct gen *g, const struct gen_events *ev) {
+    struct evhttp_request *req = gen_detach(g);
+    if (ev->reason == VLLM_FINISH_ABORT || ev->reason == VLLM_FINISH_ERROR) {
+        struct api_error err = {0};
+        api_fail(&err, ev->reason == VLLM_FINISH_ABORT ? 503 : api_status_of(ev->status), NULL, "%s",
+                 ev->reason == VLLM_FINISH_ABORT ? "the request was aborted: the server is shutting down" : ev->error);
+        send_error(g->srv, req, &err);
+        return;
+    }
+    int chat = g->p.kind == API_CHAT;
+    json_t *r = response_base(g, chat ? "chat.completion" : "text_completion");
+    json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(g->text ? g->text : "", g->text_len);
+    if (chat) json_object_set_new(choice, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+    else json_object_set_new(choice, "text", text);
+    if (g->p.logprobs >= 0 && !g->logprobs) g->logprobs = logprobs_new(g);
+    json_object_set(choice, "logprobs", g->logprobs ? g->logprobs : json_null());
+    json_object_set_new(choice, "finish_reason", json_string(finish_string(ev->reason)));
+    if (!chat) json_object_set_new(choice, "stop_reason", json_null());
+    if (g->p.return_token_ids) {
+        json_object_set_new(chat ? r : choice, "prompt_token_ids", ids_json(g->p.prompt_ids, g->p.num_prompt));
+        json_object_set_new(choice, "token_ids", ids_json(g->ids, g->num_ids));
+    }
+    json_object_set_new(r, "choices", json_pack("[o]", choice));
+    json_object_set_new(r, "usage", usage_json(ev));
+    send_json(g->srv, req, 200, r);
+}
+
+// ------------------------------------------------------------- driver --
+
+static void gen_handle(struct gen *g) {
+    struct gen_events *ev = g->work;
+    if (g->req) {
+        if (g->p.stream) stream_events(g, ev);
+        else collect_events(g, ev);
+    }
+    if (ev->done) {
+        g->engine_done = 1;
+        if (g->vreq) vllm_request_free(g->vreq);
+        g->vreq = NULL;
+        if (g->req && g->p.stream) stream_finish(g, ev);
+        else if (g->req) reply_final(g, ev);
+    }
+    ev->text_len = 0;
+    ev->n = 0;
+    ev->done = 0;
+    gen_maybe_free(g);
+}
+
+void gen_handle_ready(struct server *s) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (struct gen *g = s->ready_head; g; g = g->qnext) {
+        xgrow((void **)&s->batch, &s->batch_cap, n + 1, sizeof(struct gen *));
+        s->batch[n++] = g;
+        g->queued = 0;
+        struct gen_events *t = g->pend;
+        g->pend = g->work;
+        g->work = t;
+    }
+    s->ready_head = s->ready_tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) gen_handle(s->batch[i]);
+}
+
+// The field an engine message is about ("temperature must be ..."), if any.
+static const char *param_of(const char *msg) {
+    static const char *const names[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                        "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", NULL};
+    for (int i = 0; names[i]; i++) {
+        size_t n = strlen(names[i]);
+        if (!strncmp(msg, names[i], n) && msg[n] == ' ') return names[i];
+    }
+    return NULL;
+}
+
+void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *gp) {
+    struct gen *g = xcalloc(1, sizeof *g);
+    g->srv = s;
+    g->p = *gp;
+    memset(gp, 0, sizeof *gp);
+    g->pend = xcalloc(1, sizeof *g->pend);
+    g->work = xcalloc(1, sizeof *g->work);
+    server_new_id(s, g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    g->created = (long long)time(NULL);
+    g->t_arrival = now_s();
+    g->next = s->live;
+    if (s->live) s->live->prev = g;
+    s->live = g;
+    s->num_live++;
+    struct vllm_prompt pr;
+    vllm_prompt_default(&pr);
+    pr.token_ids = g->p.prompt_ids;
+    pr.num_token_ids = g->p.num_prompt;
+    int rc = vllm_submit(s->engine, &pr, &g->p.sp, gen_on_output, g, &g->vreq);
+    if (rc) {
+        struct api_error err = {0};
+        const char *msg = vllm_last_error();
+        api_fail(&err, api_status_of(rc), param_of(msg), "%s", msg);
+        send_error(s, req, &err);
+        g->engine_done = 1;
+        gen_maybe_free(g);
+        return;
+    }
+    g->req = req;
+    g->evcon = evhttp_request_get_connection(req);
+    evhttp_connection_set_closecb(g->evcon, on_close, g);
+    if (g->p.stream) {
+        stream_start(g);
+    } else {
+        evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
+        g->watch = event_new(s->base, fd, EV_READ, on_watch, g);
+        event_add(g->watch, NULL);
+    }
+}
+
+void gen_release_all(struct server *s) {
+    for (struct gen *g = s->live; g; g = g->next) {
+        if (g->vreq) vllm_request_free(g->vreq);
+        g->vreq = NULL;
+    }
+}
+
+void gen_free_all(struct server *s) {
+    while (s->live) {
+        struct gen *g = s->live;
+        if (g->req) evhttp_request_free(gen_detach(g));
+        g->engine_done = 1;
+        gen_maybe_free(g);
+    }
+}
+
+void gen_cancel_all(struct server *s) {
+    for (struct gen *g = s->live; g; g = g->next)
+        if (g->vreq) vllm_request_cancel(g->vreq);
+}

@@ -1,0 +1,347 @@
+// request.c - OpenAI request bodies to engine requests: field types and
+// ranges, the prompt (text through the tokenizer, chat through the
+// template), and the max_model_len check. Unknown fields are ignored, as
+// vLLM does; fields vLLM knows but vllm.c cannot honour get a 400.
+#include <limits.h>
+#include <math.h>
+
+#include "core/common.h"
+#include "server/server_internal.h"
+
+#define MAX_LOGPROBS 20
+#define MAX_STOP 64
+
+// The field, or NULL when it is absent or null (OpenAI's "not given").
+static json_t *field(const json_t *body, const char *key) {
+    json_t *v = json_object_get(body, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_bool(const json_t *body, const char *key, int *out, struct api_error *err) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return api_fail(err, 400, key, "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+// An integer (or a number with no fraction, as pydantic takes it) in [lo, hi].
+static int get_int64(const json_t *body, const char *key, long long lo, long long hi, long long *out,
+                     struct api_error *err) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    double d = json_is_real(v) ? json_real_value(v) : 0;
+    if (!json_is_integer(v) && !(json_is_real(v) && d == floor(d) && fabs(d) < 9e15))
+        return api_fail(err, 400, key, "'%s' must be an integer", key);
+    long long x = json_is_integer(v) ? json_integer_value(v) : (long long)d;
+    if (x < lo || x > hi) return api_fail(err, 400, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int get_int(const json_t *body, const char *key, int lo, int hi, int *out, struct api_error *err) {
+    long long x = *out;
+    if (get_int64(body, key, lo, hi, &x, err)) return -1;
+    *out = (int)x;
+    return 0;
+}
+
+static int get_float(const json_t *body, const char *key, float *out, struct api_error *err) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return api_fail(err, 400, key, "'%s' must be a number", key);
+    *out = (float)json_number_value(v);
+    return 0;
+}
+
+int check_model(struct server *s, const json_t *body, struct api_error *err) {
+    json_t *m = field(body, "model");
+    if (!m) return 0;
+    if (!json_is_string(m)) return api_fail(err, 400, "model", "'model' must be a string");
+    if (strcmp(json_string_value(m), s->cfg.served_model_name))
+        return api_fail(err, 404, "model", "The model `%.200s` does not exist.", json_string_value(m));
+    return 0;
+}
+
+// Fields that vLLM honours and vllm.c does not: a 400, never a silent ignore.
+static int check_unsupported(const json_t *body, struct api_error *err) {
+    static const char *const never[] = {"suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                        "structured_outputs", NULL};
+    for (int i = 0; never[i]; i++)
+        if (field(body, never[i])) return api_fail(err, 400, never[i], "'%s' is not supported", never[i]);
+    long long n = 1, best_of = 1;
+    int echo = 0, beam = 0;
+    if (get_int64(body, "n", LLONG_MIN, LLONG_MAX, &n, err) ||
+        get_int64(body, "best_of", LLONG_MIN, LLONG_MAX, &best_of, err))
+        return -1;
+    if (n != 1 || best_of != 1)
+        return api_fail(err, 400, n != 1 ? "n" : "best_of",
+                        "one choice per request is supported: 'n' and 'best_of' must be 1");
+    if (get_bool(body, "echo", &echo, err) || get_bool(body, "use_beam_search", &beam, err)) return -1;
+    if (echo) return api_fail(err, 400, "echo", "'echo' is not supported");
+    if (beam) return api_fail(err, 400, "use_beam_search", "beam search is not supported");
+    json_t *lb = field(body, "logit_bias");
+    if (lb && (!json_is_object(lb) || json_object_size(lb)))
+        return api_fail(err, 400, "logit_bias", "'logit_bias' is not supported");
+    json_t *rf = field(body, "response_format");
+    if (rf && (!json_is_object(rf) || !json_is_string(json_object_get(rf, "type")) ||
+               strcmp(json_string_value(json_object_get(rf, "type")), "text")))
+        return api_fail(err, 400, "response_format", "only the 'text' response_format is supported");
+    return 0;
+}
+
+static int get_stop(const json_t *body, struct gen_params *gp, struct api_error *err) {
+    json_t *v = field(body, "stop");
+    if (!v) return 0;
+    int n = json_is_string(v) ? 1 : json_is_array(v) ? (int)json_array_size(v) : -1;
+    if (n < 0 || n > MAX_STOP)
+        return api_fail(err, 400, "stop", "'stop' must be a string or a list of at most %d strings", MAX_STOP);
+    gp->stop = xcalloc(n ? n : 1, sizeof(char *));
+    for (int i = 0; i < n; i++) {
+        json_t *x = json_is_string(v) ? v : json_array_get(v, i);
+        if (!json_is_string(x) || !json_string_length(x))
+            return api_fail(err, 400, "stop", "'stop' must hold non-empty strings");
+        gp->stop[gp->sp.num_stop++] = xstrdup(json_string_value(x));
+    }
+    gp->sp.stop = (const char *const *)gp->stop;
+    return 0;
+}
+
+// A list of token ids in [0, vocab), or -1 with a 400 naming `key`.
+static int get_ids(struct server *s, const json_t *v, const char *key, int32_t **ids, int *n, struct api_error *err) {
+    size_t len = json_array_size(v);
+    *ids = xmalloc(sizeof(int32_t) * (len ? len : 1));
+    *n = (int)len;
+    for (size_t i = 0; i < len; i++) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->info.vocab_size)
+            return api_fail(err, 400, key, "%s[%zu] is not a token id in [0, %d)", key, i, s->info.vocab_size);
+        (*ids)[i] = (int32_t)json_integer_value(x);
+    }
+    return 0;
+}
+
+static int get_sampling(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    struct vllm_sampling_params *sp = &gp->sp;
+    long long seed = -1;
+    if (get_float(body, "temperature", &sp->temperature, err) || get_float(body, "top_p", &sp->top_p, err) ||
+        get_int(body, "top_k", INT_MIN, INT_MAX, &sp->top_k, err) || get_float(body, "min_p", &sp->min_p, err) ||
+        get_float(body, "presence_penalty", &sp->presence_penalty, err) ||
+        get_float(body, "frequency_penalty", &sp->frequency_penalty, err) ||
+        get_float(body, "repetition_penalty", &sp->repetition_penalty, err) ||
+        get_int64(body, "seed", LLONG_MIN, LLONG_MAX, &seed, err) ||
+        get_int(body, "min_tokens", 0, INT_MAX, &sp->min_tokens, err) ||
+        get_bool(body, "ignore_eos", &sp->ignore_eos, err) ||
+        get_bool(body, "skip_special_tokens", &sp->skip_special_tokens, err) ||
+        get_bool(body, "include_stop_str_in_output", &sp->include_stop_str_in_output, err) || get_stop(body, gp, err))
+        return -1;
+    // vLLM takes any int seed; the engine's seeds are >= 0, so fold negatives in.
+    sp->seed = seed == -1 && !field(body, "seed") ? -1 : seed < 0 ? (int64_t)((uint64_t)seed >> 1) : seed;
+    json_t *ids = field(body, "stop_token_ids");
+    if (ids) {
+        if (!json_is_array(ids)) return api_fail(err, 400, "stop_token_ids", "'stop_token_ids' must be a list of ids");
+        if (get_ids(s, ids, "stop_token_ids", &gp->stop_ids, &sp->num_stop_token_ids, err)) return -1;
+        sp->stop_token_ids = gp->stop_ids;
+    }
+    if (sp->num_stop && !s->info.has_tokenizer)
+        return api_fail(err, 400, "stop", "stop strings need a tokenizer; the model has no tokenizer.json");
+    return 0;
+}
+
+static int get_stream(const json_t *body, struct gen_params *gp, struct api_error *err) {
+    if (get_bool(body, "stream", &gp->stream, err) || get_bool(body, "return_token_ids", &gp->return_token_ids, err))
+        return -1;
+    json_t *so = field(body, "stream_options");
+    if (so && !json_is_object(so)) return api_fail(err, 400, "stream_options", "'stream_options' must be an object");
+    return so ? get_bool(so, "include_usage", &gp->include_usage, err) : 0;
+}
+
+static int tokenize_text(struct server *s, const char *text, size_t len, int add_special, int32_t **ids, int *n,
+                         struct api_error *err) {
+    if (!s->info.has_tokenizer)
+        return api_fail(err, 400, "prompt", "the model has no tokenizer.json: send the prompt as token ids");
+    if (vllm_tokenize(s->engine, text, len, add_special, ids, n))
+        return api_fail(err, 400, "prompt", "tokenizing the prompt: %s", vllm_last_error());
+    return 0;
+}
+
+// "prompt": a string, a list of ids, or a list holding one of those.
+static int completion_prompt(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    int add_special = 1;
+    if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
+    json_t *p = field(body, "prompt");
+    if (!p) return api_fail(err, 400, "prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
+        p = json_array_get(p, 0); // [text] or [[ids]]
+    if (json_is_string(p))
+        return tokenize_text(s, json_string_value(p), json_string_length(p), add_special, &gp->prompt_ids,
+                             &gp->num_prompt, err);
+    if (!json_is_array(p)) return api_fail(err, 400, "prompt", "'prompt' must be a string or a list of token ids");
+    if (json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0)))
+        return api_fail(err, 400, "prompt", "one prompt per request is supported, got a list of %zu",
+                        json_array_size(p));
+    if (json_array_size(p) == 0) return api_fail(err, 400, "prompt", "'prompt' is empty");
+    return get_ids(s, p, "prompt", &gp->prompt_ids, &gp->num_prompt, err);
+}
+
+// A message's content as the template sees it: text parts joined by "\n".
+static json_t *message_content(const json_t *c, size_t i, struct api_error *err) {
+    if (!c) return json_string("");
+    if (json_is_string(c)) return json_incref((json_t *)c);
+    if (!json_is_array(c)) {
+        api_fail(err, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
+        return NULL;
+    }
+    size_t len = 0, j;
+    json_t *part;
+    json_array_foreach(c, j, part) {
+        json_t *t = json_object_get(part, "text");
+        if (!json_is_string(json_object_get(part, "type")) || strcmp(json_string_value(json_object_get(part, "type")), "text") ||
+            !json_is_string(t)) {
+            api_fail(err, 400, "messages", "messages[%zu].content[%zu]: only {\"type\": \"text\", \"text\": ...} parts are supported", i, j);
+            return NULL;
+        }
+        len += json_string_length(t) + 1;
+    }
+    char *buf = xmalloc(len + 1);
+    size_t o = 0;
+    json_array_foreach(c, j, part) {
+        json_t *t = json_object_get(part, "text");
+        if (j) buf[o++] = '\n';
+        memcpy(buf + o, json_string_value(t), json_string_length(t));
+        o += json_string_length(t);
+    }
+    json_t *r = json_stringn(buf, o);
+    free(buf);
+    return r;
+}
+
+// The chat template's input: {"messages", "add_generation_prompt", ...}.
+static json_t *template_request(const json_t *body, struct api_error *err) {
+    json_t *msgs = field(body, "messages"), *m;
+    if (!json_is_array(msgs) || !json_array_size(msgs)) {
+        api_fail(err, 400, "messages", "'messages' must be a non-empty list");
+        return NULL;
+    }
+    json_t *req = json_object(), *norm = json_array();
+    json_object_set_new(req, "messages", norm);
+    size_t i;
+    json_array_foreach(msgs, i, m) {
+        json_t *content;
+        if (!json_is_object(m) || !json_is_string(json_object_get(m, "role"))) {
+            api_fail(err, 400, "messages", "messages[%zu] must be an object with a string 'role'", i);
+        } else if ((content = message_content(field(m, "content"), i, err))) {
+            json_t *c = json_deep_copy(m);
+            json_object_set_new(c, "content", content);
+            json_array_append_new(norm, c);
+            continue;
+        }
+        json_decref(req);
+        return NULL;
+    }
+    int gen_prompt = 1, cont = 0;
+    json_t *kw = field(body, "chat_template_kwargs"), *tools = field(body, "tools");
+    if (get_bool(body, "add_generation_prompt", &gen_prompt, err) ||
+        get_bool(body, "continue_final_message", &cont, err) || (kw && !json_is_object(kw))) {
+        api_fail(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        json_decref(req);
+        return NULL;
+    }
+    if (kw) json_object_update(req, kw);
+    json_object_set_new(req, "add_generation_prompt", json_boolean(gen_prompt && !cont));
+    json_object_set_new(req, "continue_final_message", json_boolean(cont));
+    if (tools) json_object_set(req, "tools", tools);
+    return req;
+}
+
+static int chat_prompt(struct server *s, const json_t *body, int32_t **ids, int *n, struct api_error *err) {
+    int add_special = 0; // the template writes BOS itself
+    if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
+    if (!s->info.has_chat_template)
+        return api_fail(err, 400, "messages", "the model has no chat template (tokenizer_config.json chat_template)");
+    json_t *req = template_request(body, err);
+    if (!req) return -1;
+    char *js = json_dumps(req, JSON_COMPACT), *text = NULL;
+    json_decref(req);
+    int rc = vllm_apply_chat_template(s->engine, js, &text);
+    free(js);
+    if (rc) return api_fail(err, 400, "messages", "applying the chat template: %s", vllm_last_error());
+    rc = tokenize_text(s, text, strlen(text), add_special, ids, n, err);
+    vllm_free(text);
+    return rc;
+}
+
+int tokenize_body(struct server *s, const json_t *body, int32_t **ids, int *n, struct api_error *err) {
+    *ids = NULL;
+    if (field(body, "messages")) return chat_prompt(s, body, ids, n, err);
+    int add_special = 1;
+    json_t *p = field(body, "prompt");
+    if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
+    if (!json_is_string(p)) return api_fail(err, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+    return tokenize_text(s, json_string_value(p), json_string_length(p), add_special, ids, n, err);
+}
+
+// Max tokens: asked for (checked against max_model_len, as vLLM does), or
+// what is left (chat) or 16 (completions).
+static int get_max_tokens(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    int mml = s->info.max_model_len, n = gp->num_prompt, mt = -1;
+    const char *what = gp->kind == API_CHAT ? "messages" : "prompt";
+    const char *key = gp->kind == API_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (get_int(body, key, 1, INT_MAX, &mt, err)) return -1;
+    if (n >= mml)
+        return api_fail(err, 400, what,
+                        "This model's maximum context length is %d tokens. However, your %s has %d tokens, which "
+                        "leaves no room for the completion. Please reduce the length of the %s.",
+                        mml, what, n, what);
+    if (mt > 0 && (long long)n + mt > mml)
+        return api_fail(err, 400, key,
+                        "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
+                        "the %s, %d in the completion). Please reduce the length of the %s or completion.",
+                        mml, (long long)n + mt, n, what, mt, what);
+    gp->sp.max_tokens = mt > 0 ? mt : gp->kind == API_CHAT ? mml - n : MIN(16, mml - n);
+    if (gp->sp.min_tokens > gp->sp.max_tokens)
+        return api_fail(err, 400, "min_tokens", "'min_tokens' (%d) is larger than max_tokens (%d)", gp->sp.min_tokens,
+                        gp->sp.max_tokens);
+    return 0;
+}
+
+static int get_logprobs(const json_t *body, struct gen_params *gp, struct api_error *err) {
+    gp->logprobs = -1;
+    if (gp->kind == API_COMPLETION) {
+        int k = -1;
+        if (json_is_boolean(json_object_get(body, "logprobs")))
+            return api_fail(err, 400, "logprobs", "'logprobs' must be an integer (the number of top logprobs)");
+        if (get_int(body, "logprobs", 0, MAX_LOGPROBS, &k, err)) return -1;
+        gp->logprobs = k;
+    } else {
+        int on = 0, k = 0;
+        if (get_bool(body, "logprobs", &on, err) || get_int(body, "top_logprobs", 0, MAX_LOGPROBS, &k, err)) return -1;
+        if (k > 0 && !on) return api_fail(err, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        gp->logprobs = on ? k : -1;
+    }
+    gp->sp.logprobs = gp->logprobs;
+    return 0;
+}
+
+int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
+                     struct api_error *err) {
+    memset(gp, 0, sizeof *gp);
+    gp->kind = kind;
+    vllm_sampling_params_default(&gp->sp);
+    int rc = check_unsupported(body, err) || get_sampling(s, body, gp, err) || get_stream(body, gp, err) ||
+             get_logprobs(body, gp, err);
+    if (!rc) rc = kind == API_CHAT ? chat_prompt(s, body, &gp->prompt_ids, &gp->num_prompt, err)
+                                   : completion_prompt(s, body, gp, err);
+    if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
+    if (!rc) rc = get_max_tokens(s, body, gp, err);
+    if (rc) gen_params_free(gp);
+    return rc ? -1 : 0;
+}
+
+void gen_params_free(struct gen_params *gp) {
+    for (int i = 0; i < gp->sp.num_stop; i++) free(gp->stop[i]);
+    free(gp->stop);
+    free(gp->stop_ids);
+    free(gp->prompt_ids);
+    memset(gp, 0, sizeof *gp);
+}

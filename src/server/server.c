@@ -1,0 +1,508 @@
+// server.c - the HTTP side of `vllm serve`: listening, routing, API keys,
+// the small endpoints, replies, and a graceful stop on SIGINT / SIGTERM.
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/common.h"
+#include "server/server_internal.h"
+
+#define STOP_GRACE_S 5 // how long a stop waits for aborted requests to wind down
+
+void server_config_default(struct server_config *c) {
+    memset(c, 0, sizeof *c);
+    c->host = "127.0.0.1";
+    c->port = 8000;
+    c->max_body_bytes = 32u << 20;
+    c->io_timeout_s = 60;
+}
+
+// ------------------------------------------------------------- replies --
+
+int api_fail(struct api_error *err, int status, const char *param, const char *fmt, ...) {
+    if (err->status) return -1; // keep the first error
+    err->status = status;
+    err->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int api_status_of(int st) {
+    switch (st) {
+    case VLLM_ERR_INVALID_ARGUMENT:
+    case VLLM_ERR_TOO_LONG:
+    case VLLM_ERR_UNSUPPORTED:
+    case VLLM_ERR_FORMAT: return 400;
+    case VLLM_ERR_QUEUE_FULL: return 429;
+    case VLLM_ERR_SHUTDOWN: return 503;
+    default: return 500;
+    }
+}
+
+static const char *error_type(int status) {
+    switch (status) {
+    case 400: return "BadRequestError";
+    case 401: return "AuthenticationError";
+    case 404: return "NotFoundError";
+    case 405: return "MethodNotAllowedError";
+    case 413: return "RequestEntityTooLargeError";
+    case 429: return "RateLimitError";
+    case 503: return "ServiceUnavailableError";
+    default: return "InternalServerError";
+    }
+}
+
+json_t *api_error_json(const struct api_error *err) {
+    json_t *e = json_object();
+    json_object_set_new(e, "message", json_text(err->message, strlen(err->message)));
+    json_object_set_new(e, "type", json_string(error_type(err->status)));
+    json_object_set_new(e, "param", err->param ? json_string(err->param) : json_null());
+    json_object_set_new(e, "code", json_integer(err->status));
+    json_t *o = json_object();
+    json_object_set_new(o, "error", e);
+    return o;
+}
+
+static const char *reason_phrase(int status) {
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 503: return "Service Unavailable";
+    default: return "Internal Server Error";
+    }
+}
+
+static void on_sent(struct evhttp_request *req, void *arg) {
+    struct server *s = arg;
+    evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
+    s->num_sending--;
+    server_maybe_exit(s);
+}
+
+static void on_sent_close(struct evhttp_connection *evcon, void *arg) {
+    (void)evcon;
+    struct server *s = arg;
+    s->num_sending--;
+    server_maybe_exit(s);
+}
+
+void server_track_reply(struct server *s, struct evhttp_request *req) {
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    if (!evcon) return; // the client is gone: libevent frees the request at once
+    s->num_sending++;
+    // Exactly one of the two runs: on_sent clears the close callback.
+    evhttp_request_set_on_complete_cb(req, on_sent, s);
+    evhttp_connection_set_closecb(evcon, on_sent_close, s);
+}
+
+void send_json(struct server *srv, struct evhttp_request *req, int status, json_t *body) {
+    char *s = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    struct evbuffer *buf = evbuffer_new();
+    if (s) evbuffer_add(buf, s, strlen(s));
+    free(s);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    server_track_reply(srv, req);
+    evhttp_send_reply(req, status, reason_phrase(status), buf);
+    evbuffer_free(buf);
+}
+
+void send_error(struct server *s, struct evhttp_request *req, const struct api_error *err) {
+    if (err->status == 401)
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    send_json(s, req, err->status, api_error_json(err));
+}
+
+// Length of the valid UTF-8 sequence at s (1..4), or 0 if it is invalid.
+static int utf8_seq(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 ? 2 : 0;
+    if (!len || c > 0xf4 || (size_t)len > n) return 0;
+    for (int i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (c == 0xe0 && s[1] < 0xa0) return 0;                // overlong
+    if (c == 0xed && s[1] >= 0xa0) return 0;               // surrogates
+    if (c == 0xf0 && s[1] < 0x90) return 0;                // overlong
+    if (c == 0xf4 && s[1] >= 0x90) return 0;               // > U+10FFFF
+    return len;
+}
+
+json_t *json_text(const char *s, size_t n) {
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *fixed = xmalloc(n * 3 + 1); // each bad byte becomes U+FFFD (3 bytes)
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        int len = utf8_seq((const unsigned char *)s + i, n - i);
+        if (len) memcpy(fixed + o, s + i, len), o += len, i += len;
+        else memcpy(fixed + o, "\xef\xbf\xbd", 3), o += 3, i++;
+    }
+    j = json_stringn(fixed, o);
+    free(fixed);
+    return j ? j : json_string("");
+}
+
+const char *server_piece(struct server *s, int32_t id) {
+    if (id < 0 || id >= s->info.vocab_size) return "";
+    if (!s->piece_cache) s->piece_cache = xcalloc(s->info.vocab_size, sizeof(char *));
+    if (!s->piece_cache[id]) {
+        char *t = NULL;
+        if (!s->info.has_tokenizer || vllm_detokenize(s->engine, &id, 1, 0, &t)) {
+            char buf[32];
+            snprintf(buf, sizeof buf, "token_id:%d", id);
+            t = xstrdup(buf);
+        }
+        s->piece_cache[id] = t;
+    }
+    return s->piece_cache[id];
+}
+
+void server_new_id(struct server *s, const char *prefix, char *out, size_t cap) {
+    uint64_t a = s->id_state += 0x9E3779B97F4A7C15ull, b = a ^ (a >> 31) ^ 0xD6E8FEB86659FD93ull;
+    a = (a ^ (a >> 30)) * 0xBF58476D1CE4E5B9ull;
+    b = (b ^ (b >> 27)) * 0x94D049BB133111EBull;
+    snprintf(out, cap, "%s%016llx%016llx", prefix, (unsigned long long)(a ^ (a >> 31)),
+             (unsigned long long)(b ^ (b >> 31)));
+}
+
+// ------------------------------------------------------------- routing --
+
+// The request body as a NUL-terminated string (in the request's buffer).
+static const char *body_of(struct evhttp_request *req, size_t *len) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    *len = evbuffer_get_length(in);
+    evbuffer_add(in, "", 1);
+    return (const char *)evbuffer_pullup(in, -1);
+}
+
+// Parses the body as a JSON object, or sets a 400.
+static json_t *json_body(struct evhttp_request *req, struct api_error *err) {
+    size_t len;
+    const char *body = body_of(req, &len);
+    json_error_t je;
+    json_t *j = json_loadb(body, len, 0, &je);
+    if (!j) {
+        api_fail(err, 400, NULL, "the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
+                 je.column);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        api_fail(err, 400, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+// Constant-time in the key: compares every byte whatever the first mismatch.
+static int key_matches(const char *key, const char *got) {
+    size_t n = strlen(key), m = strlen(got);
+    volatile unsigned char d = (unsigned char)(n != m);
+    for (size_t i = 0; i < m; i++) d |= (unsigned char)(got[i] ^ key[i % (n ? n : 1)]);
+    return n > 0 && d == 0;
+}
+
+static int authorized(struct server *s, struct evhttp_request *req) {
+    if (!s->cfg.api_key) return 1;
+    const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
+    h += 7;
+    while (*h == ' ') h++;
+    return key_matches(s->cfg.api_key, h);
+}
+
+static void handle_models(struct server *s, struct evhttp_request *req) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(s->cfg.served_model_name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->start_time));
+    json_object_set_new(m, "owned_by", json_string("vllm"));
+    json_object_set_new(m, "root", json_text(s->cfg.model_path, strlen(s->cfg.model_path)));
+    json_object_set_new(m, "parent", json_null());
+    json_object_set_new(m, "max_model_len", json_integer(s->info.max_model_len));
+    json_t *list = json_object();
+    json_object_set_new(list, "object", json_string("list"));
+    json_object_set_new(list, "data", json_pack("[o]", m));
+    send_json(s, req, 200, list);
+}
+
+static void handle_tokenize(struct server *s, struct evhttp_request *req) {
+    struct api_error err = {0};
+    json_t *body = json_body(req, &err);
+    int32_t *ids = NULL;
+    int n = 0;
+    if (body && !check_model(s, body, &err) && !tokenize_body(s, body, &ids, &n, &err)) {
+        json_t *toks = json_array();
+        for (int i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
+        json_t *o = json_object();
+        json_object_set_new(o, "count", json_integer(n));
+        json_object_set_new(o, "max_model_len", json_integer(s->info.max_model_len));
+        json_object_set_new(o, "tokens", toks);
+        json_object_set_new(o, "token_strs", json_null());
+        send_json(s, req, 200, o);
+    } else {
+        send_error(s, req, &err);
+    }
+    free(ids);
+    json_decref(body);
+}
+
+static void handle_detokenize(struct server *s, struct evhttp_request *req) {
+    struct api_error err = {0};
+    json_t *body = json_body(req, &err);
+    json_t *toks = body ? json_object_get(body, "tokens") : NULL;
+    if (body && !check_model(s, body, &err)) {
+        if (!json_is_array(toks)) api_fail(&err, 400, "tokens", "'tokens' must be a list of token ids");
+        else if (!s->info.has_tokenizer) api_fail(&err, 400, NULL, "the model has no tokenizer");
+    }
+    if (err.status) {
+        send_error(s, req, &err);
+        json_decref(body);
+        return;
+    }
+    size_t n = json_array_size(toks);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (n ? n : 1));
+    for (size_t i = 0; i < n && !err.status; i++) {
+        json_t *v = json_array_get(toks, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->info.vocab_size)
+            api_fail(&err, 400, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, s->info.vocab_size);
+        else ids[i] = (int32_t)json_integer_value(v);
+    }
+    char *text = NULL;
+    if (!err.status && vllm_detokenize(s->engine, ids, (int)n, 0, &text))
+        api_fail(&err, api_status_of(VLLM_ERR_INVALID_ARGUMENT), "tokens", "%s", vllm_last_error());
+    if (err.status) send_error(s, req, &err);
+    else send_json(s, req, 200, json_pack("{s:o}", "prompt", json_text(text, strlen(text))));
+    vllm_free(text);
+    free(ids);
+    json_decref(body);
+}
+
+static void handle_generate(struct server *s, struct evhttp_request *req, enum api_kind kind) {
+    struct api_error err = {0};
+    json_t *body = json_body(req, &err);
+    struct gen_params gp;
+    if (body && !check_model(s, body, &err) && !gen_params_parse(s, kind, body, &gp, &err)) {
+        json_decref(body);
+        gen_start(s, req, &gp);
+        return;
+    }
+    json_decref(body);
+    send_error(s, req, &err);
+}
+
+static void handle_metrics(struct server *s, struct evhttp_request *req) {
+    struct evbuffer *buf = evbuffer_new();
+    metrics_render(s, buf);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    server_track_reply(s, req);
+    evhttp_send_reply(req, 200, "OK", buf);
+    evbuffer_free(buf);
+}
+
+static void handle_plain(struct server *s, struct evhttp_request *req, const char *text) {
+    struct evbuffer *buf = evbuffer_new();
+    evbuffer_add(buf, text, strlen(text));
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; charset=utf-8");
+    server_track_reply(s, req);
+    evhttp_send_reply(req, 200, "OK", buf);
+    evbuffer_free(buf);
+}
+
+enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_NONE };
+static const struct {
+    const char *path;
+    enum evhttp_cmd_type method;
+} routes[R_NONE] = {
+    [R_COMPLETIONS] = {"/v1/completions", EVHTTP_REQ_POST},
+    [R_CHAT] = {"/v1/chat/completions", EVHTTP_REQ_POST},
+    [R_MODELS] = {"/v1/models", EVHTTP_REQ_GET},
+    [R_HEALTH] = {"/health", EVHTTP_REQ_GET},
+    [R_VERSION] = {"/version", EVHTTP_REQ_GET},
+    [R_TOKENIZE] = {"/tokenize", EVHTTP_REQ_POST},
+    [R_DETOKENIZE] = {"/detokenize", EVHTTP_REQ_POST},
+    [R_METRICS] = {"/metrics", EVHTTP_REQ_GET},
+};
+
+static void on_request(struct evhttp_request *req, void *arg) {
+    struct server *s = arg;
+    struct api_error err = {0};
+    const char *uri = evhttp_request_get_uri(req);
+    size_t plen = strcspn(uri, "?#");
+    enum route r = R_NONE;
+    for (int i = 0; i < R_NONE; i++)
+        if (strlen(routes[i].path) == plen && !strncmp(uri, routes[i].path, plen)) r = (enum route)i;
+    if (r == R_NONE) api_fail(&err, 404, NULL, "no route %.*s", (int)MIN(plen, 200), uri);
+    else if (evhttp_request_get_command(req) != routes[r].method) {
+        int post = routes[r].method == EVHTTP_REQ_POST;
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", post ? "POST" : "GET");
+        api_fail(&err, 405, NULL, "%s takes %s", routes[r].path, post ? "POST" : "GET");
+    } else if (s->stopping) api_fail(&err, 503, NULL, "the server is shutting down");
+    else if (!strncmp(uri, "/v1/", 4) && !authorized(s, req))
+        api_fail(&err, 401, NULL, "a valid API key is required (Authorization: Bearer <key>)");
+    if (err.status) {
+        send_error(s, req, &err);
+        return;
+    }
+    switch (r) {
+    case R_COMPLETIONS: handle_generate(s, req, API_COMPLETION); break;
+    case R_CHAT: handle_generate(s, req, API_CHAT); break;
+    case R_MODELS: handle_models(s, req); break;
+    case R_HEALTH: handle_plain(s, req, ""); break;
+    case R_VERSION: send_json(s, req, 200, json_pack("{s:s}", "version", vllm_version())); break;
+    case R_TOKENIZE: handle_tokenize(s, req); break;
+    case R_DETOKENIZE: handle_detokenize(s, req); break;
+    case R_METRICS: handle_metrics(s, req); break;
+    case R_NONE: break;
+    }
+}
+
+// ------------------------------------------------------------ lifecycle --
+
+static void on_wake(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    gen_handle_ready(arg);
+}
+
+static void on_stop_timer(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    struct server *s = arg;
+    fprintf(stderr, "vllm serve: %d requests and %d replies were not through in %d s; exiting\n", s->num_live,
+            s->num_sending, STOP_GRACE_S);
+    event_base_loopexit(s->base, NULL);
+}
+
+void server_maybe_exit(struct server *s) {
+    if (s->stopping && s->num_live == 0 && s->num_sending == 0) event_base_loopexit(s->base, NULL);
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg) {
+    (void)what;
+    struct server *s = arg;
+    if (s->stopping) return;
+    s->stopping = 1;
+    printf("vllm serve: %s: stopping (%d requests in flight are aborted)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+           s->num_live);
+    fflush(stdout);
+    if (s->bound) evhttp_del_accept_socket(s->http, s->bound);
+    s->bound = NULL;
+    gen_cancel_all(s);
+    struct timeval tv = {STOP_GRACE_S, 0};
+    s->stop_timer = evtimer_new(s->base, on_stop_timer, s);
+    evtimer_add(s->stop_timer, &tv);
+    server_maybe_exit(s);
+}
+
+static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
+
+static int bind_listener(struct server *s) {
+    s->bound = evhttp_bind_socket_with_handle(s->http, s->cfg.host, (ev_uint16_t)s->cfg.port);
+    if (!s->bound)
+        return vllm_err(VLLM_ERR_IO, "cannot listen on %s:%d: %s", s->cfg.host, s->cfg.port, strerror(errno));
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    evutil_socket_t fd = evhttp_bound_socket_get_fd(s->bound);
+    if (getsockname(fd, (struct sockaddr *)&ss, &len)) return vllm_err(VLLM_ERR_IO, "getsockname: %s", strerror(errno));
+    s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                       : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    return VLLM_OK;
+}
+
+int server_create(struct vllm_engine *e, const struct server_config *cfg, struct server **out) {
+    *out = NULL;
+    struct server *s = xcalloc(1, sizeof *s);
+    s->engine = e;
+    s->cfg = *cfg;
+    s->cfg.host = xstrdup(cfg->host ? cfg->host : "127.0.0.1");
+    s->cfg.api_key = dup_or_null(cfg->api_key);
+    s->cfg.model_path = xstrdup(cfg->model_path ? cfg->model_path : "");
+    s->cfg.served_model_name = xstrdup(cfg->served_model_name ? cfg->served_model_name : s->cfg.model_path);
+    pthread_mutex_init(&s->mu, NULL);
+    metrics_init(&s->m);
+    json_t *name = json_string(s->cfg.served_model_name); // it goes into every response
+    json_decref(name);
+    if (!name) {
+        server_free(s);
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the served model name is not valid UTF-8");
+    }
+    s->start_time = (long long)time(NULL);
+    s->id_state = (uint64_t)s->start_time * 0x2545F4914F6CDD1Dull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e9);
+    vllm_engine_info(e, &s->info);
+    // The engine thread activates `wake`: libevent must lock its base.
+    if (evthread_use_pthreads() || !(s->base = event_base_new())) {
+        server_free(s);
+        return vllm_err(VLLM_ERR_INTERNAL, "libevent: cannot create an event base");
+    }
+    s->wake = event_new(s->base, -1, 0, on_wake, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
+    s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
+    event_add(s->sig_int, NULL);
+    event_add(s->sig_term, NULL);
+    s->http = evhttp_new(s->base);
+    evhttp_set_gencb(s->http, on_request, s);
+    // Every method reaches on_request, which answers 405 as JSON.
+    evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+                                            EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
+                                            EVHTTP_REQ_CONNECT | EVHTTP_REQ_PATCH);
+    evhttp_set_max_body_size(s->http, (ev_ssize_t)s->cfg.max_body_bytes);
+    evhttp_set_max_headers_size(s->http, 64 << 10);
+    evhttp_set_timeout(s->http, s->cfg.io_timeout_s);
+    int rc = bind_listener(s);
+    if (rc) {
+        server_free(s);
+        return rc;
+    }
+    *out = s;
+    return VLLM_OK;
+}
+
+int server_port(const struct server *s) { return s->port; }
+
+int server_run(struct server *s) {
+    event_base_dispatch(s->base);
+    return VLLM_OK;
+}
+
+void server_free(struct server *s) {
+    if (!s) return;
+    // Connections first (their close callbacks release requests), then the
+    // engine (it sends the last events of what is left), then those events.
+    if (s->http) evhttp_free(s->http);
+    gen_release_all(s);
+    vllm_engine_free(s->engine);
+    if (s->base) gen_handle_ready(s);
+    gen_free_all(s);
+    if (s->piece_cache)
+        for (int i = 0; i < s->info.vocab_size; i++) free(s->piece_cache[i]);
+    free(s->piece_cache);
+    free(s->batch);
+    if (s->wake) event_free(s->wake);
+    if (s->sig_int) event_free(s->sig_int);
+    if (s->sig_term) event_free(s->sig_term);
+    if (s->stop_timer) event_free(s->stop_timer);
+    if (s->base) event_base_free(s->base);
+    pthread_mutex_destroy(&s->mu);
+    free((char *)s->cfg.host);
+    free((char *)s->cfg.api_key);
+    free((char *)s->cfg.model_path);
+    free((char *)s->cfg.served_model_name);
+    free(s);
+}

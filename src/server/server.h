@@ -1,0 +1,35 @@
+// server.h - `vllm serve`: an OpenAI-compatible HTTP server over one engine.
+//
+// One libevent loop thread does all HTTP I/O; the engine runs on its own
+// thread and hands its streaming events to the loop through a locked queue
+// (server_internal.h), so HTTP never blocks an engine step.
+#ifndef VLLM_SERVER_SERVER_H
+#define VLLM_SERVER_SERVER_H
+
+#include <stddef.h>
+
+#include "vllm.h"
+
+struct server_config {
+    const char *host;              // default "127.0.0.1"
+    int port;                      // 0: any free port (server_port tells which)
+    const char *api_key;           // NULL: no authentication
+    const char *served_model_name; // the name clients send as "model"
+    const char *model_path;        // shown as "root" in /v1/models
+    size_t max_body_bytes;         // larger request bodies get 413
+    int io_timeout_s;              // idle connections and stalled writes
+};
+void server_config_default(struct server_config *c);
+
+struct server;
+
+// Binds the listening socket. Takes ownership of the engine (freed by
+// server_free), also on failure.
+int server_create(struct vllm_engine *e, const struct server_config *cfg, struct server **out);
+int server_port(const struct server *s);
+// Serves until SIGINT / SIGTERM, then stops accepting, aborts what is in
+// flight and returns VLLM_OK.
+int server_run(struct server *s);
+void server_free(struct server *s);
+
+#endif

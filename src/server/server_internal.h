@@ -1,0 +1,185 @@
+// server_internal.h - what the server's files share.
+//
+// Threads: everything here belongs to the libevent loop thread, except what
+// `struct server.mu` guards (the ready queue, each gen's `pend` buffer, the
+// timing fields and the histograms), which the engine's stream callback
+// writes from the engine thread.
+#ifndef VLLM_SERVER_INTERNAL_H
+#define VLLM_SERVER_INTERNAL_H
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "server/server.h"
+
+// ------------------------------------------------------------- errors --
+
+// An OpenAI error: {"error": {"message", "type", "param", "code"}}.
+struct api_error {
+    int status; // HTTP status; 0: no error
+    const char *param;
+    char message[512];
+};
+// Sets *err (when no error is set yet) and returns -1.
+int api_fail(struct api_error *err, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+// The status for a vllm_status from the engine.
+int api_status_of(int vllm_status);
+json_t *api_error_json(const struct api_error *err);
+
+// ------------------------------------------------------------ metrics --
+
+struct hist {
+    const double *bounds; // upper bounds, ascending; +Inf is implicit
+    int n;
+    uint64_t counts[32];  // [n + 1]
+    double sum;
+    uint64_t count;
+};
+void hist_init(struct hist *h, const double *bounds, int n);
+void hist_observe(struct hist *h, double v);
+
+struct metrics {
+    struct hist ttft, itl, e2e;
+    uint64_t finished[4]; // stop, length, abort, error
+};
+void metrics_init(struct metrics *m);
+// Prometheus text exposition (format 0.0.4) into buf.
+struct server;
+void metrics_render(struct server *s, struct evbuffer *buf);
+
+// ------------------------------------------------------------ requests --
+
+enum api_kind { API_COMPLETION, API_CHAT };
+
+// A validated request: what vllm_submit gets, and how to answer.
+struct gen_params {
+    enum api_kind kind;
+    struct vllm_sampling_params sp; // arrays below owned
+    char **stop;
+    int32_t *stop_ids;
+    int32_t *prompt_ids;
+    int num_prompt;
+    int stream, include_usage, return_token_ids;
+    int logprobs; // -1: none; else top logprobs per token
+};
+// Parses and checks a /v1/completions or /v1/chat/completions body: fields,
+// the prompt (tokenized; chat through the template) and the length limit.
+int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
+                     struct api_error *err);
+void gen_params_free(struct gen_params *gp);
+// The prompt of /tokenize: "prompt" (text) or "messages" (chat template).
+int tokenize_body(struct server *s, const json_t *body, int32_t **ids, int *n, struct api_error *err);
+// Checks an optional "model" field against the served name (404 if unknown).
+int check_model(struct server *s, const json_t *body, struct api_error *err);
+
+// --------------------------------------------------------- generations --
+
+// Engine events for one request not yet handled by the loop thread.
+struct gen_events {
+    char *text;
+    size_t text_len, text_cap;
+    int32_t *ids;
+    float *lp;          // [n] sampled-token logprobs (when asked)
+    int32_t *top_ids;   // [n * k]
+    float *top_lp;      // [n * k]
+    int n, cap, k;
+    int num_prompt, num_output;
+    int done;           // the last event arrived
+    vllm_finish_reason reason;
+    int status;
+    char error[256];
+};
+
+// One generation request, from its HTTP request to its last engine event.
+// It is freed once both sides are through: the engine's last event was
+// handled (engine_done) and the HTTP side is answered or gone (req == NULL).
+struct gen {
+    struct server *srv;
+    struct gen_params p;
+    struct evhttp_request *req;      // NULL once answered or the client left
+    struct evhttp_connection *evcon;
+    struct event *watch;             // non-streaming: notices a client that leaves
+    struct vllm_request *vreq;       // NULL once released
+    int engine_done;
+    int started;                     // streaming: headers sent
+    char id[48];
+    long long created;
+    // non-streaming: the answer so far
+    char *text;
+    size_t text_len, text_cap;
+    int32_t *ids;
+    int num_ids, cap_ids;
+    json_t *logprobs;
+    size_t text_offset;              // completions logprobs: offset of the next token
+    // under srv->mu
+    struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
+    int queued;
+    double t_arrival, t_first, t_last;
+    int num_output;                  // tokens delivered by the engine
+    struct gen *qnext;
+    // live list (loop thread)
+    struct gen *prev, *next;
+};
+
+// Starts a generation for a parsed request (takes over gp), or answers the
+// error. Called on the loop thread.
+void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *gp);
+// The engine's stream callback (engine thread).
+void gen_on_output(void *user, const struct vllm_output *o);
+// Loop thread: handles the events queued since the last call.
+void gen_handle_ready(struct server *s);
+// Shutdown: cancels every request in flight.
+void gen_cancel_all(struct server *s);
+// Teardown: drops every engine request still held (before the engine is
+// freed), then frees the gens left once the engine is gone.
+void gen_release_all(struct server *s);
+void gen_free_all(struct server *s);
+
+// -------------------------------------------------------------- server --
+
+struct server {
+    struct server_config cfg; // strings owned
+    struct vllm_engine *engine;
+    struct vllm_model_info info;
+    struct event_base *base;
+    struct evhttp *http;
+    struct evhttp_bound_socket *bound;
+    struct event *wake, *sig_int, *sig_term, *stop_timer;
+    int port;
+    int stopping;
+    long long start_time;
+    uint64_t id_state;
+    char **piece_cache; // [vocab] token strings for logprobs, made on demand
+
+    pthread_mutex_t mu;
+    struct gen *ready_head, *ready_tail;
+    struct metrics m;
+
+    struct gen **batch; // gen_handle_ready's scratch
+    int batch_cap;
+    struct gen *live;   // every gen not yet freed
+    int num_live;
+    int num_sending;    // replies handed to libevent, not yet written
+};
+
+// Replies (loop thread). The body is JSON; send_json takes over `body`.
+void send_json(struct server *s, struct evhttp_request *req, int status, json_t *body);
+void send_error(struct server *s, struct evhttp_request *req, const struct api_error *err);
+// Counts a reply as in flight until libevent has written it (or the
+// connection closed), so that a stopping server exits only after its last
+// answers went out. Call just before handing the reply to libevent.
+void server_track_reply(struct server *s, struct evhttp_request *req);
+// A JSON string of text that may hold invalid UTF-8 (replaced by U+FFFD).
+json_t *json_text(const char *s, size_t n);
+// The text of one token, for logprobs (cached).
+const char *server_piece(struct server *s, int32_t id);
+// A stopping server exits once no generation is left and its replies are out.
+void server_maybe_exit(struct server *s);
+// A fresh response id: prefix + 32 hex digits.
+void server_new_id(struct server *s, const char *prefix, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,21 @@
+# `vllm serve` tests (tests/server/): each starts the server on 127.0.0.1 with
+# a free port and the tiny_chat fixture (CPU), and stops it with SIGTERM,
+# which must exit 0. They exit 77 (skipped) while the build has no tokenizer.
+set(VLLM_SERVER_MODEL ${VLLM_FIXTURES}/tiny_chat)
+foreach(t http load equiv)
+  vllm_test_exe(test_server_${t} server/test_server_${t}.c server/harness.c)
+  add_test(NAME server_${t} COMMAND test_server_${t} $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+endforeach()
+set_tests_properties(server_http server_load server_equiv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+set_tests_properties(server_equiv PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+
+# The official `openai` npm client (tools/oracle/server, installed by
+# scripts/install-deps.sh) against a live server.
+find_program(VLLM_NODE node)
+if(VLLM_NODE)
+  add_test(NAME server_openai COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_client.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+else()
+  add_test(NAME server_openai COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
+endif()
+set_tests_properties(server_openai PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
