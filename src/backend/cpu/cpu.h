@@ -16,6 +16,7 @@ struct cpu_impl {
     int reference;        // 1: the reference ops (VLLM_CPU_REFERENCE=1)
     struct fast_kern *kern; // the fast path's kernels (fast.h)
     int bf16_dot;           // bf16 weights may use the bf16 dot kernel (VLLM_CPU_BF16_DOT, default 1)
+    struct backend_ops fast_ops; // the fast path's table (cpu_backend.c)
     void *shared[4];      // scratch shared by the threads of one fast op
     size_t shared_size[4];
 };

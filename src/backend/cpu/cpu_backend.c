@@ -227,40 +227,28 @@ static const struct backend_ops cpu_ops = {
     .sample = cpu_sample,
 };
 
-// The fast path: its own weights, matmul, Mamba2, attention and experts;
-// the reference elsewhere.
-static const struct backend_ops fast_ops = {
-    .name = "cpu",
-    .destroy = cpu_destroy,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .upload = cpu_copy,
-    .download = cpu_copy,
-    .memset0 = cpu_memset0,
-    .sync = cpu_sync,
-    .weight_upload = fast_weight_upload,
-    .weight_random = fast_weight_random,
-    .gather_ids = cpu_gather_ids,
-    .embed = fast_embed,
-    .rmsnorm = fast_rmsnorm,
-    .add_rmsnorm = fast_add_rmsnorm,
-    .matmul = fast_matmul,
-    .gather_rows = cpu_gather_rows,
-    .add = cpu_add,
-    .relu2 = fast_relu2,
-    .sum_sq = cpu_sum_sq,
-    .conv1d_fwd = fast_conv1d_fwd,
-    .conv1d_update = fast_conv1d_update,
-    .ssd_prefill = fast_ssd_prefill,
-    .ssd_decode = fast_ssd_decode,
-    .gated_rmsnorm = fast_gated_rmsnorm,
-    .kv_write = cpu_kv_write,
-    .attn_prefill = fast_attn_prefill,
-    .attn_decode = fast_attn_decode,
-    .moe_route = fast_moe_route,
-    .moe_experts = fast_moe_experts,
-    .sample = cpu_sample,
-};
+// The fast path: the reference table with the fast path's weights, matmul,
+// norms, Mamba2, attention, router and experts (copied per backend, so an op
+// added to the reference table is on both paths).
+static void fast_ops_init(struct backend_ops *o) {
+    *o = cpu_ops;
+    o->weight_upload = fast_weight_upload;
+    o->weight_random = fast_weight_random;
+    o->embed = fast_embed;
+    o->rmsnorm = fast_rmsnorm;
+    o->add_rmsnorm = fast_add_rmsnorm;
+    o->matmul = fast_matmul;
+    o->relu2 = fast_relu2;
+    o->conv1d_fwd = fast_conv1d_fwd;
+    o->conv1d_update = fast_conv1d_update;
+    o->ssd_prefill = fast_ssd_prefill;
+    o->ssd_decode = fast_ssd_decode;
+    o->gated_rmsnorm = fast_gated_rmsnorm;
+    o->attn_prefill = fast_attn_prefill;
+    o->attn_decode = fast_attn_decode;
+    o->moe_route = fast_moe_route;
+    o->moe_experts = fast_moe_experts;
+}
 
 int cpu_backend_create(int num_threads, int reference, int isa, struct backend **out) {
     if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -279,7 +267,8 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
     c->bf16_dot = !(dot && !strcmp(dot, "0"));
     c->kern = xcalloc(1, sizeof *c->kern);
     fast_kern_for(reference ? FAST_SCALAR : (enum fast_isa)isa, c->kern);
-    be->ops = reference ? &cpu_ops : &fast_ops;
+    fast_ops_init(&c->fast_ops);
+    be->ops = reference ? &cpu_ops : &c->fast_ops;
     be->num_threads = num_threads;
     be->kv_dtype = DT_F32;
     be->impl = c;
