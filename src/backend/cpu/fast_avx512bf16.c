@@ -28,15 +28,20 @@ INL __m512bh pair_of(const uint16_t *p) { // two bf16 values broadcast to every 
 }
 
 // mb (<= 6) rows of xb against np (<= 4) panels: 24 accumulators, np panel
-// loads and mb broadcasts per column pair.
+// loads and mb broadcasts per column pair. Meanwhile pf_lines lines from pf
+// go to L2, pf_rate per column pair: the next panel group, spread over this
+// group's tiles, so the first tile of a group does not wait on DRAM.
 INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t ps,
-                  int64_t kp2, int64_t pc, int64_t c0, int64_t c1, const int mb, const int np) {
+                  int64_t kp2, int64_t pc, int64_t c0, int64_t c1, const char *pf, int64_t pf_lines, int pf_rate,
+                  const int mb, const int np) {
     __m512 acc[6][4];
 #pragma GCC unroll 6
     for (int i = 0; i < mb; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t q = 0; q < kp2; q++) {
+        for (int r = 0; r < pf_rate; r++)
+            if (q * pf_rate + r < pf_lines) _mm_prefetch(pf + (q * pf_rate + r) * 64, _MM_HINT_T1);
         __m512bh b[4];
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) b[j] = (__m512bh)_mm512_loadu_si512(w + j * ps + q * 16);
@@ -54,10 +59,11 @@ INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const
 }
 
 #define DOT_CASE(MB, NP)                                                                                     \
-    case (MB) * 8 + (NP): dot_tile(y, ldy, xb, ldxb, w, ps, kp2, pc, c0, c1, MB, NP); break;
+    case (MB) * 8 + (NP): dot_tile(y, ldy, xb, ldxb, w, ps, kp2, pc, c0, c1, pf, pf_lines, pf_rate, MB, NP); break;
 
 static void dot_tile_any(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t ps,
-                         int64_t kp2, int64_t pc, int64_t c0, int64_t c1, int mb, int np) {
+                         int64_t kp2, int64_t pc, int64_t c0, int64_t c1, const char *pf, int64_t pf_lines, int pf_rate,
+                         int mb, int np) {
     switch (mb * 8 + np) {
         DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
         DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
@@ -71,11 +77,17 @@ static void dot_tile_any(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb
 void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
                                const struct weight *w, int64_t c0, int64_t c1) {
     int64_t kp2 = pk_kp(w->cols) / 2, ps = pk_stride(w->cols), p1 = (c1 + PK - 1) / PK;
+    int tiles = (m + 5) / 6;
     for (int64_t p = c0 / PK; p < p1; p += 4) {
         int np = (int)MIN(4, p1 - p);
-        for (int i = 0; i < m; i += 6)
+        int64_t next = MAX(0, MIN(4, p1 - p - 4)) * ps * 4 / 64; // lines of the next group
+        int64_t per_tile = (next + tiles - 1) / tiles;
+        int rate = tiles <= 16 ? (int)MIN(4, (per_tile + kp2 - 1) / kp2) : 0; // few tiles: the first would stall
+        const char *pf = (const char *)pk_panel(w, p + 4);
+        for (int i = 0, t = 0; i < m; i += 6, t++)
             dot_tile_any(y + (int64_t)i * ldy, ldy, xb + (int64_t)i * ldxb, ldxb, pk_panel(w, p), ps, kp2, p * PK,
-                         c0, c1, MIN(6, m - i), np);
+                         c0, c1, pf + t * per_tile * 64, MAX(0, MIN(per_tile, next - t * per_tile)), rate, MIN(6, m - i),
+                         np);
     }
 }
 

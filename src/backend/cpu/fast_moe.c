@@ -2,9 +2,14 @@
 // weights are read, each once per call for all of its tokens:
 //   1. bucket the (token, slot) assignments by expert, gather their inputs;
 //   2. up: tasks over (expert, block of I), h = relu(x_e up_e^T)^2;
-//   3. down: tasks over blocks of L output columns; each walks the experts in
-//      ascending order and adds weight * h_e down_e^T into its columns of out
-//      (the reference's order of summation, per output element).
+//   3. down, few rows (decode): tasks over blocks of L output columns; each
+//      walks the experts in ascending order and adds weight * h_e down_e^T
+//      into its columns of out;
+//      many rows (prefill): tasks over (expert, block of L) as in the up
+//      phase, into a row per assignment, then tasks over tokens add each
+//      token's rows in ascending expert order.
+//   Either way each output element sums the experts in ascending order, as
+//   the reference does.
 #include <math.h>
 
 #include "backend/cpu/fast.h"
@@ -15,9 +20,13 @@ struct moe_ctx {
     float *out;
     const struct moe_experts *w;
     const float *weights;
-    int top_k, nact;
+    int n, top_k, nact;
     int *act, *off, *cnt; // active experts, their first row in the buckets, their row counts
     int32_t *tok, *slot;  // per bucket row: token and top-k slot
+    int32_t *row_of;      // [n, top_k]: the bucket row of each assignment
+    const int32_t *ids;
+    float *ys;            // [A, L]: per bucket row, its expert's output (many rows)
+    int down_blocks;      // L blocks per expert (many rows)
     float *xs, *h;        // [A, ldx] gathered inputs, [A, ldh] hidden
     uint16_t *xsb, *hb;   // bf16 copies for the dot kernel (NULL when unused)
     int64_t ldx, ldh, ldxb, ldhb;
@@ -65,6 +74,41 @@ static void down_task(void *ctx, int task, int thread) {
     }
 }
 
+// Many rows: one (expert, block of L) into ys.
+static void down_rows_task(void *ctx, int task, int thread) {
+    (void)thread;
+    struct moe_ctx *c = ctx;
+    const struct moe_experts *w = c->w;
+    int L = w->dim, e = c->act[task / c->down_blocks], r0 = c->off[e], m = c->cnt[e];
+    int64_t a = (int64_t)(task % c->down_blocks) * c->down_per, b = MIN(L, a + c->down_per);
+    if (a >= b) return;
+    int dot = c->hb && fast_use_dot(c->be, &w->down, m);
+    fast_mm_serial(c->be, c->ys + (int64_t)r0 * L + a, L, c->h + (int64_t)r0 * c->ldh, c->ldh,
+                   dot ? c->hb + (int64_t)r0 * c->ldhb : NULL, c->ldhb, m, &w->down, (int64_t)e * L + a,
+                   (int64_t)e * L + b);
+}
+
+// Many rows: tokens [16 i, 16 i + 16), each adding its rows of ys in
+// ascending expert order.
+static void combine_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct moe_ctx *c = ctx;
+    int L = c->w->dim, k = c->top_k, n = c->n;
+    for (int t = i * 16; t < MIN(n, i * 16 + 16); t++) {
+        int order[64];
+        for (int j = 0; j < k; j++) { // insertion sort of the slots by expert id
+            int q = j;
+            while (q > 0 && c->ids[(int64_t)t * k + order[q - 1]] > c->ids[(int64_t)t * k + j]) order[q] = order[q - 1], q--;
+            order[q] = j;
+        }
+        float *o = c->out + (int64_t)t * L;
+        for (int j = 0; j < k; j++) {
+            int s = order[j];
+            fast_k(c->be)->axpy(o, c->weights[(int64_t)t * k + s], c->ys + (int64_t)c->row_of[(int64_t)t * k + s] * L, L);
+        }
+    }
+}
+
 // Rows [16 i, 16 i + 16) of the buckets: their inputs, bf16 copies, pads.
 struct gather_ctx {
     struct moe_ctx *c;
@@ -99,9 +143,9 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
     memset(out, 0, sizeof(float) * (size_t)n * L);
     if (n <= 0) return;
     int64_t ldx = pk_kp(L), ldh = pk_kp(I); // even: whole column pairs, zero padded
-    size_t ints = (size_t)3 * E + 2 * (size_t)A;
+    size_t ints = (size_t)3 * E + 3 * (size_t)A;
     int *cnt = fast_shared(be, 1, sizeof(int) * ints), *off = cnt + E, *act = off + E;
-    int32_t *tok = act + E, *slot = tok + A;
+    int32_t *tok = act + E, *slot = tok + A, *row_of = slot + A;
     memset(cnt, 0, sizeof(int) * E);
     for (int i = 0; i < A; i++) cnt[ids[i]]++;
     int nact = 0;
@@ -116,13 +160,17 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
             int e = ids[(int64_t)t * top_k + j], r = off[e] + cnt[e]++;
             tok[r] = t;
             slot[r] = j;
+            row_of[(int64_t)t * top_k + j] = r;
         }
     int any_dot = 0;
     for (int i = 0; i < nact; i++) any_dot |= fast_use_dot(be, &w->up, cnt[act[i]]);
     size_t fl = (size_t)A * (ldx + ldh), bl = any_dot ? (size_t)A * (ldx + ldh) : 0;
     float *xs = fast_shared(be, 2, sizeof(float) * fl + sizeof(uint16_t) * bl), *h = xs + (size_t)A * ldx;
     uint16_t *xsb = any_dot ? (uint16_t *)(h + (size_t)A * ldh) : NULL, *hb = any_dot ? xsb + (size_t)A * ldx : NULL;
-    struct moe_ctx c = {be, out, w, weights, top_k, nact, act, off, cnt, tok, slot, xs, h, xsb, hb,
+    // many rows: top_k rows per token of down output (combined in a last phase)
+    int many = top_k <= 64 && A >= 64;
+    float *ys = many ? fast_shared(be, 3, sizeof(float) * (size_t)A * L) : NULL;
+    struct moe_ctx c = {be, out, w, weights, n, top_k, nact, act, off, cnt, tok, slot, row_of, ids, ys, 1, xs, h, xsb, hb,
                         ldx, ldh, ldx, ldh, 1, 0, 0};
     struct gather_ctx gc = {&c, x, A, L, I};
     cpu_parallel(be, CDIV(A, 16), gather_task, &gc);
@@ -130,7 +178,14 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
     int unit = any_dot ? 4 : 1;
     c.up_per = panel_block(I, CDIV(4 * nt, nact), unit);
     c.up_blocks = (int)CDIV(I, c.up_per);
-    c.down_per = panel_block(L, 4 * nt, unit);
     cpu_parallel(be, nact * c.up_blocks, up_task, &c);
-    cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
+    if (many) {
+        c.down_per = panel_block(L, CDIV(4 * nt, nact), unit);
+        c.down_blocks = (int)CDIV(L, c.down_per);
+        cpu_parallel(be, nact * c.down_blocks, down_rows_task, &c);
+        cpu_parallel(be, CDIV(n, 16), combine_task, &c);
+    } else {
+        c.down_per = panel_block(L, 4 * nt, unit);
+        cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
+    }
 }
