@@ -380,15 +380,45 @@ INL void sg_tile(int K, const float *a, int64_t sa, int64_t sk, const float *bp,
     }
 }
 
+// r[0..15] (rows) -> their transpose, in registers.
+INL void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int j = 0; j < 2; j++) {
+            __m512d a = _mm512_castps_pd(t[i + j]), b = _mm512_castps_pd(t[i + j + 2]);
+            r[i + 2 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[i + 2 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
 static void sgemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tb) {
     for (int jp = 0; jp < (N + SG_NR - 1) / SG_NR; jp++) {
         float *d = bp + (size_t)jp * SG_NR * K;
         int n0 = jp * SG_NR, nc = MIN(SG_NR, N - n0);
-        if (tb) { // B [N, K]: a transpose
-            if (nc < SG_NR) memset(d, 0, sizeof(float) * SG_NR * K);
-            for (int j = 0; j < nc; j++) {
-                const float *b = B + (int64_t)(n0 + j) * ldb;
-                for (int k = 0; k < K; k++) d[k * SG_NR + j] = b[k];
+        if (tb) { // B [N, K]: a transpose, in 16 x 16 blocks
+            for (int h = 0; h < SG_NR; h += 16) {
+                for (int k0 = 0; k0 < K; k0 += 16) {
+                    int kc = MIN(16, K - k0);
+                    __mmask16 mk = (__mmask16)(kc >= 16 ? 0xffff : (1u << kc) - 1);
+                    __m512 r[16];
+                    for (int j = 0; j < 16; j++)
+                        r[j] = h + j < nc ? _mm512_maskz_loadu_ps(mk, B + (int64_t)(n0 + h + j) * ldb + k0) : _mm512_setzero_ps();
+                    transpose16(r);
+                    for (int k = 0; k < kc; k++) _mm512_storeu_ps(d + (k0 + k) * SG_NR + h, r[k]);
+                }
             }
         } else {
             __mmask16 m0 = (__mmask16)(nc >= 16 ? 0xffff : (1u << nc) - 1);
