@@ -13,6 +13,8 @@ struct cpu_impl {
     struct tpool *pool;
     void **scratch;       // per thread
     size_t *scratch_size; // bytes of each
+    void **pack;          // per thread, the fast path's GEMM packing (beside scratch)
+    size_t *pack_size;
     int reference;        // 1: the reference ops (VLLM_CPU_REFERENCE=1)
     struct fast_kern *kern; // the fast path's kernels (fast.h)
     int bf16_dot;           // bf16 weights may use the bf16 dot kernel (VLLM_CPU_BF16_DOT, default 1)

@@ -28,7 +28,9 @@ void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int th
 
 static void cpu_destroy(struct backend *be) {
     struct cpu_impl *c = cpu_of(be);
-    for (int i = 0; i < be->num_threads; i++) free(c->scratch[i]);
+    for (int i = 0; i < be->num_threads; i++) free(c->scratch[i]), free(c->pack[i]);
+    free(c->pack);
+    free(c->pack_size);
     for (int i = 0; i < 4; i++) free(c->shared[i]);
     free(c->kern);
     free(c->scratch);
@@ -262,6 +264,8 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
     c->pool = tpool_create(num_threads);
     c->scratch = xcalloc(num_threads, sizeof(void *));
     c->scratch_size = xcalloc(num_threads, sizeof(size_t));
+    c->pack = xcalloc(num_threads, sizeof(void *));
+    c->pack_size = xcalloc(num_threads, sizeof(size_t));
     c->reference = reference;
     const char *dot = getenv("VLLM_CPU_BF16_DOT");
     c->bf16_dot = !(dot && !strcmp(dot, "0"));

@@ -110,6 +110,9 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k);
 static inline const struct fast_kern *fast_k(struct backend *be) { return cpu_of(be)->kern; }
 // Scratch shared by all threads of one op (slot 0..3), kept between calls.
 void *fast_shared(struct backend *be, int slot, size_t bytes);
+// A thread's packing space for fast_mm_serial (apart from cpu_scratch, which
+// its callers use), 64-byte aligned.
+float *fast_pack_scratch(struct backend *be, int thread, size_t floats);
 
 // Packs src [rows, cols] fp32 into the bf16 panel layout (rounding to
 // nearest even) in dst of fast_pk_bytes(rows, cols).
@@ -120,10 +123,10 @@ void fast_pack_bf16(struct backend *be, uint32_t *dst, const float *src, int64_t
 // x [n, ldx]: the fast matmul on a column range, threaded.
 void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, int n,
                       const struct weight *w, int64_t c0, int64_t c1);
-// The same for one calling thread (inside a parallel task). xb: x already
-// converted to bf16 ([n, ldxb]), or NULL.
-void fast_mm_serial(struct backend *be, float *y, int64_t ldy, const float *x, int64_t ldx, const uint16_t *xb,
-                    int64_t ldxb, int n, const struct weight *w, int64_t c0, int64_t c1);
+// The same for one calling thread (inside a parallel task, thread its
+// index). xb: x already converted to bf16 ([n, ldxb]), or NULL.
+void fast_mm_serial(struct backend *be, int thread, float *y, int64_t ldy, const float *x, int64_t ldx,
+                    const uint16_t *xb, int64_t ldxb, int n, const struct weight *w, int64_t c0, int64_t c1);
 // Whether an n-row product with w runs the bf16 dot kernel (x converted to bf16).
 int fast_use_dot(struct backend *be, const struct weight *w, int n);
 

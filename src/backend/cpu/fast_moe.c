@@ -35,7 +35,6 @@ struct moe_ctx {
 };
 
 static void up_task(void *ctx, int task, int thread) {
-    (void)thread;
     struct moe_ctx *c = ctx;
     const struct moe_experts *w = c->w;
     int e = c->act[task / c->up_blocks], I = w->inter, r0 = c->off[e], m = c->cnt[e];
@@ -43,7 +42,7 @@ static void up_task(void *ctx, int task, int thread) {
     if (a >= b) return;
     int dot = fast_use_dot(c->be, &w->up, m);
     float *h = c->h + (int64_t)r0 * c->ldh + a;
-    fast_mm_serial(c->be, h, c->ldh, c->xs + (int64_t)r0 * c->ldx, c->ldx,
+    fast_mm_serial(c->be, thread, h, c->ldh, c->xs + (int64_t)r0 * c->ldx, c->ldx,
                    dot ? c->xsb + (int64_t)r0 * c->ldxb : NULL, c->ldxb, m, &w->up, (int64_t)e * I + a,
                    (int64_t)e * I + b);
     const struct fast_kern *k = fast_k(c->be);
@@ -65,7 +64,7 @@ static void down_task(void *ctx, int task, int thread) {
     for (int i = 0; i < c->nact; i++) {
         int e = c->act[i], r0 = c->off[e], m = c->cnt[e];
         int dot = c->hb && fast_use_dot(c->be, &w->down, m);
-        fast_mm_serial(c->be, ys, nc, c->h + (int64_t)r0 * c->ldh, c->ldh, dot ? c->hb + (int64_t)r0 * c->ldhb : NULL,
+        fast_mm_serial(c->be, thread, ys, nc, c->h + (int64_t)r0 * c->ldh, c->ldh, dot ? c->hb + (int64_t)r0 * c->ldhb : NULL,
                        c->ldhb, m, &w->down, (int64_t)e * L + a, (int64_t)e * L + b);
         for (int r = 0; r < m; r++) {
             float wt = c->weights[(int64_t)c->tok[r0 + r] * c->top_k + c->slot[r0 + r]];
@@ -76,14 +75,13 @@ static void down_task(void *ctx, int task, int thread) {
 
 // Many rows: one (expert, block of L) into ys.
 static void down_rows_task(void *ctx, int task, int thread) {
-    (void)thread;
     struct moe_ctx *c = ctx;
     const struct moe_experts *w = c->w;
     int L = w->dim, e = c->act[task / c->down_blocks], r0 = c->off[e], m = c->cnt[e];
     int64_t a = (int64_t)(task % c->down_blocks) * c->down_per, b = MIN(L, a + c->down_per);
     if (a >= b) return;
     int dot = c->hb && fast_use_dot(c->be, &w->down, m);
-    fast_mm_serial(c->be, c->ys + (int64_t)r0 * L + a, L, c->h + (int64_t)r0 * c->ldh, c->ldh,
+    fast_mm_serial(c->be, thread, c->ys + (int64_t)r0 * L + a, L, c->h + (int64_t)r0 * c->ldh, c->ldh,
                    dot ? c->hb + (int64_t)r0 * c->ldhb : NULL, c->ldhb, m, &w->down, (int64_t)e * L + a,
                    (int64_t)e * L + b);
 }
