@@ -5,10 +5,13 @@
 #include "backend/backend.h"
 #include "core/threadpool.h"
 
+struct cpu_group;
+
 struct cpu_impl {
     struct tpool *pool;
     void **scratch;       // per thread
     size_t *scratch_size; // bytes of each
+    struct cpu_group *group; // tensor-parallel group (cpu_tp.c); NULL alone
 };
 
 static inline struct cpu_impl *cpu_of(struct backend *be) { return be->impl; }
@@ -43,5 +46,9 @@ void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                      const int32_t *ids, const float *weights, int n, int top_k);
 void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+// collectives in cpu_tp.c
+void cpu_all_reduce(struct backend *be, float *x, int64_t n);
+void cpu_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);
+void cpu_group_release(struct cpu_group *g);
 
 #endif

@@ -29,6 +29,7 @@ static void cpu_destroy(struct backend *be) {
     free(c->scratch);
     free(c->scratch_size);
     tpool_free(c->pool);
+    cpu_group_release(c->group);
     free(c);
     free(be);
 }
@@ -214,6 +215,8 @@ static const struct backend_ops cpu_ops = {
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .sample = cpu_sample,
+    .all_reduce = cpu_all_reduce,
+    .all_gather = cpu_all_gather,
 };
 
 int backend_cpu_create(int num_threads, struct backend **out) {
@@ -227,6 +230,7 @@ int backend_cpu_create(int num_threads, struct backend **out) {
     be->ops = &cpu_ops;
     be->num_threads = num_threads;
     be->kv_dtype = DT_F32;
+    be->tp_size = 1;
     be->impl = c;
     openblas_set_num_threads(num_threads);
     *out = be;
