@@ -7,11 +7,7 @@ if(VLLM_CUDA)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
   foreach(fx nh_dense nh_moe nh_latent)
     foreach(mode ${VLLM_GATE_MODES})
-      string(FIND "${mode}" "|" bar)
-      string(SUBSTRING "${mode}" 0 ${bar} mname)
-      math(EXPR bar "${bar} + 1")
-      string(SUBSTRING "${mode}" ${bar} -1 args)
-      separate_arguments(parts UNIX_COMMAND "${args}")
+      vllm_gate_mode("${mode}" mname parts)
       add_test(NAME gpu_gate_fp32_${fx}_${mname}
                COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
                        --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype float32 ${parts})

@@ -3,11 +3,7 @@
 # fixture model (tests/fixtures/nh_*).
 foreach(fx nh_dense nh_moe nh_latent)
   foreach(mode ${VLLM_GATE_MODES})
-    string(FIND "${mode}" "|" bar)
-    string(SUBSTRING "${mode}" 0 ${bar} mname)
-    math(EXPR bar "${bar} + 1")
-    string(SUBSTRING "${mode}" ${bar} -1 args)
-    separate_arguments(parts UNIX_COMMAND "${args}")
+    vllm_gate_mode("${mode}" mname parts)
     add_test(NAME gate_${fx}_${mname}
              COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/${fx}
                      --golden ${VLLM_FIXTURES}/${fx}/golden.json --threads 1 ${parts})

@@ -42,6 +42,14 @@ static void cu_destroy(struct backend *be) {
     cudaStreamSynchronize(c->stream);
     cuda_comm_destroy(c->comm);
     if (c->scratch) cudaFree(c->scratch);
+    for (int i = 0; i < c->num_plans; i++) {
+        struct lt_plan *p = &c->plans[i];
+        if (p->op) cublasLtMatmulDescDestroy(p->op);
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    }
+    cublasLtDestroy(c->lt);
     cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     for (int i = 0; i < CUDA_FENCES; i++) cudaEventDestroy(c->events[i]);
@@ -82,14 +90,20 @@ static void cu_memset0(struct backend *be, void *dst, size_t n) {
 
 static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream)); }
 
-static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                            enum dtype dt) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+static int alloc_weight(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
+    size_t bytes = (size_t)rows * cols * dtype_size(dt);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
     w->dtype = dt;
     w->rows = rows;
     w->cols = cols;
+    return VLLM_OK;
+}
+
+static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
+                            enum dtype dt) {
+    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
+    TRY(alloc_weight(be, w, rows, cols, dt));
     // On our stream, after the zeroing memset that cu_alloc queued there (a plain
     // cudaMemcpy runs on the legacy stream, which does not wait for ours).
     cudaStream_t s = cu(be)->stream;
@@ -128,12 +142,8 @@ __global__ void k_random(T *w, size_t n, uint64_t seed, float std) {
 
 static int cu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
                             uint64_t seed, float std) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
-    w->data = cu_alloc(be, bytes);
-    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
-    w->dtype = dt;
-    w->rows = rows;
-    w->cols = cols;
+    size_t n = (size_t)rows * cols;
+    TRY(alloc_weight(be, w, rows, cols, dt));
     if (dt == DT_BF16) k_random<<<4096, 256, 0, cu(be)->stream>>>((__nv_bfloat16 *)w->data, n, seed, std);
     else k_random<<<4096, 256, 0, cu(be)->stream>>>((float *)w->data, n, seed, std);
     LAUNCH_CHECK();
@@ -275,6 +285,40 @@ static bool gemv_bf16(struct backend *be, float *y, const float *x, const struct
     return true;
 }
 
+// The cuBLASLt plan (descriptors + the heuristic's algorithm) of a shape,
+// made once. Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N,
+// transposed; bf16 or fp32 inputs, fp32 output and accumulation (no TF32).
+static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum dtype dt) {
+    for (int i = 0; i < c->num_plans; i++) {
+        struct lt_plan *p = &c->plans[i];
+        if (p->N == N && p->K == K && p->n == n && p->dt == (int)dt) return p;
+    }
+    if (c->num_plans == LT_PLANS) return NULL; // many shapes: cublasGemmEx serves the rest
+    struct lt_plan *p = &c->plans[c->num_plans++];
+    memset(p, 0, sizeof *p);
+    p->N = N, p->K = K, p->n = n, p->dt = dt;
+    cudaDataType_t in = dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+        cublasLtMatrixLayoutCreate(&p->la, in, K, N, K) || cublasLtMatrixLayoutCreate(&p->lb, in, K, n, K) ||
+        cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, n, N))
+        return p;
+    cublasLtMatmulPreference_t pref;
+    if (cublasLtMatmulPreferenceCreate(&pref)) return p;
+    uint64_t ws = c->blas_ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    if (!cublasLtMatmulAlgoGetHeuristic(c->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found) && found) {
+        p->algo = h.algo;
+        p->ok = 1;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return p;
+}
+
 // y: [n, N] = x: [n, K] @ W[N, K]^T. cuBLAS is column-major: it computes
 // Y^T (N x n) = op(W) (N x K) * X^T (K x n) with W seen as K x N, transposed.
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
@@ -282,7 +326,12 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     cuda_impl *c = cu(be);
     int N = (int)w->rows, K = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
+    struct lt_plan *p = lt_plan_for(c, N, K, n, w->dtype);
     if (w->dtype == DT_F32) {
+        if (p && p->ok &&
+            cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, x, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
+                           c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS)
+            return;
         CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, (const float *)w->data, K, x, K,
                                  &zero, y, N));
         return;
@@ -292,6 +341,10 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     int64_t nk = (int64_t)n * K;
     k_to_bf16<<<(int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536), 256, 0, c->stream>>>(xb, x, nk);
     LAUNCH_CHECK();
+    if (p && p->ok &&
+        cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, xb, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
+                       c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS)
+        return;
     CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, w->data, CUDA_R_16BF, K, xb,
                               CUDA_R_16BF, K, &zero, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -477,6 +530,7 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     c->blas_ws_bytes = (size_t)64 << 20;
     CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
+    CUBLAS_CHECK(cublasLtCreate(&c->lt));
     init_ops();
     struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
     be->ops = &cuda_ops;

@@ -3,6 +3,7 @@
 // tests/cuda/test_cuda_ops.c compares each pair.
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -15,9 +16,22 @@ extern "C" {
 
 #define CUDA_FENCES 16
 
+// A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T.
+struct lt_plan {
+    int N, K, n, dt; // key (dt: enum dtype of W)
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    int ok;
+};
+#define LT_PLANS 256
+
 struct cuda_impl {
     cudaStream_t stream;
     cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    struct lt_plan plans[LT_PLANS];
+    int num_plans;
     void *blas_ws;
     size_t blas_ws_bytes;
     cudaEvent_t events[CUDA_FENCES]; // fences, used in turn
