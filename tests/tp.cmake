@@ -12,11 +12,7 @@ set_tests_properties(tp_layers tp_config tp_engine PROPERTIES ENVIRONMENT "VLLM_
 
 foreach(fx nh_dense nh_moe nh_latent)
   foreach(mode ${VLLM_GATE_MODES})
-    string(FIND "${mode}" "|" bar)
-    string(SUBSTRING "${mode}" 0 ${bar} mname)
-    math(EXPR bar "${bar} + 1")
-    string(SUBSTRING "${mode}" ${bar} -1 args)
-    separate_arguments(parts UNIX_COMMAND "${args}")
+    vllm_gate_mode("${mode}" mname parts)
     add_test(NAME tp2_gate_${fx}_${mname}
              COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/${fx} --golden ${VLLM_FIXTURES}/${fx}/golden.json
                      --threads 2 --tensor-parallel-size 2 ${parts})
@@ -24,6 +20,9 @@ foreach(fx nh_dense nh_moe nh_latent)
                          FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
   endforeach()
 endforeach()
+# logits of every row against transformers', through the runner's logits hook
+add_test(NAME tp2_gate_logits COMMAND test_logits)
+set_tests_properties(tp2_gate_logits PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_TP_SIZE=2")
 # the fixtures' 2 Mamba groups do not split over 4 ranks: a clear error
 add_test(NAME tp_cli_groups COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/nh_dense --prompt-ids 1,2
          --tensor-parallel-size 4)
@@ -42,15 +41,11 @@ if(VLLM_CUDA)
     "VLLM_TP_DEVICE=cuda;VLLM_TP_DTYPE=float32;VLLM_TP_SIZES=2,4;NCCL_NVLS_ENABLE=0")
   # fp32 oracle gates at 2 ranks
   foreach(fx nh_dense nh_moe nh_latent)
-    foreach(mname decode both_batch chunk7_batch preempt staggered_chunk)
-      foreach(mode ${VLLM_GATE_MODES})
-        if(mode MATCHES "^${mname}\\|")
-          string(FIND "${mode}" "|" bar)
-          math(EXPR bar "${bar} + 1")
-          string(SUBSTRING "${mode}" ${bar} -1 args)
-          separate_arguments(parts UNIX_COMMAND "${args}")
-        endif()
-      endforeach()
+    foreach(mode ${VLLM_GATE_MODES})
+      vllm_gate_mode("${mode}" mname parts)
+      if(NOT mname MATCHES "^(decode|both_batch|chunk7_batch|preempt|staggered_chunk)$")
+        continue()
+      endif()
       add_test(NAME gpu_tp2_gate_fp32_${fx}_${mname}
                COMMAND ${GPUS} 2 $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
                        --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype float32
