@@ -105,6 +105,10 @@ static void tick_report(struct nh_model *m, int T) {
     if (!m->tdiag || ++m->tsteps % 20) return;
     double tot = 0;
     for (int k = 0; k < T_N; k++) tot += m->tsum[k];
+    if (m->rank) { // one report, rank 0's
+        memset(m->tsum, 0, sizeof m->tsum);
+        return;
+    }
     diag_printf("time over 20 steps (last had %d tokens): %.3f ms per step\n", T, 1e3 * tot / 20);
     for (int k = 0; k < T_N; k++)
         if (m->tsum[k] > 0) diag_printf("  %-22s %8.3f ms %5.1f%%\n", t_names[k], 1e3 * m->tsum[k] / 20, 100 * m->tsum[k] / tot);

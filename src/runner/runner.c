@@ -202,7 +202,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
 
 // Every rank's graphs go together, so that all ranks replay or record alike.
 static void free_graphs(struct runner *r) {
-    for (int k = 0; k < r->tp; k++) {
+    for (int k = 0; k < r->tp && r->rk[k].be; k++) {
         struct rank *rk = &r->rk[k];
         backend_bind(rk->be);
         for (int i = 0; i <= MAX_GRAPH_BATCH; i++) {
