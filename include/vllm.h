@@ -69,7 +69,7 @@ struct vllm_engine_params {
     int max_model_len;          // prompt + output at most (0: from config)
     int max_queued;             // waiting requests at most (0: unlimited)
     int num_threads;            // CPU threads (0: the cores present)
-    int tensor_parallel_size;   // GPUs (default 1)
+    int tensor_parallel_size;   // ranks the model is split over: GPUs (default 1)
     uint64_t seed;              // dummy weights and unseeded sampling
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);

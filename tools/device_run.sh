@@ -2,7 +2,9 @@
 # One device call: build with CUDA, run the GPU op tests and gates, optionally
 # prove a mutation turns the GPU gates red, then benchmark. Logs go to $OUT.
 #   TESTS=regex (default gpu_)  MUTATE=patch-name  BENCH="h8b nano8"  BENCH_ARGS=...
+#   TP="1 2 4": tensor-parallel sizes each benchmark runs at (default 1)
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the lent machines (docs/TENSOR_PARALLEL.md)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 [ -f .devdeps/unpack.sh ] && source .devdeps/unpack.sh >/dev/null
@@ -23,11 +25,14 @@ if [ -n "${MUTATE:-}" ]; then
     patch -R -p1 < tests/mutations/$MUTATE.patch >/dev/null && build
 fi
 for cfg in ${BENCH:-}; do
+  for tp in ${TP:-1}; do
     for g in 1 0; do
         [ $g = 0 ] && export VLLM_NO_GRAPHS=1 || unset VLLM_NO_GRAPHS
-        echo "== $cfg graphs=$g"
+        echo "== $cfg tp=$tp graphs=$g"
         timeout 300 build-cuda/vllm bench --model bench/configs/$cfg --load-format dummy --device cuda \
+            --tensor-parallel-size $tp \
             ${BENCH_ARGS:---batch-sizes 1,8,32,64 --input-len 1024 --output-len 128 --max-num-batched-tokens 8192} 2>&1 | tee -a "$OUT/bench.log" | tail -6
         [ "${BENCH_NOGRAPHS:-0}" = 1 ] || break
     done
+  done
 done

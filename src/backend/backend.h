@@ -157,6 +157,18 @@ struct backend_ops {
     // step's input) and into out->ids; log-probs as asked.
     void (*sample)(struct backend *be, const float *logits, int vocab, int32_t *token_table,
                    const struct batch *b, struct sample_out *out);
+
+    // Tensor parallelism (NULL on a backend that cannot join a group; see
+    // backend_create_group). Every rank of the group calls each collective
+    // with the same sizes in the same order, each from its own thread.
+    // x: [n] summed over the ranks in place; every rank gets the same bits.
+    void (*all_reduce)(struct backend *be, float *x, int64_t n);
+    // out: [rows, out_cols]. Rank r's in: [rows, in_cols] fills columns
+    // [r*in_cols, (r+1)*in_cols), cut at out_cols (a last shard may be padded).
+    void (*all_gather)(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);
+    // Makes be the calling thread's device (CUDA's current device is per
+    // thread); a thread calls it before it issues ops of a group's backend.
+    void (*bind)(struct backend *be);
 };
 
 struct backend {
@@ -164,6 +176,7 @@ struct backend {
     int num_threads;
     enum dtype kv_dtype; // of the KV cache
     int graph_epoch;     // bumped when device buffers recorded graphs use move: re-record them
+    int tp_rank, tp_size; // this backend's rank in its tensor-parallel group; 0, 1 alone
     void *impl;
 };
 
@@ -171,10 +184,18 @@ struct backend {
 // the build has no such backend.
 int backend_create(const char *device, int num_threads, enum dtype act_kv_dtype, struct backend **out);
 void backend_free(struct backend *be);
+// Tensor parallelism: n backends of `device` joined in one group, rank r at
+// out[r] (n == 1: backend_create). CPU ranks share num_threads; "cuda" rank r
+// runs on GPU r, with NCCL. VLLM_ERR_UNSUPPORTED when the build cannot.
+int backend_create_group(const char *device, int n, int num_threads, enum dtype act_kv_dtype, struct backend **out);
+// be->ops->bind, where the backend has one.
+void backend_bind(struct backend *be);
 
 int backend_cpu_create(int num_threads, struct backend **out);
+int backend_cpu_create_group(int n, int num_threads, struct backend **out);
 #ifdef VLLM_HAVE_CUDA
 int backend_cuda_create(enum dtype kv_dtype, struct backend **out);
+int backend_cuda_create_group(int n, enum dtype kv_dtype, struct backend **out);
 #endif
 
 size_t dtype_size(enum dtype d);

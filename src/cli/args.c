@@ -20,7 +20,8 @@ const char *const cli_engine_help =
     "  --kv-cache-gb X              KV pool budget in GiB (default 2)\n"
     "  --threads N                  CPU threads (default: all cores)\n"
     "  --seed N                     seed of dummy weights and unseeded sampling\n"
-    "  --tensor-parallel-size N     GPUs (default 1)\n";
+    "  --tensor-parallel-size N     ranks the model is split over (default 1): GPUs with\n"
+    "                               cuda; with cpu, threads that test the split\n";
 
 const char *cli_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {

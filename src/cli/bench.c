@@ -167,10 +167,10 @@ int cli_bench(int argc, char **argv) {
     if (rc) fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
     else if (json) {
         printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, "
-               "\"load_format\": \"%s\", \"weight_bytes\": %lld, \"load_s\": %.3f, \"input_len\": %d, \"output_len\": %d, "
-               "\"results\": [",
-               info.model_name, info.architecture, ep.device, ep.dtype, ep.num_threads, ep.load_format,
-               (long long)info.weight_bytes, tl, in_len, out_len);
+               "\"tensor_parallel_size\": %d, \"load_format\": \"%s\", \"weight_bytes\": %lld, \"load_s\": %.3f, "
+               "\"input_len\": %d, \"output_len\": %d, \"results\": [",
+               info.model_name, info.architecture, ep.device, ep.dtype, ep.num_threads, MAX(ep.tensor_parallel_size, 1),
+               ep.load_format, (long long)info.weight_bytes, tl, in_len, out_len);
         for (int i = 0; i < nb; i++)
             printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
                    "\"tpot_ms\": %.3f, \"wall_s\": %.3f}",
@@ -178,8 +178,8 @@ int cli_bench(int argc, char **argv) {
                    res[i].wall_s);
         printf("]}\n");
     } else {
-        printf("model %s (%s), device %s, dtype %s, weights %.1f MB, loaded in %.2f s\n", info.model_name,
-               info.architecture, ep.device, ep.dtype, info.weight_bytes / 1e6, tl);
+        printf("model %s (%s), device %s x %d, dtype %s, weights %.1f MB, loaded in %.2f s\n", info.model_name,
+               info.architecture, ep.device, MAX(ep.tensor_parallel_size, 1), ep.dtype, info.weight_bytes / 1e6, tl);
         printf("input %d, output %d tokens per request\n", in_len, out_len);
         printf("%6s %14s %14s %10s %10s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms", "TPOT ms");
         for (int i = 0; i < nb; i++)

@@ -39,8 +39,9 @@ static int check_params(const struct vllm_engine_params *p) {
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_batched_tokens must be >= 1");
     if (p->max_model_len < 0 || p->num_kv_blocks < 0 || p->kv_cache_bytes < 0 || p->max_queued < 0)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "negative engine parameter");
-    if (p->tensor_parallel_size != 1 && p->tensor_parallel_size != 0)
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "tensor_parallel_size %d: this build runs on one device", p->tensor_parallel_size);
+    if (p->tensor_parallel_size < 0 || p->tensor_parallel_size > 64)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "tensor_parallel_size %d is out of range [1, 64]",
+                        p->tensor_parallel_size);
     if (p->load_format && strcmp(p->load_format, "auto") && strcmp(p->load_format, "safetensors") &&
         strcmp(p->load_format, "dummy"))
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown load_format '%s' (expected auto, safetensors or dummy)",
@@ -48,13 +49,14 @@ static int check_params(const struct vllm_engine_params *p) {
     return VLLM_OK;
 }
 
-// KV blocks from the budget; max_model_len shrinks to what fits if it was
-// not asked for explicitly.
+// KV blocks from the budget (of each rank: every rank holds every block, of
+// its own KV heads); max_model_len shrinks to what fits if it was not asked
+// for explicitly.
 static int size_kv(struct vllm_engine *e, const struct model_spec *sp, int *num_blocks) {
     const struct vllm_engine_params *p = &e->params;
     int64_t per_block = 0;
     for (int i = 0; i < sp->num_layers; i++)
-        per_block += 2LL * p->block_size * sp->layers[i].kv_heads * sp->layers[i].head_dim * dtype_size(e->be->kv_dtype);
+        per_block += 2LL * p->block_size * sp->layers[i].kv_heads * sp->layers[i].head_dim * dtype_size(e->be[0]->kv_dtype);
     *num_blocks = 0;
     if (!per_block) return VLLM_OK;
     int64_t cap = (int64_t)p->max_num_seqs * CDIV(e->max_model_len, p->block_size);
@@ -89,7 +91,7 @@ static int load_text(struct vllm_engine *e) {
 
 static void fill_info(struct vllm_engine *e, int num_blocks) {
     struct vllm_model_info *in = &e->info;
-    const struct model_spec *sp = &e->model->spec;
+    const struct model_spec *sp = &e->model[0]->spec;
     in->architecture = sp->arch;
     in->model_name = e->model_name;
     in->vocab_size = sp->vocab_size;
@@ -102,25 +104,33 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     in->block_size = e->params.block_size;
     in->num_state_slots = e->sched.cfg.num_slots;
     in->kv_cache_bytes = runner_cache_bytes(e->runner, &in->state_bytes);
-    in->weight_bytes = sp->weight_bytes;
+    in->weight_bytes = 0;
+    for (int k = 0; k < e->tp; k++) in->weight_bytes += e->model[k]->spec.weight_bytes; // over all ranks
 }
 
 static int engine_init(struct vllm_engine *e) {
     struct vllm_engine_params *p = &e->params;
     enum dtype wdt = DT_F32;
     TRY(parse_dtype(p->dtype, p->device, &wdt));
-    TRY(backend_create(p->device, p->num_threads, wdt, &e->be));
+    e->tp = p->tensor_parallel_size ? p->tensor_parallel_size : 1;
+    e->be = xcalloc(e->tp, sizeof *e->be);
+    e->model = xcalloc(e->tp, sizeof *e->model);
+    TRY(backend_create_group(p->device, e->tp, p->num_threads, wdt, e->be));
     struct model_load_opts o = {wdt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,
                                 p->max_num_batched_tokens, p->max_num_seqs};
-    TRY(model_load(e->model_dir, NULL, &o, e->be, &e->model));
-    const struct model_spec *sp = &e->model->spec;
+    for (int k = 0; k < e->tp; k++) { // rank k loads its shards onto its device
+        backend_bind(e->be[k]);
+        TRY(model_load(e->model_dir, NULL, &o, e->be[k], &e->model[k]));
+    }
+    backend_bind(e->be[0]);
+    const struct model_spec *sp = &e->model[0]->spec;
     e->max_model_len = p->max_model_len ? p->max_model_len : sp->max_position_embeddings ? sp->max_position_embeddings : 4096;
     int num_blocks;
     TRY(size_kv(e, sp, &num_blocks));
     int slots = (sp->caps & MODEL_CAP_RECURRENT_STATE) ? p->max_num_seqs : 0;
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
                                p->block_size, num_blocks, slots, 20, !getenv("VLLM_NO_GRAPHS")};
-    TRY(runner_create(e->be, e->model, &rc, &e->runner));
+    TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
     struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots};
     sched_init(&e->sched, &sc);
     TRY(load_text(e));
@@ -137,8 +147,13 @@ static void engine_destroy(struct vllm_engine *e) {
         runner_free(e->runner);
         sched_release(&e->sched);
     }
-    model_free(e->model);
-    backend_free(e->be);
+    for (int k = e->tp - 1; k >= 0; k--) { // rank 0 last: it stays bound
+        backend_bind(e->be[k]);
+        model_free(e->model[k]);
+        backend_free(e->be[k]);
+    }
+    free(e->model);
+    free(e->be);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e->model_dir);

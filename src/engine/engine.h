@@ -18,8 +18,9 @@ struct chat_template;
 struct vllm_engine {
     struct vllm_engine_params params; // strings below owned
     char *model_dir, *model_name;
-    struct backend *be;
-    struct model *model;
+    int tp;               // tensor-parallel ranks (1: none)
+    struct backend **be;  // [tp] rank k's device (one group)
+    struct model **model; // [tp] rank k's shards of the model
     struct runner *runner;
     struct scheduler sched;
     struct tokenizer *tok;          // NULL without tokenizer.json

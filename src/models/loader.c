@@ -152,3 +152,53 @@ int loader_vector(struct loader *l, const char *name, int64_t n, float **dev, en
     TRY(loader_read(l, name, 1, &n, tmp, init, arg));
     return loader_upload_vector(l, tmp, n, dev);
 }
+
+struct span span_part(int64_t n, int tp, int r) {
+    int64_t lo = n * r / tp, hi = n * (r + 1) / tp;
+    return (struct span){lo, hi - lo};
+}
+
+static int64_t shard_rows(const struct shard *s, int64_t rows) {
+    if (!s->rows) return rows;
+    int64_t n = 0;
+    for (int i = 0; i < s->num_rows; i++) n += s->rows[i].len;
+    return n;
+}
+
+static int64_t shard_cols(const struct shard *s, int64_t cols) { return s->c1 ? s->c1 - s->c0 : cols; }
+
+// Every kept element moves to a lower or equal index (spans ascend, the kept
+// width is at most cols), so one forward pass of memmove compacts in place.
+int64_t shard_select(float *buf, int64_t rows, int64_t cols, const struct shard *s) {
+    int64_t c0 = s->c1 ? s->c0 : 0, w = shard_cols(s, cols), k = 0;
+    struct span all = {0, rows};
+    const struct span *sp = s->rows ? s->rows : &all;
+    int ns = s->rows ? s->num_rows : 1;
+    for (int i = 0; i < ns; i++)
+        for (int64_t r = sp[i].off; r < sp[i].off + sp[i].len; r++, k++)
+            if (k != r || w != cols) memmove(buf + k * w, buf + r * cols + c0, sizeof(float) * w);
+    return k;
+}
+
+int loader_matrix_part(struct loader *l, const char *name, int64_t rows, int64_t cols, const struct shard *s,
+                       enum dtype dt, struct weight *w, float dummy_std) {
+    int64_t kr = shard_rows(s, rows) + s->pad_rows, kc = shard_cols(s, cols);
+    if (!l->st) { // dummy: made on the device at the part's shape, seeded by where the part starts
+        uint64_t at = (uint64_t)(s->rows ? s->rows[0].off : 0) * 1000003u + (uint64_t)s->c0;
+        TRY(l->be->ops->weight_random(l->be, w, kr, kc, dt, name_seed(name, l->seed) ^ at, dummy_std));
+        l->device_bytes += (int64_t)dtype_size(w->dtype) * kr * kc;
+        return VLLM_OK;
+    }
+    float *tmp = loader_tmp(l, (size_t)MAX(rows, kr) * cols);
+    TRY(loader_read(l, name, 2, (int64_t[]){rows, cols}, tmp, DUMMY_NORMAL, dummy_std));
+    int64_t n = shard_select(tmp, rows, cols, s);
+    memset(tmp + n * kc, 0, sizeof(float) * s->pad_rows * kc);
+    return loader_upload_matrix(l, tmp, kr, kc, dt, w);
+}
+
+int loader_vector_part(struct loader *l, const char *name, int64_t n, const struct shard *s, float **dev,
+                       enum dummy_init init, float arg) {
+    float *tmp = loader_tmp(l, n);
+    TRY(loader_read(l, name, 1, &n, tmp, init, arg));
+    return loader_upload_vector(l, tmp, shard_select(tmp, n, 1, s), dev);
+}

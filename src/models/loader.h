@@ -47,4 +47,29 @@ int loader_upload_matrix(struct loader *l, const float *src, int64_t rows, int64
 // Host scratch of at least n floats, owned by the loader.
 float *loader_tmp(struct loader *l, size_t n);
 
+// Tensor parallelism: the part of a [rows, cols] tensor one rank holds, as
+// spans of whole rows (in increasing order) and the columns [c0, c1) of each.
+// A rank's part is copied out of the full tensor on the host.
+struct span {
+    int64_t off, len;
+};
+struct shard {
+    const struct span *rows; // NULL: every row
+    int num_rows;            // spans in rows
+    int64_t c0, c1;          // c1 == 0: every column
+    int64_t pad_rows;        // zero rows appended (a last vocabulary shard made as long as the others)
+};
+// Rank r's part [off, off + len) of n things split over tp ranks.
+struct span span_part(int64_t n, int tp, int r);
+// Compacts the host matrix buf [rows, cols] in place to the part s selects;
+// returns its row count (pad rows not included).
+int64_t shard_select(float *buf, int64_t rows, int64_t cols, const struct shard *s);
+// loader_matrix for the part s of tensor `name` [rows, cols]. Dummy weights
+// are made at the part's shape (their values do not match an unsplit model's).
+int loader_matrix_part(struct loader *l, const char *name, int64_t rows, int64_t cols, const struct shard *s,
+                       enum dtype dt, struct weight *w, float dummy_std);
+// loader_vector for the rows s selects of an n-vector.
+int loader_vector_part(struct loader *l, const char *name, int64_t n, const struct shard *s, float **dev,
+                       enum dummy_init init, float arg);
+
 #endif

@@ -34,5 +34,7 @@ struct nh_config {
 // floats). Every key the model needs is required. `what` names the file.
 int nh_config_parse(const json_t *j, const char *what, struct nh_config *c);
 void nh_config_free(struct nh_config *c);
+// Whether the model splits over tp tensor-parallel ranks; a clear error if not.
+int nh_config_check_tp(const struct nh_config *c, int tp, const char *what);
 
 #endif

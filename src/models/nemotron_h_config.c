@@ -208,3 +208,39 @@ void nh_config_free(struct nh_config *c) {
     free(c->kinds);
     c->kinds = NULL;
 }
+
+// Tensor parallelism splits heads and groups whole (docs/TENSOR_PARALLEL.md);
+// widths split unevenly but must leave every rank a part.
+int nh_config_check_tp(const struct nh_config *c, int tp, const char *what) {
+    const char *why = "tensor_parallel_size";
+    if (tp < 1) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "%s %d must be >= 1", why, tp);
+    if (tp == 1) return VLLM_OK;
+    if (has_kind(c, NH_MAMBA)) {
+        if (c->m_heads % tp)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: mamba_num_heads (%d) is not divisible by %s %d", what, c->m_heads,
+                            why, tp);
+        if (c->m_groups % tp)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: n_groups (%d) is not divisible by %s %d: each rank's Mamba heads "
+                            "must hold whole B/C groups, which the gated norm normalizes over", what, c->m_groups, why, tp);
+    }
+    if (has_kind(c, NH_ATTN)) {
+        if (c->heads % tp)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: num_attention_heads (%d) is not divisible by %s %d", what,
+                            c->heads, why, tp);
+        if (c->kv_heads % tp && tp % c->kv_heads)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: num_key_value_heads (%d) and %s %d: one must divide the other "
+                            "(KV heads are split over the ranks, or replicated when fewer)", what, c->kv_heads, why, tp);
+    }
+    struct {
+        int on, n;
+        const char *key;
+    } widths[] = {{1, c->vocab, "vocab_size"},
+                  {has_kind(c, NH_MLP), c->mlp_inter, "intermediate_size"},
+                  {has_kind(c, NH_MOE), c->moe_inter, "moe_intermediate_size"},
+                  {has_kind(c, NH_MOE), c->shared_inter, "moe_shared_expert_intermediate_size"}};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i].on && widths[i].n < tp)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: %s (%d) is smaller than %s %d: a rank would hold none of it",
+                            what, widths[i].key, widths[i].n, why, tp);
+    return VLLM_OK;
+}

@@ -5,7 +5,16 @@
 // sampler writes each sampled id into the row at its position, and every
 // step's input ids are gathered from it on the device. No host copy of an id
 // ever feeds the model, so none can be stale.
+//
+// Tensor parallelism: the runner drives one rank per backend of a group, each
+// with its model shards, caches, token table and step buffers, each from its
+// own thread (a team; rank 0 is the caller). The host builds one step (its
+// metadata image and the token rows of newly admitted requests) and every
+// rank runs that same step: this hand-over is the broadcast of the step. All
+// ranks sample the same ids from the same all-gathered logits into their own
+// tables; rank 0's are read back.
 #include "core/common.h"
+#include "core/team.h"
 #include "runner/runner.h"
 
 struct meta_layout { // offsets (int32 units) into the metadata buffer
@@ -21,33 +30,51 @@ struct step_slot {
     struct request **reqs;     // sampled requests, in sample-row order
     int32_t *pos;              // where each sampled id goes in its request's tokens
     struct request **sched;    // every request of the step
-    int num, num_sched, any_logprobs, fence;
+    struct request **admitted; // requests given a token-table row by this step
+    int num, num_sched, num_admitted, any_logprobs, fence;
 };
 
 #define MAX_GRAPH_BATCH 256
 
-struct runner {
+// One tensor-parallel rank (the only one without tensor parallelism).
+struct rank {
     struct backend *be;
-    struct model *model;
+    struct model *model; // this rank's shards
+    struct caches caches;
+    int32_t *table;      // device [(max_num_seqs + 1) * max_model_len]; the last row pads graphs
+    int32_t *input_ids;  // device [max_num_batched_tokens]
+    int32_t *meta;       // device metadata, uploaded in one copy per step
+    float *logits;       // device [logit rows, vocab]
+    float *logits_all;   // device [max tokens, vocab] with the hook
+    struct sample_out dev_out;
+    void *graphs[MAX_GRAPH_BATCH + 1];
+    int graph_epoch;
+};
+
+// The step every rank runs, set by runner_launch.
+struct launch {
+    struct step_slot *sl;
+    struct batch b; // device pointers of rank 0
+    size_t meta_bytes;
+    int pad, replay, record;
+};
+
+struct runner {
+    int tp;
+    struct rank *rk;   // [tp]
+    struct team *team; // a thread per rank, rank 0 the caller's
     struct runner_config cfg;
     int vocab, max_blocks, pad_row, pad_slot;
-    struct caches caches;
     struct id_pool rows;
-    int32_t *table;     // device [(max_num_seqs + 1) * max_model_len]; the last row pads graphs
-    int32_t *input_ids; // device [max_num_batched_tokens]
-    int32_t *meta;      // device metadata, uploaded in one copy per step
     struct meta_layout lay;
-    float *logits;      // device [logit rows, vocab]
-    float *logits_all;  // device [max tokens, vocab] with the hook
-    struct sample_out dev_out;
     struct step_slot slots[RUNNER_INFLIGHT];
     int next_slot;
     int32_t *order;
+    struct launch job;
     // graphs of pure-decode steps, by padded batch size: seen once (run eagerly,
-    // which sizes every buffer), then recorded and replayed
-    void *graphs[MAX_GRAPH_BATCH + 1];
+    // which sizes every buffer), then recorded and replayed (per rank)
     unsigned char seen[MAX_GRAPH_BATCH + 1];
-    int graph_epoch, num_graphs;
+    int num_graphs;
     runner_logits_hook hook;
     void *hook_user;
     float *hook_logits;
@@ -74,21 +101,25 @@ static void layout(struct meta_layout *l, int S, int T, int MB) {
     l->total = o;
 }
 
-static void *dev_alloc(struct runner *r, size_t bytes, int *rc, const char *what) {
-    void *p = r->be->ops->alloc(r->be, bytes);
+static void *dev_alloc(struct rank *k, size_t bytes, int *rc, const char *what) {
+    void *p = k->be->ops->alloc(k->be, bytes);
     if (!p && !*rc) *rc = vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes on the device for %s", bytes, what);
     return p;
 }
 
+// Page-locked host memory, of rank 0 (which reads back the sampled ids).
 static void *host_alloc(struct runner *r, size_t bytes, int *rc) {
-    void *p = r->be->ops->host_alloc(r->be, bytes);
+    struct backend *be = r->rk[0].be;
+    void *p = be->ops->host_alloc(be, bytes);
     if (!p && !*rc) *rc = vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of page-locked host memory", bytes);
     return p;
 }
 
-static int alloc_caches(struct runner *r) {
-    const struct model_spec *sp = &r->model->spec;
-    struct caches *c = &r->caches;
+// A rank's caches, at its shards' sizes (model spec): the pools hold the
+// same blocks and slots on every rank, each of the rank's heads.
+static int alloc_caches(struct runner *r, struct rank *k) {
+    const struct model_spec *sp = &k->model->spec;
+    struct caches *c = &k->caches;
     int L = sp->num_layers, rc = 0;
     c->num_layers = L;
     c->block_size = r->cfg.block_size;
@@ -101,43 +132,52 @@ static int alloc_caches(struct runner *r) {
     for (int i = 0; i < L && !rc; i++) { // addressed by layer id
         const struct layer_cache_spec *ls = &sp->layers[i];
         if (ls->kv_heads) {
-            size_t b = (size_t)c->num_blocks * c->block_size * ls->kv_heads * ls->head_dim * dtype_size(r->be->kv_dtype);
-            c->k[i] = dev_alloc(r, b, &rc, "the KV cache");
-            c->v[i] = dev_alloc(r, b, &rc, "the KV cache");
+            size_t b = (size_t)c->num_blocks * c->block_size * ls->kv_heads * ls->head_dim * dtype_size(k->be->kv_dtype);
+            c->k[i] = dev_alloc(k, b, &rc, "the KV cache");
+            c->v[i] = dev_alloc(k, b, &rc, "the KV cache");
             r->kv_bytes += 2 * (int64_t)b;
         }
         if (ls->conv_floats) {
             size_t cb = sizeof(float) * c->num_slots * ls->conv_floats, sb = sizeof(float) * c->num_slots * ls->ssm_floats;
-            c->conv[i] = dev_alloc(r, cb, &rc, "the conv state");
-            c->ssm[i] = dev_alloc(r, sb, &rc, "the SSM state");
+            c->conv[i] = dev_alloc(k, cb, &rc, "the conv state");
+            c->ssm[i] = dev_alloc(k, sb, &rc, "the SSM state");
             r->state_bytes += (int64_t)(cb + sb);
         }
     }
     return rc;
 }
 
-int runner_create(struct backend *be, struct model *m, const struct runner_config *cfg, struct runner **out) {
+int runner_create(int tp, struct backend *const *be, struct model *const *m, const struct runner_config *cfg,
+                  struct runner **out) {
     struct runner *r = xcalloc(1, sizeof *r);
-    r->be = be;
-    r->model = m;
+    r->tp = tp;
+    r->rk = xcalloc(tp, sizeof *r->rk);
     r->cfg = *cfg;
-    r->vocab = m->spec.vocab_size;
+    r->vocab = m[0]->spec.vocab_size;
     r->max_blocks = CDIV(cfg->max_model_len, cfg->block_size);
     r->pad_row = cfg->max_num_seqs;
     r->pad_slot = cfg->num_slots;
-    int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1), SP = S;
+    int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1), SP = S, rc = 0;
     layout(&r->lay, S, T, r->max_blocks);
     id_pool_init(&r->rows, S);
-    int rc = alloc_caches(r);
-    r->table = dev_alloc(r, sizeof(int32_t) * (size_t)(S + 1) * cfg->max_model_len, &rc, "the token table");
-    r->input_ids = dev_alloc(r, sizeof(int32_t) * T, &rc, "input ids");
-    r->meta = dev_alloc(r, sizeof(int32_t) * r->lay.total, &rc, "batch metadata");
-    r->logits = dev_alloc(r, sizeof(float) * (size_t)SP * r->vocab, &rc, "logits");
-    r->dev_out.ids = dev_alloc(r, sizeof(int32_t) * SP, &rc, "sampled ids");
-    r->dev_out.logprobs = dev_alloc(r, sizeof(float) * SP, &rc, "logprobs");
-    r->dev_out.top_ids = dev_alloc(r, sizeof(int32_t) * SP * mt, &rc, "top logprobs");
-    r->dev_out.top_logprobs = dev_alloc(r, sizeof(float) * SP * mt, &rc, "top logprobs");
-    r->dev_out.max_top = mt;
+    for (int i = 0; i < tp && !rc; i++) {
+        struct rank *k = &r->rk[i];
+        k->be = be[i];
+        k->model = m[i];
+        k->graph_epoch = be[i]->graph_epoch;
+        backend_bind(k->be);
+        rc = alloc_caches(r, k);
+        k->table = dev_alloc(k, sizeof(int32_t) * (size_t)(S + 1) * cfg->max_model_len, &rc, "the token table");
+        k->input_ids = dev_alloc(k, sizeof(int32_t) * T, &rc, "input ids");
+        k->meta = dev_alloc(k, sizeof(int32_t) * r->lay.total, &rc, "batch metadata");
+        k->logits = dev_alloc(k, sizeof(float) * (size_t)SP * r->vocab, &rc, "logits");
+        k->dev_out.ids = dev_alloc(k, sizeof(int32_t) * SP, &rc, "sampled ids");
+        k->dev_out.logprobs = dev_alloc(k, sizeof(float) * SP, &rc, "logprobs");
+        k->dev_out.top_ids = dev_alloc(k, sizeof(int32_t) * SP * mt, &rc, "top logprobs");
+        k->dev_out.top_logprobs = dev_alloc(k, sizeof(float) * SP * mt, &rc, "top logprobs");
+        k->dev_out.max_top = mt;
+    }
+    backend_bind(be[0]);
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
         struct step_slot *sl = &r->slots[k];
         sl->staging = host_alloc(r, sizeof(int32_t) * r->lay.total, &rc);
@@ -148,9 +188,10 @@ int runner_create(struct backend *be, struct model *m, const struct runner_confi
         sl->reqs = xcalloc(SP, sizeof(struct request *));
         sl->pos = xcalloc(SP, sizeof(int32_t));
         sl->sched = xcalloc(S, sizeof(struct request *));
+        sl->admitted = xcalloc(S, sizeof(struct request *));
     }
     r->order = xcalloc(S, sizeof(int32_t));
-    r->graph_epoch = be->graph_epoch;
+    r->team = team_create(tp);
     if (rc) {
         runner_free(r);
         return rc;
@@ -159,21 +200,27 @@ int runner_create(struct backend *be, struct model *m, const struct runner_confi
     return VLLM_OK;
 }
 
+// Every rank's graphs go together, so that all ranks replay or record alike.
 static void free_graphs(struct runner *r) {
-    for (int i = 0; i <= MAX_GRAPH_BATCH; i++) {
-        if (r->graphs[i]) r->be->ops->graph_free(r->be, r->graphs[i]);
-        r->graphs[i] = NULL;
-        r->seen[i] = 0;
+    for (int k = 0; k < r->tp && r->rk[k].be; k++) {
+        struct rank *rk = &r->rk[k];
+        backend_bind(rk->be);
+        for (int i = 0; i <= MAX_GRAPH_BATCH; i++) {
+            if (rk->graphs[i]) rk->be->ops->graph_free(rk->be, rk->graphs[i]);
+            rk->graphs[i] = NULL;
+        }
+        rk->graph_epoch = rk->be->graph_epoch;
     }
-    r->graph_epoch = r->be->graph_epoch;
+    memset(r->seen, 0, sizeof r->seen);
+    backend_bind(r->rk[0].be);
 }
 
-void runner_free(struct runner *r) {
-    if (!r) return;
-    struct backend *be = r->be;
+static void free_rank(struct rank *k) {
+    struct backend *be = k->be;
+    if (!be) return;
+    backend_bind(be);
     be->ops->sync(be);
-    free_graphs(r);
-    struct caches *c = &r->caches;
+    struct caches *c = &k->caches;
     for (int i = 0; i < c->num_layers; i++) {
         be->ops->free(be, c->k[i]);
         be->ops->free(be, c->v[i]);
@@ -184,9 +231,16 @@ void runner_free(struct runner *r) {
     free(c->v);
     free(c->conv);
     free(c->ssm);
-    void *dev[] = {r->table, r->input_ids, r->meta, r->logits, r->logits_all, r->dev_out.ids, r->dev_out.logprobs,
-                   r->dev_out.top_ids, r->dev_out.top_logprobs};
+    void *dev[] = {k->table, k->input_ids, k->meta, k->logits, k->logits_all, k->dev_out.ids, k->dev_out.logprobs,
+                   k->dev_out.top_ids, k->dev_out.top_logprobs};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
+}
+
+void runner_free(struct runner *r) {
+    if (!r) return;
+    free_graphs(r);
+    for (int k = r->tp - 1; k >= 0; k--) free_rank(&r->rk[k]); // rank 0 last: it stays bound
+    struct backend *be = r->rk[0].be;
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
         struct step_slot *sl = &r->slots[k];
         void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp};
@@ -195,7 +249,10 @@ void runner_free(struct runner *r) {
         free(sl->reqs);
         free(sl->pos);
         free(sl->sched);
+        free(sl->admitted);
     }
+    team_free(r->team);
+    free(r->rk);
     id_pool_release(&r->rows);
     free(r->order);
     free(r->hook_logits);
@@ -220,21 +277,26 @@ void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user)
     int T = r->cfg.max_num_batched_tokens;
     r->hook = fn;
     r->hook_user = user;
-    if (fn && !r->logits_all) {
-        r->logits_all = r->be->ops->alloc(r->be, sizeof(float) * (size_t)T * r->vocab);
+    if (fn && !r->hook_logits) {
+        for (int k = 0; k < r->tp; k++) {
+            struct backend *be = r->rk[k].be;
+            backend_bind(be);
+            r->rk[k].logits_all = be->ops->alloc(be, sizeof(float) * (size_t)T * r->vocab);
+        }
+        backend_bind(r->rk[0].be);
         r->hook_logits = xmalloc(sizeof(float) * (size_t)T * r->vocab);
         r->hook_req = xmalloc(sizeof(struct request *) * T);
         r->hook_pos = xmalloc(sizeof(int32_t) * T);
     }
 }
 
-// A request entering the running set gets a row holding all its tokens.
-static int ensure_row(struct runner *r, struct request *req) {
+// A request entering the running set gets a row holding all its tokens
+// (uploaded by each rank when it launches the step).
+static int ensure_row(struct runner *r, struct step_slot *sl, struct request *req) {
     if (req->row >= 0) return VLLM_OK;
     req->row = id_pool_alloc(&r->rows);
     if (req->row < 0) return vllm_err(VLLM_ERR_INTERNAL, "no free token-table row");
-    r->be->ops->upload(r->be, r->table + (int64_t)req->row * r->cfg.max_model_len, req->tokens,
-                       sizeof(int32_t) * req->num_tokens);
+    sl->admitted[sl->num_admitted++] = req;
     return VLLM_OK;
 }
 
@@ -250,7 +312,7 @@ static void fill_sample_params(struct runner *r, const struct request *q, struct
     p->row_base = q->row * r->cfg.max_model_len;
     p->num_prompt = q->num_prompt;
     p->num_tokens = q->num_tokens;
-    p->num_logprobs = sp->logprobs < 0 ? -1 : MIN(sp->logprobs, r->dev_out.max_top);
+    p->num_logprobs = sp->logprobs < 0 ? -1 : MIN(sp->logprobs, r->rk[0].dev_out.max_top);
     p->seed_lo = (uint32_t)q->seed;
     p->seed_hi = (uint32_t)(q->seed >> 32);
     p->step = (uint32_t)req_num_output(q);
@@ -334,7 +396,18 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
     st[l->qsl + b->num_seqs] = t;
     b->num_tokens = t;
     b->num_sample = ns;
-    int32_t *d = r->meta;
+    b->h_query_start_loc = st + l->qsl;
+    b->h_seq_lens = st + l->seq_lens;
+    b->h_context_lens = st + l->ctx;
+    b->h_state_slots = st + l->state;
+    b->h_has_initial_state = st + l->has_init;
+    b->h_sample_params = sp;
+}
+
+// Points b's device arrays at rank k's copy of the metadata.
+static void point_batch(const struct runner *r, const struct rank *k, struct batch *b) {
+    const struct meta_layout *l = &r->lay;
+    int32_t *d = k->meta;
     b->query_start_loc = d + l->qsl;
     b->seq_lens = d + l->seq_lens;
     b->context_lens = d + l->ctx;
@@ -346,13 +419,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
     b->token_src = d + l->src;
     b->sample_rows = d + l->srows;
     b->sample_params = (struct sample_params *)(d + l->sparams);
-    b->input_ids = r->input_ids;
-    b->h_query_start_loc = st + l->qsl;
-    b->h_seq_lens = st + l->seq_lens;
-    b->h_context_lens = st + l->ctx;
-    b->h_state_slots = st + l->state;
-    b->h_has_initial_state = st + l->has_init;
-    b->h_sample_params = sp;
+    b->input_ids = k->input_ids;
 }
 
 static void diag_batch(struct runner *r, const struct sched_output *so, const struct batch *b, int graph) {
@@ -366,26 +433,29 @@ static void diag_batch(struct runner *r, const struct sched_output *so, const st
     }
 }
 
-static void run_hook(struct runner *r, const struct batch *b) {
-    const struct backend_ops *op = r->be->ops;
+// The hook sees rank 0's logits (every rank holds the same all-gathered ones).
+static void run_hook(struct runner *r, struct rank *k, const struct batch *b) {
+    const struct backend_ops *op = k->be->ops;
     int T = b->num_tokens, V = r->vocab;
-    op->download(r->be, r->hook_logits, r->logits_all, sizeof(float) * (size_t)T * V);
-    r->hook(r->hook_user, T, V, r->hook_logits, r->hook_req, r->hook_pos);
-    op->gather_rows(r->be, r->logits, r->logits_all, b->sample_rows, b->num_sample, V);
+    if (k == &r->rk[0]) {
+        op->download(k->be, r->hook_logits, k->logits_all, sizeof(float) * (size_t)T * V);
+        r->hook(r->hook_user, T, V, r->hook_logits, r->hook_req, r->hook_pos);
+    }
+    op->gather_rows(k->be, k->logits, k->logits_all, b->sample_rows, b->num_sample, V);
 }
 
 // gather input ids, forward, sample: the part of a step a graph records
-static void run_step(struct runner *r, const struct batch *b) {
-    const struct backend_ops *op = r->be->ops;
-    op->gather_ids(r->be, b->input_ids, r->table, b->token_src, b->num_tokens);
-    r->model->ops->forward(r->model, b, &r->caches, r->hook ? r->logits_all : r->logits, r->hook != NULL);
-    if (r->hook) run_hook(r, b);
-    if (b->num_sample) op->sample(r->be, r->logits, r->vocab, r->table, b, &r->dev_out);
+static void run_step(struct runner *r, struct rank *k, const struct batch *b) {
+    const struct backend_ops *op = k->be->ops;
+    op->gather_ids(k->be, b->input_ids, k->table, b->token_src, b->num_tokens);
+    k->model->ops->forward(k->model, b, &k->caches, r->hook ? k->logits_all : k->logits, r->hook != NULL);
+    if (r->hook) run_hook(r, k, b);
+    if (b->num_sample) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
 }
 
 // The padded batch size a pure-decode step replays a graph of, or 0.
 static int graph_size(const struct runner *r, const struct sched_output *so) {
-    const struct backend_ops *op = r->be->ops;
+    const struct backend_ops *op = r->rk[0].be->ops;
     if (!r->cfg.use_graphs || !op->graph_begin || r->hook || diag_on("1") || diag_on("time")) return 0;
     for (int i = 0; i < so->num_entries; i++)
         if (!so->entries[i].is_decode) return 0;
@@ -395,52 +465,78 @@ static int graph_size(const struct runner *r, const struct sched_output *so) {
     return p <= MAX_GRAPH_BATCH && p <= r->cfg.max_num_batched_tokens && p <= r->cfg.max_num_seqs ? p : 0;
 }
 
+// Rank k's part of a launch (on its own thread): the rows of admitted
+// requests and the step's metadata up to its device, then the step, eagerly
+// or through its graph. Rank 0 also queues the copies of the sampled ids back.
+static void launch_rank(void *ctx, int rank) {
+    struct runner *r = ctx;
+    const struct launch *j = &r->job;
+    struct step_slot *sl = j->sl;
+    struct rank *k = &r->rk[rank];
+    struct backend *be = k->be;
+    const struct backend_ops *op = be->ops;
+    backend_bind(be);
+    for (int i = 0; i < sl->num_admitted; i++) {
+        const struct request *q = sl->admitted[i];
+        op->upload(be, k->table + (int64_t)q->row * r->cfg.max_model_len, q->tokens, sizeof(int32_t) * q->num_tokens);
+    }
+    op->upload(be, k->meta, sl->staging, j->meta_bytes); // the step's metadata, one copy
+    struct batch b = j->b;
+    point_batch(r, k, &b);
+    if (j->replay) op->graph_launch(be, k->graphs[j->pad]);
+    else if (j->record) {
+        op->graph_begin(be);
+        run_step(r, k, &b);
+        k->graphs[j->pad] = op->graph_end(be);
+        op->graph_launch(be, k->graphs[j->pad]);
+    } else {
+        run_step(r, k, &b);
+    }
+    if (rank) return;
+    int ns = b.num_sample, mt = k->dev_out.max_top;
+    if (ns) op->download_async(be, sl->ids, k->dev_out.ids, sizeof(int32_t) * ns);
+    if (sl->any_logprobs) {
+        op->download_async(be, sl->lp, k->dev_out.logprobs, sizeof(float) * ns);
+        op->download_async(be, sl->top_ids, k->dev_out.top_ids, sizeof(int32_t) * ns * mt);
+        op->download_async(be, sl->top_lp, k->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    }
+    sl->fence = op->fence(be);
+}
+
 int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
-    const struct backend_ops *op = r->be->ops;
-    int k = r->next_slot;
-    r->next_slot = (k + 1) % RUNNER_INFLIGHT;
-    struct step_slot *sl = &r->slots[k];
+    int s = r->next_slot;
+    r->next_slot = (s + 1) % RUNNER_INFLIGHT;
+    struct step_slot *sl = &r->slots[s];
+    sl->num_admitted = 0;
     for (int i = 0; i < so->num_entries; i++) {
-        TRY(ensure_row(r, so->entries[i].req));
+        TRY(ensure_row(r, sl, so->entries[i].req));
         sl->sched[i] = so->entries[i].req;
     }
     sl->num_sched = so->num_entries;
     int pad = graph_size(r, so);
-    if (pad && r->graph_epoch != r->be->graph_epoch) free_graphs(r); // recorded buffers moved
-    struct batch b;
-    build_batch(r, so, sl, pad, &b);
-    size_t used = r->lay.sparams + (size_t)b.num_sample * (sizeof(struct sample_params) / 4);
-    op->upload(r->be, r->meta, sl->staging, sizeof(int32_t) * used); // the step's metadata, one copy
-    if (diag_on("1")) diag_batch(r, so, &b, pad > 0);
-    if (pad && r->graphs[pad]) op->graph_launch(r->be, r->graphs[pad]);
-    else if (pad && r->seen[pad]) { // second time at this size: record, then replay
-        op->graph_begin(r->be);
-        run_step(r, &b);
-        r->graphs[pad] = op->graph_end(r->be);
-        r->num_graphs++;
-        op->graph_launch(r->be, r->graphs[pad]);
-    } else {
-        if (pad) r->seen[pad] = 1;
-        run_step(r, &b);
-    }
-    r->steps++;
-    int ns = b.num_sample, mt = r->dev_out.max_top;
+    for (int k = 0; pad && k < r->tp; k++)
+        if (r->rk[k].graph_epoch != r->rk[k].be->graph_epoch) free_graphs(r); // recorded buffers moved
+    struct launch *j = &r->job;
+    j->sl = sl;
+    j->pad = pad;
+    j->replay = pad && r->rk[0].graphs[pad];
+    j->record = pad && !j->replay && r->seen[pad]; // second time at this size: record, then replay
+    build_batch(r, so, sl, pad, &j->b);
+    j->meta_bytes = sizeof(int32_t) * (r->lay.sparams + (size_t)j->b.num_sample * (sizeof(struct sample_params) / 4));
     sl->any_logprobs = 0;
-    for (int i = 0; i < sl->num; i++) sl->any_logprobs |= b.h_sample_params[i].num_logprobs >= 0;
-    if (ns) op->download_async(r->be, sl->ids, r->dev_out.ids, sizeof(int32_t) * ns);
-    if (sl->any_logprobs) {
-        op->download_async(r->be, sl->lp, r->dev_out.logprobs, sizeof(float) * ns);
-        op->download_async(r->be, sl->top_ids, r->dev_out.top_ids, sizeof(int32_t) * ns * mt);
-        op->download_async(r->be, sl->top_lp, r->dev_out.top_logprobs, sizeof(float) * ns * mt);
-    }
-    sl->fence = op->fence(r->be);
-    *step = k;
+    for (int i = 0; i < sl->num; i++) sl->any_logprobs |= j->b.h_sample_params[i].num_logprobs >= 0;
+    if (diag_on("1")) diag_batch(r, so, &j->b, pad > 0);
+    team_run(r->team, launch_rank, r);
+    if (pad && !j->replay) r->seen[pad] = 1;
+    r->num_graphs += j->record;
+    r->steps++;
+    *step = s;
     return VLLM_OK;
 }
 
 void runner_wait(struct runner *r, int step, struct step_out *out) {
     struct step_slot *sl = &r->slots[step];
-    r->be->ops->fence_wait(r->be, sl->fence);
+    r->rk[0].be->ops->fence_wait(r->rk[0].be, sl->fence);
     out->num = sl->num;
     out->reqs = sl->reqs;
     out->pos = sl->pos;
@@ -448,7 +544,7 @@ void runner_wait(struct runner *r, int step, struct step_out *out) {
     out->logprobs = sl->lp;
     out->top_ids = sl->top_ids;
     out->top_logprobs = sl->top_lp;
-    out->max_top = r->dev_out.max_top;
+    out->max_top = r->rk[0].dev_out.max_top;
     out->any_logprobs = sl->any_logprobs;
     out->scheduled = sl->sched;
     out->num_scheduled = sl->num_sched;

@@ -40,8 +40,12 @@ typedef void (*runner_logits_hook)(void *user, int rows, int vocab, const float 
 
 struct runner;
 
-int runner_create(struct backend *be, struct model *m, const struct runner_config *cfg, struct runner **out);
+// tp tensor-parallel ranks: be[k] and m[k] (rank k's shards) of one group;
+// every rank gets caches of cfg's blocks and slots at its shards' sizes.
+int runner_create(int tp, struct backend *const *be, struct model *const *m, const struct runner_config *cfg,
+                  struct runner **out);
 void runner_free(struct runner *r);
+// Bytes of KV cache (and of recurrent state) over all ranks.
 int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes);
 // Releases a request's token-table row (finish, abort, preemption).
 void runner_remove(struct runner *r, struct request *req);

@@ -55,6 +55,7 @@ static int run_fixture(const char *fx, int budget) {
     ep.model = dir;
     ep.num_threads = 1;
     ep.max_num_batched_tokens = budget;
+    ep.tensor_parallel_size = getenv("VLLM_TEST_TP_SIZE") ? atoi(getenv("VLLM_TEST_TP_SIZE")) : 1; // tests/tp.cmake
     struct vllm_engine *e = NULL;
     CHECKF(vllm_engine_load(&ep, &e) == 0, "%s", vllm_last_error());
     if (!e || !g || !c.ref) return 1;

@@ -8,6 +8,7 @@
 #include "core/threadpool.h"
 
 struct fast_kern;
+struct cpu_group;
 
 struct cpu_impl {
     struct tpool *pool;
@@ -21,6 +22,7 @@ struct cpu_impl {
     struct backend_ops fast_ops; // the fast path's table (cpu_backend.c)
     void *shared[4];      // scratch shared by the threads of one fast op
     size_t shared_size[4];
+    struct cpu_group *group; // tensor-parallel group (cpu_tp.c); NULL alone
 };
 
 static inline struct cpu_impl *cpu_of(struct backend *be) { return be->impl; }
@@ -59,5 +61,9 @@ void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                      const int32_t *ids, const float *weights, int n, int top_k);
 void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+// collectives in cpu_tp.c
+void cpu_all_reduce(struct backend *be, float *x, int64_t n);
+void cpu_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);
+void cpu_group_release(struct cpu_group *g);
 
 #endif

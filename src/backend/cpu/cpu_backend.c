@@ -36,6 +36,7 @@ static void cpu_destroy(struct backend *be) {
     free(c->scratch);
     free(c->scratch_size);
     tpool_free(c->pool);
+    cpu_group_release(c->group);
     free(c);
     free(be);
 }
@@ -227,6 +228,8 @@ static const struct backend_ops cpu_ops = {
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .sample = cpu_sample,
+    .all_reduce = cpu_all_reduce,
+    .all_gather = cpu_all_gather,
 };
 
 // The fast path: the reference table with the fast path's weights, matmul,
@@ -275,6 +278,7 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
     be->ops = reference ? &cpu_ops : &c->fast_ops;
     be->num_threads = num_threads;
     be->kv_dtype = DT_F32;
+    be->tp_size = 1;
     be->impl = c;
     // The reference lets OpenBLAS thread each call; the fast path calls it
     // single-threaded from its own pool's tasks (its threads never run, so

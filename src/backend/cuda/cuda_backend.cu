@@ -38,7 +38,9 @@ void *cuda_scratch(struct backend *be, size_t bytes) {
 
 static void cu_destroy(struct backend *be) {
     cuda_impl *c = cu(be);
+    cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    cuda_comm_destroy(c->comm);
     if (c->scratch) cudaFree(c->scratch);
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
@@ -455,6 +457,8 @@ static void cu_graph_free(struct backend *be, void *graph) {
     CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
 }
 
+static void cu_bind(struct backend *be) { CUDA_CHECK(cudaSetDevice(cu(be)->device)); }
+
 static struct backend_ops cuda_ops;
 
 static void init_ops(void) {
@@ -498,6 +502,11 @@ static void init_ops(void) {
     o->moe_route = cuda_moe_route;
     o->moe_experts = cuda_moe_experts;
     o->sample = cuda_sample;
+    o->bind = cu_bind;
+#ifdef VLLM_HAVE_NCCL
+    o->all_reduce = cuda_all_reduce;
+    o->all_gather = cuda_all_gather;
+#endif
 }
 
 extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
@@ -527,6 +536,7 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     be->ops = &cuda_ops;
     be->num_threads = 1;
     be->kv_dtype = kv_dtype;
+    be->tp_size = 1;
     be->impl = c;
     *out = be;
     return VLLM_OK;

@@ -42,6 +42,7 @@ struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     int *error_flag; // device: set by kernels on bad input
+    void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -111,3 +112,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k);
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
+// tensor parallelism, in cuda_nccl.cu (the collectives exist only with NCCL)
+void cuda_all_reduce(struct backend *be, float *x, int64_t n);
+void cuda_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);
+void cuda_comm_destroy(void *comm);
