@@ -154,6 +154,11 @@ static void test_norms(void) {
     fast->ops->add_rmsnorm(fast, res2, x, o2, w, n, D, 1e-5f);
     cmp("add_rmsnorm out", o2, o1, (size_t)n * D, TOL);
     cmp("add_rmsnorm res", res2, res, (size_t)n * D, 0);
+    float *r1 = rnd(70000, 2), *r2 = dup(r1, 70000); // more than one task of the parallel relu2
+    ref->ops->relu2(ref, r1, 70000);
+    fast->ops->relu2(fast, r2, 70000);
+    cmp("relu2", r2, r1, 70000, 0);
+    free(r1), free(r2);
     // the router: 40 tokens (two tasks), 16 experts in 4 groups, top 3 of 2 groups
     struct moe_route_cfg rc = {16, 3, 4, 2, 1, 2.5f};
     float *lg = rnd((size_t)40 * 16, 3), *rb = rnd(16, 0.2f), rw1[120], rw2[120];
