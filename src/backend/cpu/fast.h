@@ -5,11 +5,14 @@
 //
 // Weights on the fast path:
 // - DT_F32: row-major [rows, cols], as the reference keeps them.
-// - DT_BF16: packed in panels of 16 rows. Panel p holds rows 16p..16p+15; its
-//   pair q (columns 2q, 2q+1) is 16 uint32 lanes, lane j = W[16p+j][2q] |
-//   W[16p+j][2q+1] << 16. Columns are padded to an even count (kp), rows to a
-//   multiple of 16, with zeros. One layout serves both kernels: the fp32
-//   kernel turns a lane into two fp32 weights with a shift and a mask and
+// - DT_BF16: packed in groups of 64 rows (four panels of 16). Group g holds
+//   rows 64g..64g+63; for each column pair q (columns 2q, 2q+1) it stores 64
+//   uint32 lanes, lane j = W[64g+j][2q] | W[64g+j][2q+1] << 16, so panel
+//   (j / 16) of the pair is one 64-byte line and a group is one sequential
+//   stream (a single stream per thread reads DRAM about 30% faster here than
+//   four streams a panel apart). Columns are padded to an even count (kp),
+//   rows to a multiple of 64, with zeros. One layout serves both kernels: the
+//   fp32 kernel turns a lane into two fp32 weights with a shift and a mask and
 //   multiplies them by broadcast activations (no horizontal sums), and the
 //   bf16 dot kernel feeds the lanes to vdpbf16ps as they are.
 #ifndef VLLM_BACKEND_CPU_FAST_H
@@ -17,15 +20,17 @@
 
 #include "backend/cpu/cpu.h"
 
-#define PK 16 // rows per panel
+#define PK 16  // rows per panel (one 64-byte line per column pair)
+#define PKG 64 // rows per group (four panels)
 #define FAST_CONV_CH 256 // channels of a conv_row call (1 KB of each row)
 
 static inline int64_t pk_kp(int64_t cols) { return (cols + 1) & ~(int64_t)1; }
-static inline int64_t pk_panels(int64_t rows) { return (rows + PK - 1) / PK; }
-// uint32 lanes per panel
-static inline int64_t pk_stride(int64_t cols) { return pk_kp(cols) / 2 * PK; }
-static inline const uint32_t *pk_panel(const struct weight *w, int64_t p) {
-    return (const uint32_t *)w->data + p * pk_stride(w->cols);
+static inline int64_t pk_groups(int64_t rows) { return (rows + PKG - 1) / PKG; }
+// uint32 lanes per group
+static inline int64_t pk_gstride(int64_t cols) { return pk_kp(cols) / 2 * PKG; }
+// Group g: its pair q at [q * PKG], row 64g + j at lane j of it.
+static inline const uint32_t *pk_group(const struct weight *w, int64_t g) {
+    return (const uint32_t *)w->data + g * pk_gstride(w->cols);
 }
 
 // One ISA's kernels. Every kernel computes y[i][c - c0] for rows i < m and

@@ -22,22 +22,23 @@ INL void store_cols(float *yrow, __m256 lo8, __m256 hi8, int64_t pc, int64_t c0,
     for (int64_t c = MAX(c0, pc); c < MIN(c1, pc + 16); c++) yrow[c - c0] = t[c - pc];
 }
 
-// mb (<= 2) rows against np (<= 2) panels; each accumulator takes the even
-// and the odd column of a pair (two FMAs in a row, 8 chains in flight).
-INL void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint32_t *w, int64_t ps, int64_t kp2,
-                 int64_t pc, int64_t c0, int64_t c1, const int mb, const int np) {
-    __m256 acc[2][2][2];
+// mb (<= 2) rows against np panels of a group (w: the first panel's lane 0,
+// pairs PKG lanes apart; mb * np <= 4); each accumulator takes the even and
+// the odd column of a pair (two FMAs in a row, 8 chains in flight).
+INL void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint32_t *w, int64_t kp2, int64_t pc,
+                 int64_t c0, int64_t c1, const int mb, const int np) {
+    __m256 acc[2][4][2];
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
 #pragma GCC unroll 2
     for (int i = 0; i < mb; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < np; j++) acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
     for (int64_t q = 0; q < kp2; q++) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < np; j++)
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(w + j * ps + q * 16 + h * 8));
+                __m256i v = _mm256_loadu_si256((const __m256i *)(w + q * PKG + j * PK + h * 8));
                 __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
                 __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
 #pragma GCC unroll 2
@@ -49,24 +50,26 @@ INL void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, const uint3
     }
 #pragma GCC unroll 2
     for (int i = 0; i < mb; i++)
-#pragma GCC unroll 2
-        for (int j = 0; j < np; j++) store_cols(y + i * ldy, acc[i][j][0], acc[i][j][1], pc + 16 * j, c0, c1);
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) store_cols(y + i * ldy, acc[i][j][0], acc[i][j][1], pc + PK * j, c0, c1);
 }
 
+// One row: the whole group (4 panels, 8 accumulators); two rows: two panels
+// at a time.
 static void mm_pk(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                   int64_t c1) {
-    int64_t kp2 = pk_kp(w->cols) / 2, ps = pk_stride(w->cols), p1 = (c1 + PK - 1) / PK;
-    for (int64_t p = c0 / PK; p < p1; p += 2) {
-        int np = (int)MIN(2, p1 - p);
+    int64_t kp2 = pk_kp(w->cols) / 2, g1 = (c1 + PKG - 1) / PKG;
+    for (int64_t g = c0 / PKG; g < g1; g++) {
+        const uint32_t *wg = pk_group(w, g);
         for (int i = 0; i < m; i += 2) {
-            int mb = MIN(2, m - i);
             float *yy = y + (int64_t)i * ldy;
             const float *xx = x + (int64_t)i * ldx;
-            const uint32_t *wp = pk_panel(w, p);
-            if (mb == 1 && np == 1) pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 1, 1);
-            else if (mb == 1) pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 1, 2);
-            else if (np == 1) pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 2, 1);
-            else pk_tile(yy, ldy, xx, ldx, wp, ps, kp2, p * PK, c0, c1, 2, 2);
+            if (m - i == 1) {
+                pk_tile(yy, ldy, xx, ldx, wg, kp2, g * PKG, c0, c1, 1, 4);
+            } else {
+                pk_tile(yy, ldy, xx, ldx, wg, kp2, g * PKG, c0, c1, 2, 2);
+                pk_tile(yy, ldy, xx, ldx, wg + 2 * PK, kp2, g * PKG + 2 * PK, c0, c1, 2, 2);
+            }
         }
     }
 }

@@ -27,13 +27,14 @@ INL __m512bh pair_of(const uint16_t *p) { // two bf16 values broadcast to every 
     return (__m512bh)_mm512_set1_epi32(v);
 }
 
-// mb (<= 6) rows of xb against np (<= 4) panels: 24 accumulators, np panel
-// loads and mb broadcasts per column pair. Meanwhile pf_lines lines from pf
-// go to L2, pf_rate per column pair: the next panel group, spread over this
-// group's tiles, so the first tile of a group does not wait on DRAM.
-INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t ps,
-                  int64_t kp2, int64_t pc, int64_t c0, int64_t c1, const char *pf, int64_t pf_lines, int pf_rate,
-                  const int mb, const int np) {
+// mb (<= 6) rows of xb against one group (w: its first lane): 24
+// accumulators, 4 panel loads and mb broadcasts per column pair. Meanwhile
+// pf_lines lines from pf go to L2, pf_rate per column pair: the next group,
+// spread over this group's tiles, so the first tile of a group does not wait
+// on DRAM.
+INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t kp2, int64_t gc,
+                  int64_t c0, int64_t c1, const char *pf, int64_t pf_lines, int pf_rate, const int mb) {
+    const int np = 4;
     __m512 acc[6][4];
 #pragma GCC unroll 6
     for (int i = 0; i < mb; i++)
@@ -44,7 +45,7 @@ INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const
             if (q * pf_rate + r < pf_lines) _mm_prefetch(pf + (q * pf_rate + r) * 64, _MM_HINT_T1);
         __m512bh b[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < np; j++) b[j] = (__m512bh)_mm512_loadu_si512(w + j * ps + q * 16);
+        for (int j = 0; j < np; j++) b[j] = (__m512bh)_mm512_loadu_si512(w + q * PKG + j * PK);
 #pragma GCC unroll 6
         for (int i = 0; i < mb; i++) {
             __m512bh a = pair_of(xb + i * ldxb + 2 * q);
@@ -55,39 +56,33 @@ INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const
 #pragma GCC unroll 6
     for (int i = 0; i < mb; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < np; j++) store_cols(y + i * ldy, acc[i][j], pc + 16 * j, c0, c1);
-}
-
-#define DOT_CASE(MB, NP)                                                                                     \
-    case (MB) * 8 + (NP): dot_tile(y, ldy, xb, ldxb, w, ps, kp2, pc, c0, c1, pf, pf_lines, pf_rate, MB, NP); break;
-
-static void dot_tile_any(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const uint32_t *w, int64_t ps,
-                         int64_t kp2, int64_t pc, int64_t c0, int64_t c1, const char *pf, int64_t pf_lines, int pf_rate,
-                         int mb, int np) {
-    switch (mb * 8 + np) {
-        DOT_CASE(1, 1) DOT_CASE(1, 2) DOT_CASE(1, 3) DOT_CASE(1, 4)
-        DOT_CASE(2, 1) DOT_CASE(2, 2) DOT_CASE(2, 3) DOT_CASE(2, 4)
-        DOT_CASE(3, 1) DOT_CASE(3, 2) DOT_CASE(3, 3) DOT_CASE(3, 4)
-        DOT_CASE(4, 1) DOT_CASE(4, 2) DOT_CASE(4, 3) DOT_CASE(4, 4)
-        DOT_CASE(5, 1) DOT_CASE(5, 2) DOT_CASE(5, 3) DOT_CASE(5, 4)
-        DOT_CASE(6, 1) DOT_CASE(6, 2) DOT_CASE(6, 3) DOT_CASE(6, 4)
-    }
+        for (int j = 0; j < np; j++) store_cols(y + i * ldy, acc[i][j], gc + PK * j, c0, c1);
 }
 
 void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
                                const struct weight *w, int64_t c0, int64_t c1) {
-    int64_t kp2 = pk_kp(w->cols) / 2, ps = pk_stride(w->cols), p1 = (c1 + PK - 1) / PK;
+    int64_t kp2 = pk_kp(w->cols) / 2, g1 = (c1 + PKG - 1) / PKG;
     int tiles = (m + 5) / 6;
-    for (int64_t p = c0 / PK; p < p1; p += 4) {
-        int np = (int)MIN(4, p1 - p);
-        int64_t next = MAX(0, MIN(4, p1 - p - 4)) * ps * 4 / 64; // lines of the next group
-        int64_t per_tile = (next + tiles - 1) / tiles;
-        int rate = tiles <= 16 ? (int)MIN(4, (per_tile + kp2 - 1) / kp2) : 0; // few tiles: the first would stall
-        const char *pf = (const char *)pk_panel(w, p + 4);
-        for (int i = 0, t = 0; i < m; i += 6, t++)
-            dot_tile_any(y + (int64_t)i * ldy, ldy, xb + (int64_t)i * ldxb, ldxb, pk_panel(w, p), ps, kp2, p * PK,
-                         c0, c1, pf + t * per_tile * 64, MAX(0, MIN(per_tile, next - t * per_tile)), rate, MIN(6, m - i),
-                         np);
+    int64_t lines = pk_gstride(w->cols) * 4 / 64, per_tile = (lines + tiles - 1) / tiles;
+    int rate = tiles <= 16 ? (int)MIN(4, (per_tile + kp2 - 1) / kp2) : 0; // few tiles: the first would stall
+    for (int64_t g = c0 / PKG; g < g1; g++) {
+        const uint32_t *wg = pk_group(w, g);
+        const char *pf = (const char *)pk_group(w, g + 1);
+        int64_t next = g + 1 < g1 ? lines : 0;
+        for (int i = 0, t = 0; i < m; i += 6, t++) {
+            float *yy = y + (int64_t)i * ldy;
+            const uint16_t *xx = xb + (int64_t)i * ldxb;
+            const char *p = pf + t * per_tile * 64;
+            int64_t pl = MAX(0, MIN(per_tile, next - t * per_tile));
+            switch (MIN(6, m - i)) {
+            case 1: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 1); break;
+            case 2: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 2); break;
+            case 3: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 3); break;
+            case 4: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 4); break;
+            case 5: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 5); break;
+            default: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 6); break;
+            }
+        }
     }
 }
 

@@ -112,7 +112,7 @@ void fast_sgemm_b(struct backend *be, int M, int N, int K, float alpha, const fl
 
 // ---- weights ----
 
-size_t fast_pk_bytes(int64_t rows, int64_t cols) { return sizeof(uint32_t) * pk_panels(rows) * pk_stride(cols); }
+size_t fast_pk_bytes(int64_t rows, int64_t cols) { return sizeof(uint32_t) * pk_groups(rows) * pk_gstride(cols); }
 
 struct pack_ctx {
     uint32_t *dst;
@@ -120,13 +120,14 @@ struct pack_ctx {
     int64_t rows, cols;
 };
 
-static void pack_panel(void *ctx, int p, int thread) {
+// Group g of the packed layout (fast.h) from rows 64g.. of src.
+static void pack_group(void *ctx, int g, int thread) {
     (void)thread;
     struct pack_ctx *c = ctx;
     int64_t kp2 = pk_kp(c->cols) / 2;
-    uint32_t *d = c->dst + p * pk_stride(c->cols);
-    for (int j = 0; j < PK; j++) {
-        int64_t r = (int64_t)p * PK + j;
+    uint32_t *d = c->dst + g * pk_gstride(c->cols);
+    for (int j = 0; j < PKG; j++) {
+        int64_t r = (int64_t)g * PKG + j;
         const float *s = c->src + r * c->cols;
         for (int64_t q = 0; q < kp2; q++) {
             uint32_t lo = 0, hi = 0;
@@ -134,14 +135,14 @@ static void pack_panel(void *ctx, int p, int thread) {
                 lo = f32_to_bf16(s[2 * q]);
                 if (2 * q + 1 < c->cols) hi = f32_to_bf16(s[2 * q + 1]);
             }
-            d[q * PK + j] = lo | hi << 16;
+            d[q * PKG + j] = lo | hi << 16;
         }
     }
 }
 
 void fast_pack_bf16(struct backend *be, uint32_t *dst, const float *src, int64_t rows, int64_t cols) {
     struct pack_ctx c = {dst, src, rows, cols};
-    cpu_parallel(be, (int)pk_panels(rows), pack_panel, &c);
+    cpu_parallel(be, (int)pk_groups(rows), pack_group, &c);
 }
 
 static int alloc_weight(struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
@@ -163,7 +164,7 @@ int fast_weight_upload(struct backend *be, struct weight *w, const float *src, i
 }
 
 // The reference's values (the same xorshift64 stream), rounded to bf16 and
-// packed 16 rows at a time when dt is bf16.
+// packed 64 rows at a time when dt is bf16.
 int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
                        uint64_t seed, float std) {
     (void)be;
@@ -178,15 +179,15 @@ int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64
         }
         return VLLM_OK;
     }
-    float *tmp = xmalloc(sizeof(float) * PK * cols);
-    for (int64_t p = 0; p < pk_panels(rows); p++) {
-        int64_t r0 = p * PK, nr = MIN(PK, rows - r0);
+    float *tmp = xmalloc(sizeof(float) * PKG * cols);
+    for (int64_t g = 0; g < pk_groups(rows); g++) {
+        int64_t r0 = g * PKG, nr = MIN(PKG, rows - r0);
         for (int64_t i = 0; i < nr * cols; i++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             tmp[i] = a * (float)(int32_t)(x >> 32);
         }
-        struct pack_ctx c = {(uint32_t *)w->data + p * pk_stride(cols), tmp, nr, cols};
-        pack_panel(&c, 0, 0);
+        struct pack_ctx c = {(uint32_t *)w->data + g * pk_gstride(cols), tmp, nr, cols};
+        pack_group(&c, 0, 0);
     }
     free(tmp);
     return VLLM_OK;
@@ -201,8 +202,8 @@ void fast_embed(struct backend *be, float *out, const struct weight *table, cons
             memcpy(o, (const float *)table->data + (int64_t)ids[t] * d, sizeof(float) * d);
             continue;
         }
-        const uint32_t *v = pk_panel(table, ids[t] / PK) + ids[t] % PK;
-        for (int64_t k = 0; k < d; k++) o[k] = bf16_to_f32((uint16_t)(v[k / 2 * PK] >> (k % 2 * 16)));
+        const uint32_t *v = pk_group(table, ids[t] / PKG) + ids[t] % PKG;
+        for (int64_t k = 0; k < d; k++) o[k] = bf16_to_f32((uint16_t)(v[k / 2 * PKG] >> (k % 2 * 16)));
     }
 }
 
@@ -307,14 +308,14 @@ void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x,
             c.x = xp;
             c.ldx = K + 1;
         }
-        // Panels per task. GEMV: about 4 tasks per thread (each task streams its
-        // slice once). Dot kernel: one group of 4 panels (every task reads all
-        // of x whatever its size, so small tasks cost nothing and balance the
+        // Groups per task. GEMV: about 4 tasks per thread (each task streams its
+        // slice once). Dot kernel: one group (every task reads all of x
+        // whatever its size, so small tasks cost nothing and balance the
         // threads), more only when there would be over 16 tasks per thread.
-        int64_t panels = CDIV(cols, PK), per;
-        if (c.xb) per = 4 * MAX(1, CDIV(panels, 4) / (16 * nt));
-        else per = MAX(1, panels / (4 * nt));
-        c.per = per * PK;
+        int64_t groups = CDIV(cols, PKG), per;
+        if (c.xb) per = MAX(1, groups / (16 * nt));
+        else per = MAX(1, groups / (4 * nt));
+        c.per = per * PKG;
     } else if (n <= F32_KERNEL_MAX_ROWS) {
         c.per = MAX(16, CDIV(CDIV(cols, 4 * nt), 16) * 16);
     } else { // sgemm: whole 32-column panels, about 4 tasks per thread

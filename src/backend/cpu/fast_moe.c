@@ -130,9 +130,9 @@ static void gather_task(void *ctx, int i, int thread) {
     }
 }
 
-static int64_t panel_block(int64_t cols, int tasks_wanted, int unit) {
-    int64_t panels = CDIV(cols, PK), per = MAX(unit, CDIV(panels, MAX(tasks_wanted, 1)));
-    return CDIV(per, unit) * unit * PK;
+// Columns per task: whole groups of the packed layout, about cols / tasks_wanted.
+static int64_t group_block(int64_t cols, int tasks_wanted) {
+    return MAX(1, CDIV(CDIV(cols, PKG), MAX(tasks_wanted, 1))) * PKG;
 }
 
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
@@ -172,18 +172,17 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
                         ldx, ldh, ldx, ldh, 1, 0, 0};
     struct gather_ctx gc = {&c, x, A, L, I};
     cpu_parallel(be, CDIV(A, 16), gather_task, &gc);
-    // about 4 tasks per thread in each phase, whole panels (groups of 4 for the dot kernel)
-    int unit = any_dot ? 4 : 1;
-    c.up_per = panel_block(I, CDIV(4 * nt, nact), unit);
+    // about 4 tasks per thread in each phase
+    c.up_per = group_block(I, CDIV(4 * nt, nact));
     c.up_blocks = (int)CDIV(I, c.up_per);
     cpu_parallel(be, nact * c.up_blocks, up_task, &c);
     if (many) {
-        c.down_per = panel_block(L, CDIV(4 * nt, nact), unit);
+        c.down_per = group_block(L, CDIV(4 * nt, nact));
         c.down_blocks = (int)CDIV(L, c.down_per);
         cpu_parallel(be, nact * c.down_blocks, down_rows_task, &c);
         cpu_parallel(be, CDIV(n, 16), combine_task, &c);
     } else {
-        c.down_per = panel_block(L, 4 * nt, unit);
+        c.down_per = group_block(L, 4 * nt);
         cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
     }
 }

@@ -7,12 +7,12 @@
 #include "core/common.h"
 #include "io/dtype.h"
 
-// Up to 4 rows of x against one panel: 16 columns at a time.
+// Up to 4 rows of x against one panel (w: its lane 0, pairs PKG lanes apart).
 static void pk_tile(float *y, int64_t ldy, const float *x, int64_t ldx, int mb, const uint32_t *w, int64_t kp2,
                     int64_t pc, int64_t c0, int64_t c1) {
     float acc[4][PK] = {{0}};
     for (int64_t q = 0; q < kp2; q++) {
-        const uint32_t *v = w + q * PK;
+        const uint32_t *v = w + q * PKG;
         float we[PK], wo[PK];
         for (int j = 0; j < PK; j++) {
             uint32_t e = v[j] << 16, o = v[j] & 0xffff0000u;
@@ -33,8 +33,8 @@ static void mm_pk(float *y, int64_t ldy, const float *x, int64_t ldx, int m, con
     int64_t kp2 = pk_kp(w->cols) / 2, p1 = (c1 + PK - 1) / PK;
     for (int64_t p = c0 / PK; p < p1; p++)
         for (int i = 0; i < m; i += 4)
-            pk_tile(y + (int64_t)i * ldy, ldy, x + (int64_t)i * ldx, ldx, MIN(4, m - i), pk_panel(w, p), kp2, p * PK,
-                    c0, c1);
+            pk_tile(y + (int64_t)i * ldy, ldy, x + (int64_t)i * ldx, ldx, MIN(4, m - i),
+                    pk_group(w, p / 4) + p % 4 * PK, kp2, p * PK, c0, c1);
 }
 
 static void mm_f32(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
