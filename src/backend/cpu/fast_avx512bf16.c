@@ -41,8 +41,8 @@ INL void dot_tile(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, const
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t q = 0; q < kp2; q++) {
-        for (int r = 0; r < pf_rate; r++)
-            if (q * pf_rate + r < pf_lines) _mm_prefetch(pf + (q * pf_rate + r) * 64, _MM_HINT_T1);
+        if (q * pf_rate < pf_lines) // pf_rate 0: nothing to fetch
+            for (int r = 0; r < pf_rate; r++) _mm_prefetch(pf + (q * pf_rate + r) * 64, _MM_HINT_T1);
         __m512bh b[4];
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) b[j] = (__m512bh)_mm512_loadu_si512(w + q * PKG + j * PK);
@@ -73,7 +73,7 @@ void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_
             float *yy = y + (int64_t)i * ldy;
             const uint16_t *xx = xb + (int64_t)i * ldxb;
             const char *p = pf + t * per_tile * 64;
-            int64_t pl = MAX(0, MIN(per_tile, next - t * per_tile));
+            int64_t pl = MAX(0, MIN(per_tile, next - t * per_tile)); // lines (a few past it at most)
             switch (MIN(6, m - i)) {
             case 1: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 1); break;
             case 2: dot_tile(yy, ldy, xx, ldxb, wg, kp2, g * PKG, c0, c1, p, pl, rate, 2); break;
