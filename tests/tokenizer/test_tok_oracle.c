@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
     CHECKF(nf - 1 == (nc + stride - 1) / stride, "fixture has %d entries for %d corpus strings", nf - 1, nc);
 
     // Meta: vocab size, the ids around a sequence, added tokens in text.
-    int32_t *pre = NULL, *post = NULL, *ids;
+    int32_t *pre = NULL, *post = NULL, *ids = NULL;
     int npre = json_ids(json_object_get(meta, "pre"), &pre), npost = json_ids(json_object_get(meta, "post"), &post);
     CHECKF(tok_vocab_size(t) == json_integer_value(json_object_get(meta, "vocab_size")), "vocab %d vs %lld",
            tok_vocab_size(t), (long long)json_integer_value(json_object_get(meta, "vocab_size")));
