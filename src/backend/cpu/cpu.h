@@ -36,6 +36,11 @@ void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int th
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float softplus_th(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// dt of head h from a zxbcdt row: softplus(dt + dt_bias), clamped to time_step_limit
+static inline float dt_of(const float *row, int dt_off, int h, const float *dt_bias, const struct mamba_dims *d) {
+    float v = softplus_th(row[dt_off + h] + dt_bias[h]);
+    return fminf(fmaxf(v, d->dt_min), d->dt_max);
+}
 
 // ops in cpu_mamba.c, cpu_attn.c, cpu_moe.c
 void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,

@@ -61,11 +61,6 @@ void cpu_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w
     cpu_parallel(be, b->num_decodes, conv_one, &c);
 }
 
-static inline float dt_of(const float *row, int dt_off, int h, const float *dt_bias, const struct mamba_dims *d) {
-    float v = softplus_th(row[dt_off + h] + dt_bias[h]);
-    return fminf(fmaxf(v, d->dt_min), d->dt_max);
-}
-
 struct ssd_ctx {
     struct backend *be;
     float *y;

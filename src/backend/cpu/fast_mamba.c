@@ -98,11 +98,6 @@ void fast_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *
     conv_run(be, zxbcdt, ld, w, bias, conv_state, b, 0, b->num_decodes, 1, d);
 }
 
-static inline float dt_of(const float *row, int dt_off, int h, const float *dt_bias, const struct mamba_dims *d) {
-    float v = softplus_th(row[dt_off + h] + dt_bias[h]);
-    return fminf(fmaxf(v, d->dt_min), d->dt_max);
-}
-
 struct ssd_ctx {
     struct backend *be;
     float *y;
