@@ -1,4 +1,5 @@
 // error.c - the thread-local last error behind vllm_last_error().
+#include <pthread.h>
 #include <stdarg.h>
 #include <time.h>
 #include <unistd.h>
@@ -155,9 +156,18 @@ double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int diag_on(const char *name) {
+// VLLM_DIAG is read once: diag_on is called on hot paths (every layer).
+static char diag_env[256];
+static pthread_once_t diag_once = PTHREAD_ONCE_INIT;
+static void diag_read(void) {
     const char *v = getenv("VLLM_DIAG");
-    if (!v || !*v || !strcmp(v, "0")) return 0;
+    if (v && strcmp(v, "0")) snprintf(diag_env, sizeof diag_env, "%s", v);
+}
+
+int diag_on(const char *name) {
+    pthread_once(&diag_once, diag_read);
+    const char *v = diag_env;
+    if (!*v) return 0;
     size_t n = strlen(name);
     for (const char *p = v; *p;) {
         const char *e = strchr(p, ',');

@@ -253,7 +253,7 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     r->cb(r->user, &o);
 }
 
-// Gives a stopped request's blocks, slot and row back once no launched step
+// Gives a finished request's blocks, slot and row back once no launched step
 // uses them, and drops the engine's reference.
 static void release(struct vllm_engine *e, struct request *r) {
     sched_free_resources(&e->sched, r);
@@ -276,7 +276,6 @@ static void finish(struct vllm_engine *e, struct request *r, vllm_finish_reason 
     r->finished = 1;
     e->stats.requests_finished++;
     pthread_mutex_unlock(&e->mu);
-    r->stopped = 1;
     if (r->inflight == 0) release(e, r);
 }
 
@@ -372,11 +371,11 @@ static void postprocess(struct vllm_engine *e, const struct step_out *out) {
     for (int k = 0; k < out->num; k++) {
         struct request *r = out->reqs[k];
         r->tokens[out->pos[k]] = out->ids[k];
-        if (!r->stopped) on_token(e, r, out->pos[k], out, k); // a stopped request's later tokens are dropped
+        if (!r->finished) on_token(e, r, out->pos[k], out, k); // a finished request's later tokens are dropped
     }
     for (int i = 0; i < out->num_scheduled; i++) {
         struct request *r = out->scheduled[i];
-        if (--r->inflight == 0 && r->stopped) release(e, r);
+        if (--r->inflight == 0 && r->finished) release(e, r);
     }
 }
 

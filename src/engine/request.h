@@ -41,8 +41,8 @@ struct request {
 
     int refs;          // caller + engine, under the engine mutex
     int cancel;        // asked to abort
-    int finished;      // the last event went out
-    int stopped;       // finished, but launched steps may still use its resources
+    int finished;      // the last event went out (written by the engine thread, under the
+                       // engine mutex); launched steps may still use its resources
     int inflight;      // launched steps not yet postprocessed that schedule it
     int length_done;   // the tokens in flight already reach max_tokens / max_model_len
     double t_submit, t_first, t_last;
