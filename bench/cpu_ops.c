@@ -63,15 +63,15 @@ static void mm_run(struct backend *be, void *a) {
     m->next = (m->next + 1) % m->copies;
 }
 
-static void bench_matmul(struct backend *ref, struct backend *fast, const char *name, int N, int K, enum dtype dt,
+static void bench_matmul(struct backend *ref, struct backend *fast, const char *name, int N, int K, enum wfmt dt,
                          const int *ns, int nn) {
-    double bytes = (double)N * K * dtype_size(dt);
+    double bytes = (double)N * K * wfmt_size(dt);
     int copies = (int)MAX(1, MIN(64, COLD_BYTES / bytes + 1));
     struct weight *w[2] = {xcalloc(copies, sizeof(struct weight)), xcalloc(copies, sizeof(struct weight))};
     float *wh = rnd((size_t)N * K, 0.05f);
     for (int c = 0; c < copies; c++) {
-        ref->ops->weight_upload(ref, &w[0][c], wh, N, K, dt);
-        fast->ops->weight_upload(fast, &w[1][c], wh, N, K, dt);
+        weight_from_f32(ref, &w[0][c], dt, wh, N, K);
+        weight_from_f32(fast, &w[1][c], dt, wh, N, K);
     }
     free(wh);
     for (int i = 0; i < nn; i++) {
@@ -82,7 +82,7 @@ static void bench_matmul(struct backend *ref, struct backend *fast, const char *
         double tf = time_op(fast, mm_run, &a);
         double flop = 2.0 * n * N * K;
         printf("%-22s %-4s n=%-4d ref %8.3f ms  fast %8.3f ms  x%6.2f  %7.1f GFLOP/s  %6.1f GB/s\n", name,
-               dt == DT_BF16 ? "bf16" : "fp32", n, tr * 1e3, tf * 1e3, tr / tf, flop / tf / 1e9, bytes / tf / 1e9);
+               dt == WF_BF16 ? "bf16" : "fp32", n, tr * 1e3, tf * 1e3, tr / tf, flop / tf / 1e9, bytes / tf / 1e9);
         free(a.x), free(a.y);
     }
     for (int c = 0; c < copies; c++) free(w[0][c].data), free(w[1][c].data);
@@ -215,7 +215,7 @@ static void moe_run(struct backend *be, void *p) {
     }
     be->ops->moe_experts(be, a->out, a->x, &a->w[a->which], a->ids, a->wt, a->n, 4);
 }
-static void bench_moe(struct backend *ref, struct backend *fast, enum dtype dt, const int *ns, int nn) {
+static void bench_moe(struct backend *ref, struct backend *fast, enum wfmt dt, const int *ns, int nn) {
     struct moe_arg a;
     memset(&a, 0, sizeof a);
     int E = 64, I = 512, L = 1024;
@@ -223,8 +223,8 @@ static void bench_moe(struct backend *ref, struct backend *fast, enum dtype dt, 
     for (int k = 0; k < 2; k++) {
         struct backend *be = k ? fast : ref;
         a.w[k] = (struct moe_experts){.num_experts = E, .inter = I, .dim = L};
-        be->ops->weight_upload(be, &a.w[k].up, h, (int64_t)E * I, L, dt);
-        be->ops->weight_upload(be, &a.w[k].down, h, (int64_t)E * L, I, dt);
+        weight_from_f32(be, &a.w[k].up, dt, h, (int64_t)E * I, L);
+        weight_from_f32(be, &a.w[k].down, dt, h, (int64_t)E * L, I);
     }
     free(h);
     for (int i = 0; i < nn; i++) {
@@ -235,7 +235,7 @@ static void bench_moe(struct backend *ref, struct backend *fast, enum dtype dt, 
         double tr = time_op(ref, moe_run, &a);
         a.which = 1;
         double tf = time_op(fast, moe_run, &a);
-        printf("%-22s %-4s n=%-4d ref %8.3f ms  fast %8.3f ms  x%6.2f\n", "moe_experts", dt == DT_BF16 ? "bf16" : "fp32",
+        printf("%-22s %-4s n=%-4d ref %8.3f ms  fast %8.3f ms  x%6.2f\n", "moe_experts", dt == WF_BF16 ? "bf16" : "fp32",
                a.n, tr * 1e3, tf * 1e3, tr / tf);
         free(a.x), free(a.out), free(a.wt), free(a.ids);
     }
@@ -254,7 +254,7 @@ static void *peak_thread(void *p) {
     int N = 64, K = 256, m = 6;
     struct weight w;
     float *wh = rnd((size_t)N * K, 0.1f), *y = xmalloc(sizeof(float) * m * N), *x = rnd((size_t)m * K, 1);
-    a->be->ops->weight_upload(a->be, &w, wh, N, K, DT_BF16);
+    weight_from_f32(a->be, &w, WF_BF16, wh, N, K);
     uint16_t *xb = xmalloc(sizeof(uint16_t) * m * K);
     k->to_bf16(xb, x, (int64_t)m * K);
     long iters = 0;
@@ -301,15 +301,15 @@ int main(int argc, char **argv) {
     printf("fast path kernels: %s, %d threads, %s of %d\n", fast_k(fast)->name, nt, use_min ? "fastest" : "median", reps);
     int dec[] = {1, 4}, all[] = {1, 4, 512};
     if (want("peak")) bench_peak(fast);
-    if (want("mamba in_proj")) bench_matmul(ref, fast, "mamba in_proj", 6208, 1024, DT_BF16, all, 3);
-    if (want("mamba out_proj")) bench_matmul(ref, fast, "mamba out_proj", 1024, 2048, DT_BF16, all, 3);
-    if (want("attn qkv")) bench_matmul(ref, fast, "attn qkv", 1280, 1024, DT_BF16, dec, 2);
-    if (want("shared up")) bench_matmul(ref, fast, "shared up", 1024, 1024, DT_BF16, all, 3);
-    if (want("lm_head")) bench_matmul(ref, fast, "lm_head", 32000, 1024, DT_BF16, dec, 2);
-    if (want("router (fp32)")) bench_matmul(ref, fast, "router (fp32)", 64, 1024, DT_F32, all, 3);
-    if (want("mamba in_proj")) bench_matmul(ref, fast, "mamba in_proj", 6208, 1024, DT_F32, all, 3);
+    if (want("mamba in_proj")) bench_matmul(ref, fast, "mamba in_proj", 6208, 1024, WF_BF16, all, 3);
+    if (want("mamba out_proj")) bench_matmul(ref, fast, "mamba out_proj", 1024, 2048, WF_BF16, all, 3);
+    if (want("attn qkv")) bench_matmul(ref, fast, "attn qkv", 1280, 1024, WF_BF16, dec, 2);
+    if (want("shared up")) bench_matmul(ref, fast, "shared up", 1024, 1024, WF_BF16, all, 3);
+    if (want("lm_head")) bench_matmul(ref, fast, "lm_head", 32000, 1024, WF_BF16, dec, 2);
+    if (want("router (fp32)")) bench_matmul(ref, fast, "router (fp32)", 64, 1024, WF_F32, all, 3);
+    if (want("mamba in_proj")) bench_matmul(ref, fast, "mamba in_proj", 6208, 1024, WF_F32, all, 3);
     int moe_n[] = {1, 4, 512};
-    if (want("moe")) bench_moe(ref, fast, DT_BF16, moe_n, 3);
+    if (want("moe")) bench_moe(ref, fast, WF_BF16, moe_n, 3);
     if (want("ssd conv")) bench_mamba(ref, fast, 1, 1, 100);
     if (want("ssd conv")) bench_mamba(ref, fast, 4, 1, 100);
     if (want("ssd conv")) bench_mamba(ref, fast, 1, 512, 0);

@@ -59,7 +59,7 @@ struct vllm_engine;
 struct vllm_engine_params {
     const char *model;          // model directory (config.json, *.safetensors)
     const char *device;         // "cpu" (default) or "cuda"
-    const char *dtype;          // "auto", "float32" or "bfloat16"
+    const char *dtype;          // weights: "auto", "float32", "bfloat16" or "float16"
     const char *load_format;    // "auto" (safetensors) or "dummy" (random weights)
     int block_size;             // tokens per KV block (default 16)
     int64_t kv_cache_bytes;     // KV pool budget in bytes (0: default)
@@ -71,6 +71,7 @@ struct vllm_engine_params {
     int num_threads;            // CPU threads (0: the cores present)
     int tensor_parallel_size;   // ranks the model is split over: GPUs (default 1)
     uint64_t seed;              // dummy weights and unseeded sampling
+    const char *kv_cache_dtype; // "auto" (the weights' 16-bit type on CUDA, float32 on the CPU), "float32", "bfloat16"
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 

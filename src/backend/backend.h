@@ -3,31 +3,48 @@
 // reference for every other backend's op of the same name.
 //
 // Pointers passed to ops are device pointers of that backend (host memory for
-// the CPU backend). Activations are fp32; weights may be fp32 or bf16;
+// the CPU backend). Activations are fp32; weights carry their format;
 // recurrent state is fp32. Ops are asynchronous on devices that can be: the
-// host sees results only through download() (which synchronizes).
+// host sees results only through download() (which synchronizes). The table
+// is model-agnostic: models compose these ops (src/models/layers.h).
 #ifndef VLLM_BACKEND_H
 #define VLLM_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runner/batch.h"
+#include "backend/batch.h"
 
-enum dtype { DT_F32 = 0, DT_BF16 = 1 };
+// Element types of activations and caches.
+enum dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
-// A row-major [rows, cols] matrix on the device: y = x @ W^T multiplies by it.
+// Weight formats: how a weight's elements are stored. Every branch on a
+// format is an exhaustive switch, so -Wswitch lists each place a new format
+// (FP8, NVFP4: with their scale tensors and block shape in struct weight)
+// must be handled.
+enum wfmt { WF_F32 = 0, WF_BF16 = 1, WF_F16 = 2 };
+
+// A row-major [rows, cols] matrix on the device: y = x @ W^T (+ bias)
+// multiplies by it. A backend may lay the elements out its own way (the CPU
+// fast path packs bf16 in panels); only its ops read data.
 struct weight {
     void *data;
-    enum dtype dtype;
+    enum wfmt fmt;
     int64_t rows, cols;
+    float *bias; // [rows] fp32 on the device, added by matmul; NULL: none
 };
 
+enum act { ACT_RELU2, ACT_SILU, ACT_GELU_TANH };
+
 // Routed experts, stored contiguously so that a device can run them as one
-// grouped GEMM: up [E * I, L] (expert e's [I, L] at rows e*I), down [E * L, I].
+// grouped GEMM: up [E * U, L] (expert e's [U, L] at rows e*U), down [E * L, I].
+// Gated (SwiGLU): U = 2I, expert e's gate rows then its up rows, and the
+// hidden is act(gate x) * (up x); else U = I and the hidden is act(up x).
 struct moe_experts {
     struct weight up, down;
     int num_experts, inter, dim; // E, I, L
+    int gated;
+    enum act act;
 };
 
 struct mamba_dims {
@@ -43,10 +60,34 @@ struct attn_dims {
     float scale;
 };
 
-// Router of a NemotronH MoE layer.
+// How a router scores experts.
+enum route_kind {
+    ROUTE_SIGMOID_GROUPED, // sigmoid + correction bias, top groups then top-k (NemotronH, DeepSeek-V3, Kimi)
+    ROUTE_SOFTMAX_TOPK,    // softmax over all experts, top-k (Qwen3-MoE, Mixtral)
+};
+
+// weights: the chosen experts' scores (sigmoid or softmax, never the bias),
+// divided by their sum when norm_topk_prob, times routed_scaling_factor.
 struct moe_route_cfg {
+    enum route_kind kind;
     int num_experts, top_k, n_group, topk_group, norm_topk_prob;
     float routed_scaling_factor;
+};
+
+// What a model asks a backend at load time, once per op and shape it will
+// run (supports()). An op a backend cannot run at that shape is refused
+// there, with an error naming it, never mid-run; the backend also reserves
+// the scratch the op needs for max_tokens rows, so the step path allocates
+// nothing.
+enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS };
+struct op_query {
+    enum op_kind op;
+    int max_tokens, max_seq_len;       // rows of a step, tokens of a sequence
+    const struct weight *w;            // OP_MATMUL, OP_EMBED
+    const struct attn_dims *attn;      // OP_ATTN (KV in the backend's kv_dtype)
+    const struct mamba_dims *mamba;    // OP_MAMBA
+    const struct moe_route_cfg *route; // OP_MOE_ROUTE
+    const struct moe_experts *moe;     // OP_MOE_EXPERTS (top_k: route->top_k)
 };
 
 struct backend;
@@ -60,7 +101,6 @@ struct backend_ops {
     void (*free)(struct backend *be, void *p);
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
-    void (*memset0)(struct backend *be, void *dst, size_t bytes);
     void (*sync)(struct backend *be);
     // Asynchronous steps. Page-locked host memory (for copies that overlap
     // compute), a copy to the host that does not wait, and fences: fence()
@@ -77,13 +117,21 @@ struct backend_ops {
     void *(*graph_end)(struct backend *be);
     void (*graph_launch)(struct backend *be, void *graph);
     void (*graph_free)(struct backend *be, void *graph);
-    // Uploads an fp32 host matrix as a weight of the given dtype.
-    int (*weight_upload)(struct backend *be, struct weight *w, const float *src, int64_t rows,
-                         int64_t cols, enum dtype dt);
-    // A weight of uniform random values with standard deviation std, made on
-    // the device (dummy weights: no host copy of billions of values).
-    int (*weight_random)(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
-                         uint64_t seed, float std);
+    // Load-time negotiation (see struct op_query): VLLM_OK, or an error
+    // naming the op and the shape this backend cannot run.
+    int (*supports)(struct backend *be, const struct op_query *q);
+    // Weights. weight_alloc makes a zeroed [rows, cols] weight of format fmt
+    // (VLLM_ERR_UNSUPPORTED for a format the backend cannot store);
+    // weight_upload_raw writes its rows [row0, row0 + n) from n host rows of
+    // w->cols elements of format src_fmt, ld elements apart: checkpoint bytes
+    // as they are, converted (rounding to nearest even) only when src_fmt is
+    // not w->fmt. weight_random fills w with uniform values of standard
+    // deviation std, made on the device (dummy weights: no host copy of
+    // billions of values).
+    int (*weight_alloc)(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols);
+    int (*weight_upload_raw)(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
+                             enum wfmt src_fmt, int64_t ld);
+    int (*weight_random)(struct backend *be, struct weight *w, uint64_t seed, float std);
 
     // ids[t] = table[src[t]]: the model's input ids, gathered on the device
     // from the token table the sampler writes into.
@@ -96,12 +144,16 @@ struct backend_ops {
     // res += x; out = rmsnorm(res) * w
     void (*add_rmsnorm)(struct backend *be, float *res, const float *x, float *out, const float *w,
                         int n, int dim, float eps);
-    // y: [n, W.rows] = x: [n, W.cols] @ W^T
+    // y: [n, W.rows] = x: [n, W.cols] @ W^T (+ W.bias)
     void (*matmul)(struct backend *be, float *y, const float *x, const struct weight *w, int n);
     // out[i] = x[rows[i]] for rows of dim floats
     void (*gather_rows)(struct backend *be, float *out, const float *x, const int32_t *rows, int n, int dim);
     void (*add)(struct backend *be, float *y, const float *x, int64_t n); // y += x
-    void (*relu2)(struct backend *be, float *x, int64_t n);              // x = relu(x)^2
+    // x = act(x), in place: relu(x)^2, x sigmoid(x), or GELU (tanh form)
+    void (*act)(struct backend *be, enum act kind, float *x, int64_t n);
+    // Gated MLP (silu_mul for SwiGLU): out: [n, inter] = act(x[:, :inter]) *
+    // x[:, inter:], x: [n, 2*inter] (gate | up).
+    void (*act_mul)(struct backend *be, enum act kind, float *out, const float *x, int n, int inter);
     // Sum of squares of x[0..n) (a diagnostic; synchronizes).
     double (*sum_sq)(struct backend *be, const float *x, int64_t n);
 
@@ -145,10 +197,12 @@ struct backend_ops {
     void (*attn_decode)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                         const void *v_cache, const struct batch *b, const struct attn_dims *d);
 
-    // MoE. logits: [n, E] fp32 -> ids, weights: [n, top_k].
+    // MoE. logits: [n, E] fp32 -> ids, weights: [n, top_k] (struct
+    // moe_route_cfg); bias: [E] (ROUTE_SIGMOID_GROUPED, may be NULL).
     void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
                       const float *bias, int n, const struct moe_route_cfg *c);
-    // out: [n, L] = sum_k weights[k] * down_e(relu(up_e(x))^2)
+    // out: [n, L] = sum_k weights[k] * down_e(hidden_e(x)) (struct moe_experts),
+    // the experts of a token summed in ascending expert order
     void (*moe_experts)(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                         const int32_t *ids, const float *weights, int n, int top_k);
 
@@ -182,22 +236,35 @@ struct backend {
 
 // Creates the backend for device "cpu" or "cuda". VLLM_ERR_UNSUPPORTED when
 // the build has no such backend.
-int backend_create(const char *device, int num_threads, enum dtype act_kv_dtype, struct backend **out);
+// kv_dtype: the KV cache's element type (a backend refuses one it cannot keep).
+int backend_create(const char *device, int num_threads, enum dtype kv_dtype, struct backend **out);
 void backend_free(struct backend *be);
 // Tensor parallelism: n backends of `device` joined in one group, rank r at
 // out[r] (n == 1: backend_create). CPU ranks share num_threads; "cuda" rank r
 // runs on GPU r, with NCCL. VLLM_ERR_UNSUPPORTED when the build cannot.
-int backend_create_group(const char *device, int n, int num_threads, enum dtype act_kv_dtype, struct backend **out);
+int backend_create_group(const char *device, int n, int num_threads, enum dtype kv_dtype, struct backend **out);
 // be->ops->bind, where the backend has one.
 void backend_bind(struct backend *be);
 
-int backend_cpu_create(int num_threads, struct backend **out);
-int backend_cpu_create_group(int n, int num_threads, struct backend **out);
+int backend_cpu_create(int num_threads, enum dtype kv_dtype, struct backend **out);
+int backend_cpu_create_group(int n, int num_threads, enum dtype kv_dtype, struct backend **out);
 #ifdef VLLM_HAVE_CUDA
 int backend_cuda_create(enum dtype kv_dtype, struct backend **out);
 int backend_cuda_create_group(int n, enum dtype kv_dtype, struct backend **out);
 #endif
 
+// Fails (VLLM_ERR_INTERNAL) naming the first required op a table leaves NULL;
+// every backend_create* checks its table with it.
+int backend_check_ops(const struct backend_ops *o);
+
 size_t dtype_size(enum dtype d);
+const char *dtype_name(enum dtype d);
+size_t wfmt_size(enum wfmt f); // bytes per element as a checkpoint stores it
+const char *wfmt_name(enum wfmt f);
+// weight_alloc + weight_upload_raw of a host fp32 [rows, cols] matrix (tests,
+// tensors assembled on the host).
+int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const float *src, int64_t rows, int64_t cols);
+// Host conversion of n elements between formats (round to nearest even).
+void wfmt_convert(enum wfmt dst_fmt, void *dst, enum wfmt src_fmt, const void *src, int64_t n);
 
 #endif

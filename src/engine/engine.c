@@ -13,6 +13,7 @@ void vllm_engine_params_default(struct vllm_engine_params *p) {
     memset(p, 0, sizeof *p);
     p->device = "cpu";
     p->dtype = "auto";
+    p->kv_cache_dtype = "auto";
     p->load_format = "auto";
     p->block_size = 16;
     p->max_num_seqs = 64;
@@ -21,11 +22,26 @@ void vllm_engine_params_default(struct vllm_engine_params *p) {
     p->seed = 0;
 }
 
-static int parse_dtype(const char *s, const char *device, enum dtype *out) {
-    if (!s || !strcmp(s, "auto")) *out = device && !strcmp(device, "cuda") ? DT_BF16 : DT_F32;
+static int is_cuda(const char *device) { return device && !strcmp(device, "cuda"); }
+
+// The weights' format: auto is bf16 on CUDA, fp32 on the CPU.
+static int parse_dtype(const char *s, const char *device, enum wfmt *out) {
+    if (!s || !strcmp(s, "auto")) *out = is_cuda(device) ? WF_BF16 : WF_F32;
+    else if (!strcmp(s, "float32") || !strcmp(s, "fp32") || !strcmp(s, "float")) *out = WF_F32;
+    else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16")) *out = WF_BF16;
+    else if (!strcmp(s, "float16") || !strcmp(s, "fp16") || !strcmp(s, "half")) *out = WF_F16;
+    else return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown dtype '%s' (expected auto, float32, bfloat16 or float16)", s);
+    return VLLM_OK;
+}
+
+// The KV cache's element type, its own setting: auto follows 16-bit weights
+// on CUDA (bf16 for bf16 and fp16 weights) and is fp32 otherwise.
+static int parse_kv_dtype(const char *s, const char *device, enum wfmt w, enum dtype *out) {
+    if (!s || !strcmp(s, "auto")) *out = is_cuda(device) && w != WF_F32 ? DT_BF16 : DT_F32;
     else if (!strcmp(s, "float32") || !strcmp(s, "fp32") || !strcmp(s, "float")) *out = DT_F32;
     else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16")) *out = DT_BF16;
-    else return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown dtype '%s' (expected auto, float32 or bfloat16)", s);
+    else
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown kv_cache_dtype '%s' (expected auto, float32 or bfloat16)", s);
     return VLLM_OK;
 }
 
@@ -56,7 +72,8 @@ static int size_kv(struct vllm_engine *e, const struct model_spec *sp, int *num_
     const struct vllm_engine_params *p = &e->params;
     int64_t per_block = 0;
     for (int i = 0; i < sp->num_layers; i++)
-        per_block += 2LL * p->block_size * sp->layers[i].kv_heads * sp->layers[i].head_dim * dtype_size(e->be[0]->kv_dtype);
+        per_block += (int64_t)p->block_size * (sp->layers[i].k_per_token + sp->layers[i].v_per_token) *
+                     (int64_t)dtype_size(e->be[0]->kv_dtype);
     *num_blocks = 0;
     if (!per_block) return VLLM_OK;
     int64_t cap = (int64_t)p->max_num_seqs * CDIV(e->max_model_len, p->block_size);
@@ -108,16 +125,25 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     for (int k = 0; k < e->tp; k++) in->weight_bytes += e->model[k]->spec.weight_bytes; // over all ranks
 }
 
+// Whether any cache layer keeps recurrent state (then requests take slots).
+static int has_state(const struct model_spec *sp) {
+    for (int i = 0; i < sp->num_layers; i++)
+        if (sp->layers[i].num_states) return 1;
+    return 0;
+}
+
 static int engine_init(struct vllm_engine *e) {
     struct vllm_engine_params *p = &e->params;
-    enum dtype wdt = DT_F32;
-    TRY(parse_dtype(p->dtype, p->device, &wdt));
+    enum wfmt wfmt = WF_F32;
+    enum dtype kvdt = DT_F32;
+    TRY(parse_dtype(p->dtype, p->device, &wfmt));
+    TRY(parse_kv_dtype(p->kv_cache_dtype, p->device, wfmt, &kvdt));
     e->tp = p->tensor_parallel_size ? p->tensor_parallel_size : 1;
     e->be = xcalloc(e->tp, sizeof *e->be);
     e->model = xcalloc(e->tp, sizeof *e->model);
-    TRY(backend_create_group(p->device, e->tp, p->num_threads, wdt, e->be));
-    struct model_load_opts o = {wdt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,
-                                p->max_num_batched_tokens, p->max_num_seqs};
+    TRY(backend_create_group(p->device, e->tp, p->num_threads, kvdt, e->be));
+    struct model_load_opts o = {wfmt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,
+                                p->max_num_batched_tokens, p->max_num_seqs, p->max_model_len};
     for (int k = 0; k < e->tp; k++) { // rank k loads its shards onto its device
         backend_bind(e->be[k]);
         TRY(model_load(e->model_dir, NULL, &o, e->be[k], &e->model[k]));
@@ -127,7 +153,7 @@ static int engine_init(struct vllm_engine *e) {
     e->max_model_len = p->max_model_len ? p->max_model_len : sp->max_position_embeddings ? sp->max_position_embeddings : 4096;
     int num_blocks;
     TRY(size_kv(e, sp, &num_blocks));
-    int slots = (sp->caps & MODEL_CAP_RECURRENT_STATE) ? p->max_num_seqs : 0;
+    int slots = has_state(sp) ? p->max_num_seqs : 0;
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
                                p->block_size, num_blocks, slots, 20, !getenv("VLLM_NO_GRAPHS")};
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
@@ -161,6 +187,7 @@ static void engine_destroy(struct vllm_engine *e) {
     free((char *)e->params.device);
     free((char *)e->params.dtype);
     free((char *)e->params.load_format);
+    free((char *)e->params.kv_cache_dtype);
     free(e);
 }
 
@@ -175,6 +202,7 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->params.device = xstrdup(p->device ? p->device : "cpu");
     e->params.dtype = xstrdup(p->dtype ? p->dtype : "auto");
     e->params.load_format = xstrdup(p->load_format ? p->load_format : "auto");
+    e->params.kv_cache_dtype = xstrdup(p->kv_cache_dtype ? p->kv_cache_dtype : "auto");
     e->model_dir = xstrdup(p->model);
     e->params.model = e->model_dir;
     size_t n = strlen(e->model_dir);
@@ -253,11 +281,10 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     r->cb(r->user, &o);
 }
 
-// Gives a finished request's blocks, slot and row back once no launched step
-// uses them, and drops the engine's reference.
+// Gives a finished request's resources back (the scheduler's one place) once
+// no launched step uses them, and drops the engine's reference.
 static void release(struct vllm_engine *e, struct request *r) {
     sched_free_resources(&e->sched, r);
-    if (r->row >= 0) runner_remove(e->runner, r);
     pthread_mutex_lock(&e->mu);
     request_release(e, r);
     pthread_mutex_unlock(&e->mu);
@@ -394,7 +421,6 @@ static void fail_step(struct vllm_engine *e, const struct sched_output *so, int 
 static void step(struct vllm_engine *e) {
     handle_cancels(e);
     const struct sched_output *so = sched_schedule(&e->sched);
-    for (int i = 0; i < so->num_preempted; i++) runner_remove(e->runner, so->preempted[i]);
     int launched = -1;
     if (so->num_entries) {
         int rc = runner_launch(e->runner, so, &launched);

@@ -15,6 +15,7 @@ void sched_init(struct scheduler *s, const struct sched_config *cfg) {
     s->cfg = *cfg;
     id_pool_init(&s->blocks, cfg->num_blocks);
     id_pool_init(&s->slots, cfg->num_slots);
+    id_pool_init(&s->rows, cfg->max_num_seqs);
     s->running = xcalloc(cfg->max_num_seqs, sizeof(struct request *));
     s->out.entries = xcalloc(cfg->max_num_seqs, sizeof(struct sched_entry));
     s->out.preempted = xcalloc(cfg->max_num_seqs, sizeof(struct request *));
@@ -23,6 +24,7 @@ void sched_init(struct scheduler *s, const struct sched_config *cfg) {
 void sched_release(struct scheduler *s) {
     id_pool_release(&s->blocks);
     id_pool_release(&s->slots);
+    id_pool_release(&s->rows);
     free(s->running);
     free(s->out.entries);
     free(s->out.preempted);
@@ -74,6 +76,8 @@ void sched_free_resources(struct scheduler *s, struct request *r) {
     r->num_blocks = 0;
     id_pool_put(&s->slots, r->slot);
     r->slot = -1;
+    id_pool_put(&s->rows, r->row);
+    r->row = -1;
 }
 
 static void remove_running(struct scheduler *s, struct request *r) {
@@ -94,10 +98,11 @@ static void preempt_last(struct scheduler *s) {
     s->num_preemptions++;
 }
 
-static void add_entry(struct scheduler *s, struct request *r, int n) {
+static void add_entry(struct scheduler *s, struct request *r, int n, int new_row) {
     struct sched_entry *e = &s->out.entries[s->out.num_entries++];
     e->req = r;
     e->num_tokens = n;
+    e->new_row = new_row;
     // decode: the one token left is a sampled one, and the state holds the rest
     e->is_decode = r->num_computed > 0 && r->num_computed == r->num_tokens - 1 && r->num_tokens > r->num_prompt;
     s->out.num_tokens += n;
@@ -120,7 +125,7 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
             if (preempted_self) break;
         }
         if (preempted_self) break;
-        add_entry(s, r, n);
+        add_entry(s, r, n, 0);
         budget -= n;
         i++;
     }
@@ -128,13 +133,14 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
     while (s->wait_head && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
         struct request *r = s->wait_head;
         int n = MIN(r->num_tokens - r->num_computed, budget);
-        if (s->cfg.num_slots && s->slots.num_free == 0) break;
+        if ((s->cfg.num_slots && s->slots.num_free == 0) || s->rows.num_free == 0) break;
         if (!ensure_blocks(s, r, r->num_computed + n)) break;
         unlink_waiting(s, r);
         if (s->cfg.num_slots) r->slot = id_pool_alloc(&s->slots);
+        r->row = id_pool_alloc(&s->rows);
         r->state = REQ_RUNNING;
         s->running[s->num_running++] = r;
-        add_entry(s, r, n);
+        add_entry(s, r, n, 1);
         budget -= n;
     }
     return &s->out;

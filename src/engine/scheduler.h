@@ -10,6 +10,7 @@ struct sched_entry {
     struct request *req;
     int num_tokens; // scheduled this step
     int is_decode;  // the one token left is a sampled one and state exists
+    int new_row;    // the request got its token-table row this step: its tokens go there first
 };
 
 struct sched_output {
@@ -25,9 +26,14 @@ struct sched_config {
     int num_slots;   // 0: the model has no recurrent state
 };
 
+// Every resource a request holds comes from these pools and goes back in
+// sched_free_resources: KV blocks, a recurrent-state slot, and a row of the
+// runner's token table (max_num_seqs of them). A request that finished keeps
+// them while a launched step still uses them, so admission waits for a free
+// row as it waits for a free slot.
 struct scheduler {
     struct sched_config cfg;
-    struct id_pool blocks, slots;
+    struct id_pool blocks, slots, rows;
     struct request *wait_head, *wait_tail;
     int num_waiting;
     struct request **running;
@@ -43,7 +49,8 @@ void sched_add(struct scheduler *s, struct request *r); // to the back of the wa
 const struct sched_output *sched_schedule(struct scheduler *s);
 // Takes a finished or aborted request out of the running set or the queue.
 void sched_unschedule(struct scheduler *s, struct request *r);
-// Returns its KV blocks and state slot to the pools (once no launched step uses them).
+// Returns its KV blocks, state slot and token-table row to the pools (once
+// no launched step uses them; at once on preemption, which recomputes).
 void sched_free_resources(struct scheduler *s, struct request *r);
 int sched_has_work(const struct scheduler *s);
 // KV blocks a sequence of n tokens needs.

@@ -5,10 +5,11 @@
 #include "io/dtype.h"
 #include "models/loader.h"
 
-int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, struct backend *be) {
+int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, enum wfmt fmt, struct backend *be) {
     memset(l, 0, sizeof *l);
     l->be = be;
     l->seed = seed;
+    l->fmt = fmt;
     if (dummy) return VLLM_OK;
     return st_open_dir(dir, &l->st);
 }
@@ -40,6 +41,11 @@ float *loader_tmp(struct loader *l, size_t n) {
     return l->tmp;
 }
 
+struct span span_part(int64_t n, int tp, int r) {
+    int64_t lo = n * r / tp, hi = n * (r + 1) / tp;
+    return (struct span){lo, hi - lo};
+}
+
 static uint64_t splitmix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -47,9 +53,14 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-static void dummy_fill(const char *name, uint64_t seed, float *dst, int64_t n, enum dummy_init init, float arg) {
+static uint64_t name_hash(const char *name, uint64_t seed) {
     uint64_t s = seed;
     for (const char *p = name; *p; p++) s = s * 1099511628211ull + (unsigned char)*p;
+    return s;
+}
+
+static void dummy_fill(const char *name, uint64_t seed, float *dst, int64_t n, enum dummy_init init, float arg) {
+    uint64_t s = name_hash(name, seed);
     switch (init) {
     case DUMMY_CONST:
         for (int64_t i = 0; i < n; i++) dst[i] = arg;
@@ -81,19 +92,14 @@ static void shape_str(char *buf, size_t n, int ndim, const int64_t *dims) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dims, float *dst, enum dummy_init init,
-                float arg) {
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= dims[i];
-    if (!l->st) {
-        dummy_fill(name, l->seed, dst, numel, init, arg);
-        return VLLM_OK;
-    }
+// The tensor `name` with shape dims (size-1 dims ignored), or an error naming
+// it and the file.
+static int find_shaped(struct loader *l, const char *name, int ndim, const int64_t *dims, const struct st_tensor **out) {
     const struct st_tensor *t = st_find(l->st, name);
     if (!t) return vllm_err(VLLM_ERR_FORMAT, "checkpoint has no tensor %s", name);
-    // compare shapes with size-1 dims dropped ([C, 1, K] conv weights)
-    int64_t a[8], b[8];
+    int64_t a[8], b[8], numel = 1;
     int na = 0, nb = 0;
+    for (int i = 0; i < ndim; i++) numel *= dims[i];
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] != 1) a[na++] = t->shape[i];
     for (int i = 0; i < ndim; i++)
@@ -107,98 +113,92 @@ int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dim
         return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s has shape %s, the config implies %s",
                         st_file_path(l->st, t->file), name, got, want);
     }
-    TRY(st_read_f32(t, dst));
-    size_t nl = strlen(name), kl = l->keep_fp32 ? strlen(l->keep_fp32) : 0;
-    if (l->round_bf16 && !(kl && nl >= kl && !strcmp(name + nl - kl, l->keep_fp32)))
-        for (int64_t i = 0; i < numel; i++) dst[i] = bf16_to_f32(f32_to_bf16(dst[i]));
+    *out = t;
     return VLLM_OK;
 }
 
-int loader_upload_matrix(struct loader *l, const float *src, int64_t rows, int64_t cols, enum dtype dt,
-                         struct weight *w) {
-    TRY(l->be->ops->weight_upload(l->be, w, src, rows, cols, dt));
-    l->device_bytes += (int64_t)dtype_size(w->dtype) * rows * cols;
+static int tensor_fmt(struct loader *l, const struct st_tensor *t, enum wfmt *f) {
+    switch (t->dtype) {
+    case ST_F32: *f = WF_F32; return VLLM_OK;
+    case ST_BF16: *f = WF_BF16; return VLLM_OK;
+    case ST_F16: *f = WF_F16; return VLLM_OK;
+    case ST_I64:
+    case ST_I32:
+    case ST_U8:
+    case ST_BOOL: break;
+    }
+    return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s has dtype %s, not a float type", st_file_path(l->st, t->file),
+                    t->name, st_dtype_name(t->dtype));
+}
+
+// In a bf16 model every parameter holds a bf16 value (keep_fp32 excepted).
+static void round_vector(struct loader *l, const char *name, float *v, int64_t n) {
+    size_t nl = strlen(name), kl = l->keep_fp32 ? strlen(l->keep_fp32) : 0;
+    if (l->fmt != WF_BF16 || (kl && nl >= kl && !strcmp(name + nl - kl, l->keep_fp32))) return;
+    for (int64_t i = 0; i < n; i++) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+}
+
+int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dims, float *dst, enum dummy_init init,
+                float arg) {
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= dims[i];
+    if (!l->st) {
+        dummy_fill(name, l->seed, dst, numel, init, arg);
+        return VLLM_OK;
+    }
+    const struct st_tensor *t;
+    TRY(find_shaped(l, name, ndim, dims, &t));
+    TRY(st_read_f32(t, dst));
+    round_vector(l, name, dst, numel);
     return VLLM_OK;
+}
+
+int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t c0, int64_t c1, int64_t pad_rows,
+                  unsigned flags, struct weight *w) {
+    struct backend *be = l->be;
+    int64_t cols = pieces[0].dims[pieces[0].ndim - 1], rows = pad_rows;
+    if (!c1) c0 = 0, c1 = cols;
+    for (int i = 0; i < n; i++) rows += pieces[i].rows.len;
+    enum wfmt fmt = (flags & WL_F32) ? WF_F32 : l->fmt;
+    memset(w, 0, sizeof *w);
+    TRY(be->ops->weight_alloc(be, w, fmt, rows, c1 - c0));
+    l->device_bytes += (int64_t)wfmt_size(fmt) * rows * (c1 - c0);
+    if (!l->st) { // dummy: made on the device, seeded by the name and where the part starts
+        uint64_t at = (uint64_t)pieces[0].rows.off * 1000003u + (uint64_t)c0;
+        float std = (flags & WL_EMBED) == WL_EMBED ? 1.0f : 0.02f;
+        return be->ops->weight_random(be, w, name_hash(pieces[0].name, l->seed ^ 0x5bd1e995u) ^ at, std);
+    }
+    int64_t dst = 0;
+    for (int i = 0; i < n; i++) {
+        const struct wpiece *p = &pieces[i];
+        const struct st_tensor *t;
+        enum wfmt src = WF_F32;
+        TRY(find_shaped(l, p->name, p->ndim, p->dims, &t));
+        TRY(tensor_fmt(l, t, &src));
+        const char *base = (const char *)t->data + ((size_t)p->rows.off * cols + c0) * wfmt_size(src);
+        TRY(be->ops->weight_upload_raw(be, w, dst, p->rows.len, base, src, cols));
+        dst += p->rows.len;
+    }
+    return VLLM_OK;
+}
+
+int loader_matrix(struct loader *l, const char *name, int64_t rows, int64_t cols, struct span r, int64_t c0,
+                  int64_t c1, unsigned flags, struct weight *w) {
+    struct wpiece p = {name, 2, {rows, cols}, r};
+    return loader_weight(l, &p, 1, c0, c1, 0, flags, w);
 }
 
 int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **dev) {
-    *dev = l->be->ops->alloc(l->be, sizeof(float) * n);
+    *dev = l->be->ops->alloc(l->be, sizeof(float) * (size_t)MAX(n, 1));
     if (!*dev) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %lld floats on the device", (long long)n);
     l->be->ops->upload(l->be, *dev, src, sizeof(float) * n);
     l->device_bytes += sizeof(float) * n;
     return VLLM_OK;
 }
 
-static uint64_t name_seed(const char *name, uint64_t seed) {
-    uint64_t s = seed ^ 0x5bd1e995u;
-    for (const char *p = name; *p; p++) s = s * 1099511628211ull + (unsigned char)*p;
-    return s;
-}
-
-int loader_matrix(struct loader *l, const char *name, int64_t rows, int64_t cols, enum dtype dt, struct weight *w,
-                  float dummy_std) {
-    if (!l->st) { // dummy: made on the device
-        TRY(l->be->ops->weight_random(l->be, w, rows, cols, dt, name_seed(name, l->seed), dummy_std));
-        l->device_bytes += (int64_t)dtype_size(w->dtype) * rows * cols;
-        return VLLM_OK;
-    }
-    float *tmp = loader_tmp(l, rows * cols);
-    TRY(loader_read(l, name, 2, (int64_t[]){rows, cols}, tmp, DUMMY_NORMAL, dummy_std));
-    return loader_upload_matrix(l, tmp, rows, cols, dt, w);
-}
-
-int loader_vector(struct loader *l, const char *name, int64_t n, float **dev, enum dummy_init init, float arg) {
+int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, float **dev, enum dummy_init init,
+                  float arg) {
     float *tmp = loader_tmp(l, n);
     TRY(loader_read(l, name, 1, &n, tmp, init, arg));
-    return loader_upload_vector(l, tmp, n, dev);
-}
-
-struct span span_part(int64_t n, int tp, int r) {
-    int64_t lo = n * r / tp, hi = n * (r + 1) / tp;
-    return (struct span){lo, hi - lo};
-}
-
-static int64_t shard_rows(const struct shard *s, int64_t rows) {
-    if (!s->rows) return rows;
-    int64_t n = 0;
-    for (int i = 0; i < s->num_rows; i++) n += s->rows[i].len;
-    return n;
-}
-
-static int64_t shard_cols(const struct shard *s, int64_t cols) { return s->c1 ? s->c1 - s->c0 : cols; }
-
-// Every kept element moves to a lower or equal index (spans ascend, the kept
-// width is at most cols), so one forward pass of memmove compacts in place.
-int64_t shard_select(float *buf, int64_t rows, int64_t cols, const struct shard *s) {
-    int64_t c0 = s->c1 ? s->c0 : 0, w = shard_cols(s, cols), k = 0;
-    struct span all = {0, rows};
-    const struct span *sp = s->rows ? s->rows : &all;
-    int ns = s->rows ? s->num_rows : 1;
-    for (int i = 0; i < ns; i++)
-        for (int64_t r = sp[i].off; r < sp[i].off + sp[i].len; r++, k++)
-            if (k != r || w != cols) memmove(buf + k * w, buf + r * cols + c0, sizeof(float) * w);
-    return k;
-}
-
-int loader_matrix_part(struct loader *l, const char *name, int64_t rows, int64_t cols, const struct shard *s,
-                       enum dtype dt, struct weight *w, float dummy_std) {
-    int64_t kr = shard_rows(s, rows) + s->pad_rows, kc = shard_cols(s, cols);
-    if (!l->st) { // dummy: made on the device at the part's shape, seeded by where the part starts
-        uint64_t at = (uint64_t)(s->rows ? s->rows[0].off : 0) * 1000003u + (uint64_t)s->c0;
-        TRY(l->be->ops->weight_random(l->be, w, kr, kc, dt, name_seed(name, l->seed) ^ at, dummy_std));
-        l->device_bytes += (int64_t)dtype_size(w->dtype) * kr * kc;
-        return VLLM_OK;
-    }
-    float *tmp = loader_tmp(l, (size_t)MAX(rows, kr) * cols);
-    TRY(loader_read(l, name, 2, (int64_t[]){rows, cols}, tmp, DUMMY_NORMAL, dummy_std));
-    int64_t n = shard_select(tmp, rows, cols, s);
-    memset(tmp + n * kc, 0, sizeof(float) * s->pad_rows * kc);
-    return loader_upload_matrix(l, tmp, kr, kc, dt, w);
-}
-
-int loader_vector_part(struct loader *l, const char *name, int64_t n, const struct shard *s, float **dev,
-                       enum dummy_init init, float arg) {
-    float *tmp = loader_tmp(l, n);
-    TRY(loader_read(l, name, 1, &n, tmp, init, arg));
-    return loader_upload_vector(l, tmp, shard_select(tmp, n, 1, s), dev);
+    return loader_upload_vector(l, tmp + s.off, s.len, dev);
 }

@@ -1,5 +1,11 @@
-// loader.h - reads named checkpoint tensors (with shape checks) onto a
-// backend, or makes dummy ones at the same shapes (--load-format dummy).
+// loader.h - checkpoint tensors onto a backend (with shape checks), or dummy
+// ones at the same shapes (--load-format dummy).
+//
+// The weight-format seam: a model asks for a weight by name and shape; the
+// loader picks its format (the model's weight format, from --dtype, or fp32
+// where a layer needs it) and has the backend upload the checkpoint's bytes
+// as they are (weight_upload_raw), converted only when the formats differ.
+// Small parameters (norms, biases, conv taps) are read to fp32 on the host.
 #ifndef VLLM_MODELS_LOADER_H
 #define VLLM_MODELS_LOADER_H
 
@@ -17,59 +23,61 @@ struct loader {
     struct st_set *st; // NULL with dummy weights
     struct backend *be;
     uint64_t seed;
-    int64_t device_bytes; // uploaded so far
-    int round_bf16;       // bf16 model: every parameter read is rounded to bf16 precision
-    const char *keep_fp32; // name suffix exempt from rounding (e.g. e_score_correction_bias)
+    enum wfmt fmt;         // the model's weight format
+    int64_t device_bytes;  // uploaded so far
+    const char *keep_fp32; // name suffix of vectors kept exact (e.g. e_score_correction_bias)
     float *tmp;
     size_t tmp_cap;
 };
 
-int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, struct backend *be);
+// fmt: the weight format of the model's linears (bf16 models: vectors are
+// rounded to bf16 values too, as when a model is cast to bf16).
+int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, enum wfmt fmt, struct backend *be);
 void loader_close(struct loader *l);
 // The first of two spellings of a checkpoint prefix present (e.g. "backbone"
 // vs "model"), probing with `probe` appended; returns a or b.
 const char *loader_prefix(const struct loader *l, const char *a, const char *b, const char *probe);
 int loader_has(const struct loader *l, const char *name);
 
-// Reads tensor `name` as fp32 into dst (host), checking that its shape is
-// dims[0..ndim) (size-1 dims ignored). Dummy: fills with `init`.
-int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dims, float *dst,
-                enum dummy_init init, float arg);
-// A [rows, cols] weight on the device, of dtype dt.
-int loader_matrix(struct loader *l, const char *name, int64_t rows, int64_t cols, enum dtype dt,
-                  struct weight *w, float dummy_std);
-// A vector of n fp32 on the device.
-int loader_vector(struct loader *l, const char *name, int64_t n, float **dev, enum dummy_init init, float arg);
-// Uploads host fp32 data as a vector / weight (for tensors assembled on the host).
-int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **dev);
-int loader_upload_matrix(struct loader *l, const float *src, int64_t rows, int64_t cols, enum dtype dt,
-                         struct weight *w);
-// Host scratch of at least n floats, owned by the loader.
-float *loader_tmp(struct loader *l, size_t n);
-
-// Tensor parallelism: the part of a [rows, cols] tensor one rank holds, as
-// spans of whole rows (in increasing order) and the columns [c0, c1) of each.
-// A rank's part is copied out of the full tensor on the host.
+// Rows [off, off + len) of something split in parts.
 struct span {
     int64_t off, len;
 };
-struct shard {
-    const struct span *rows; // NULL: every row
-    int num_rows;            // spans in rows
-    int64_t c0, c1;          // c1 == 0: every column
-    int64_t pad_rows;        // zero rows appended (a last vocabulary shard made as long as the others)
-};
-// Rank r's part [off, off + len) of n things split over tp ranks.
+// Rank r's part of n things split over tp ranks.
 struct span span_part(int64_t n, int tp, int r);
-// Compacts the host matrix buf [rows, cols] in place to the part s selects;
-// returns its row count (pad rows not included).
-int64_t shard_select(float *buf, int64_t rows, int64_t cols, const struct shard *s);
-// loader_matrix for the part s of tensor `name` [rows, cols]. Dummy weights
-// are made at the part's shape (their values do not match an unsplit model's).
-int loader_matrix_part(struct loader *l, const char *name, int64_t rows, int64_t cols, const struct shard *s,
-                       enum dtype dt, struct weight *w, float dummy_std);
-// loader_vector for the rows s selects of an n-vector.
-int loader_vector_part(struct loader *l, const char *name, int64_t n, const struct shard *s, float **dev,
-                       enum dummy_init init, float arg);
+
+// One piece of an assembled weight: rows `rows` of tensor `name`, whose
+// shape is dims[0..ndim) (size-1 dims ignored; all but the last flattened
+// into rows). Pieces are stacked in order.
+struct wpiece {
+    const char *name;
+    int ndim;
+    int64_t dims[4];
+    struct span rows;
+};
+#define WL_F32 1u   // keep this weight in fp32 whatever the model's format (routers)
+#define WL_EMBED 3u // an embedding table: fp32, and dummy values of unit scale
+
+// A weight of the pieces' rows (plus pad_rows zero rows), columns [c0, c1)
+// of the tensors' last dim (c1 == 0: all). Dummy: one random weight of that
+// shape, seeded by the first piece's name and offsets.
+int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t c0, int64_t c1, int64_t pad_rows,
+                  unsigned flags, struct weight *w);
+// The common case: rows [r.off, +len) and columns [c0, c1) of a 2D tensor [rows, cols].
+int loader_matrix(struct loader *l, const char *name, int64_t rows, int64_t cols, struct span r, int64_t c0,
+                  int64_t c1, unsigned flags, struct weight *w);
+
+// Reads tensor `name` as fp32 into dst (host), checking that its shape is
+// dims[0..ndim) (size-1 dims ignored); rounded to bf16 values in a bf16
+// model. Dummy: fills with `init`.
+int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dims, float *dst,
+                enum dummy_init init, float arg);
+// Elements [s.off, +len) of an n-vector, in fp32 on the device.
+int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, float **dev, enum dummy_init init,
+                  float arg);
+// Uploads host fp32 data as a device vector (for tensors assembled on the host).
+int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **dev);
+// Host scratch of at least n floats, owned by the loader.
+float *loader_tmp(struct loader *l, size_t n);
 
 #endif

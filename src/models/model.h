@@ -1,6 +1,6 @@
 // model.h - the model registry's interface. A model declares what caches it
-// needs per layer id, loads its weights onto a backend, and runs one flat
-// batch per step through backend ops.
+// needs per cache layer, loads its weights onto a backend, and runs one flat
+// batch per step through backend ops (src/models/layers.h).
 #ifndef VLLM_MODELS_MODEL_H
 #define VLLM_MODELS_MODEL_H
 
@@ -8,26 +8,28 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "runner/batch.h"
+#include "backend/batch.h"
 
-// What the engine must allocate for one layer (a layer may need neither).
+#define MAX_STATE_BUFS 4 // recurrent-state buffers of one layer, at most
+
+// What the engine must allocate for one cache layer (a layer may need neither).
 struct layer_cache_spec {
-    int kv_heads, head_dim;              // attention: paged KV (0: none)
-    int64_t conv_floats, ssm_floats;     // recurrent state per slot (0: none)
-};
-
-enum model_caps {
-    MODEL_CAP_RECURRENT_STATE = 1 << 0, // has per-sequence state slots
-    MODEL_CAP_PAGED_KV = 1 << 1,        // has attention layers
-    MODEL_CAP_PREFIX_CACHING = 1 << 2,  // (none of ours yet: Mamba state is not paged)
+    // Paged KV: elements per token of this rank's K and V (0: none). K and V
+    // differ where a model caches a latent (MLA: K holds it, V is empty).
+    int64_t k_per_token, v_per_token;
+    // Recurrent state: named fp32 buffers of `floats` per slot.
+    int num_states;
+    struct {
+        const char *name;
+        int64_t floats;
+    } states[MAX_STATE_BUFS];
 };
 
 struct model_spec {
     const char *arch;
-    unsigned caps;
     int vocab_size;
     int hidden_size;
-    int num_layers;
+    int num_layers;              // cache layers: entries of layers[]
     int max_position_embeddings; // 0: unknown
     int num_eos;
     int32_t eos_ids[8];
@@ -35,25 +37,32 @@ struct model_spec {
     int64_t weight_bytes;            // on the device
 };
 
-// Caches addressed by layer id (NULL where a layer has none).
+// Caches addressed by cache layer (NULL where a layer has none).
 struct caches {
     int num_layers;
-    void **k, **v;       // [num_layers] -> [num_blocks, block_size, kv_heads, head_dim]
-    float **conv, **ssm; // [num_layers] -> [num_slots, ...] fp32
+    void **k, **v; // [num_layers] -> [num_blocks, block_size, per-token K / V] in the backend's kv_dtype
+    float ***state; // [num_layers][num_states] -> [num_slots, floats] fp32
     int block_size, num_blocks, num_slots;
 };
 
+// Allocates every cache layer's KV (num_blocks of block_size tokens, in the
+// backend's kv_dtype) and recurrent state (num_slots slots) for a model of
+// spec sp; adds the bytes to *kv_bytes / *state_bytes when given.
+int caches_alloc(struct backend *be, const struct model_spec *sp, int num_blocks, int block_size, int num_slots,
+                 struct caches *c, int64_t *kv_bytes, int64_t *state_bytes);
+void caches_release(struct backend *be, struct caches *c);
+
 struct model_load_opts {
-    enum dtype weight_dtype;
-    int dummy;           // random weights from the config alone
+    enum wfmt weight_fmt;
+    int dummy;          // random weights from the config alone
     uint64_t seed;
-    int max_tokens;      // rows of the step workspace (max_num_batched_tokens)
-    int max_logit_rows;  // rows of logits one forward may produce
+    int max_tokens;     // rows of the step workspace (max_num_batched_tokens)
+    int max_logit_rows; // rows of logits one forward may produce
+    int max_seq_len;    // tokens of one sequence, at most (0: the config's max_position_embeddings)
 };
 
 struct model;
 struct model_ops {
-    const char *arch;
     int (*load)(const char *dir, const json_t *config, const struct model_load_opts *o, struct backend *be,
                 struct model **out);
     void (*free)(struct model *m);
@@ -67,9 +76,17 @@ struct model {
     struct model_spec spec;
 };
 
-// Registry: architecture name (config.json "architectures"[0]) to model.
-const struct model_ops *model_find(const char *arch);
-// Loads config.json from dir and the model it names.
+// The registry: one entry per family, with every config.json
+// "architectures" name it answers to.
+struct model_family {
+    const char *name;           // e.g. "nemotron_h"
+    const char *const *archs;   // NULL-terminated; archs[0] is the canonical name
+    const struct model_ops *ops;
+};
+const struct model_family *model_families(int *n);
+// The family of an architecture name, or NULL.
+const struct model_family *model_find(const char *arch);
+// Loads config.json from dir (or config_override) and the model it names.
 int model_load(const char *dir, const json_t *config_override, const struct model_load_opts *o,
                struct backend *be, struct model **out);
 void model_free(struct model *m);

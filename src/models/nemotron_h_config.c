@@ -213,7 +213,6 @@ void nh_config_free(struct nh_config *c) {
 // widths split unevenly but must leave every rank a part.
 int nh_config_check_tp(const struct nh_config *c, int tp, const char *what) {
     const char *why = "tensor_parallel_size";
-    if (tp < 1) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "%s %d must be >= 1", why, tp);
     if (tp == 1) return VLLM_OK;
     if (has_kind(c, NH_MAMBA)) {
         if (c->m_heads % tp)

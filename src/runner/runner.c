@@ -65,7 +65,6 @@ struct runner {
     struct team *team; // a thread per rank, rank 0 the caller's
     struct runner_config cfg;
     int vocab, max_blocks, pad_row, pad_slot;
-    struct id_pool rows;
     struct meta_layout lay;
     struct step_slot slots[RUNNER_INFLIGHT];
     int next_slot;
@@ -116,35 +115,11 @@ static void *host_alloc(struct runner *r, size_t bytes, int *rc) {
 }
 
 // A rank's caches, at its shards' sizes (model spec): the pools hold the
-// same blocks and slots on every rank, each of the rank's heads.
+// same blocks and slots on every rank, each of the rank's heads; + the slot
+// that pads graph batches.
 static int alloc_caches(struct runner *r, struct rank *k) {
-    const struct model_spec *sp = &k->model->spec;
-    struct caches *c = &k->caches;
-    int L = sp->num_layers, rc = 0;
-    c->num_layers = L;
-    c->block_size = r->cfg.block_size;
-    c->num_blocks = r->cfg.num_blocks;
-    c->num_slots = r->cfg.num_slots + 1; // + the slot that pads graph batches
-    c->k = xcalloc(L, sizeof(void *));
-    c->v = xcalloc(L, sizeof(void *));
-    c->conv = xcalloc(L, sizeof(float *));
-    c->ssm = xcalloc(L, sizeof(float *));
-    for (int i = 0; i < L && !rc; i++) { // addressed by layer id
-        const struct layer_cache_spec *ls = &sp->layers[i];
-        if (ls->kv_heads) {
-            size_t b = (size_t)c->num_blocks * c->block_size * ls->kv_heads * ls->head_dim * dtype_size(k->be->kv_dtype);
-            c->k[i] = dev_alloc(k, b, &rc, "the KV cache");
-            c->v[i] = dev_alloc(k, b, &rc, "the KV cache");
-            r->kv_bytes += 2 * (int64_t)b;
-        }
-        if (ls->conv_floats) {
-            size_t cb = sizeof(float) * c->num_slots * ls->conv_floats, sb = sizeof(float) * c->num_slots * ls->ssm_floats;
-            c->conv[i] = dev_alloc(k, cb, &rc, "the conv state");
-            c->ssm[i] = dev_alloc(k, sb, &rc, "the SSM state");
-            r->state_bytes += (int64_t)(cb + sb);
-        }
-    }
-    return rc;
+    return caches_alloc(k->be, &k->model->spec, r->cfg.num_blocks, r->cfg.block_size, r->cfg.num_slots + 1, &k->caches,
+                        &r->kv_bytes, &r->state_bytes);
 }
 
 int runner_create(int tp, struct backend *const *be, struct model *const *m, const struct runner_config *cfg,
@@ -159,7 +134,6 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
     r->pad_slot = cfg->num_slots;
     int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1), SP = S, rc = 0;
     layout(&r->lay, S, T, r->max_blocks);
-    id_pool_init(&r->rows, S);
     for (int i = 0; i < tp && !rc; i++) {
         struct rank *k = &r->rk[i];
         k->be = be[i];
@@ -220,17 +194,7 @@ static void free_rank(struct rank *k) {
     if (!be) return;
     backend_bind(be);
     be->ops->sync(be);
-    struct caches *c = &k->caches;
-    for (int i = 0; i < c->num_layers; i++) {
-        be->ops->free(be, c->k[i]);
-        be->ops->free(be, c->v[i]);
-        be->ops->free(be, c->conv[i]);
-        be->ops->free(be, c->ssm[i]);
-    }
-    free(c->k);
-    free(c->v);
-    free(c->conv);
-    free(c->ssm);
+    caches_release(be, &k->caches);
     void *dev[] = {k->table, k->input_ids, k->meta, k->logits, k->logits_all, k->dev_out.ids, k->dev_out.logprobs,
                    k->dev_out.top_ids, k->dev_out.top_logprobs};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
@@ -253,7 +217,6 @@ void runner_free(struct runner *r) {
     }
     team_free(r->team);
     free(r->rk);
-    id_pool_release(&r->rows);
     free(r->order);
     free(r->hook_logits);
     free(r->hook_req);
@@ -267,11 +230,6 @@ int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes) {
 }
 
 int runner_graphs_captured(const struct runner *r) { return r->num_graphs; }
-
-void runner_remove(struct runner *r, struct request *req) {
-    id_pool_put(&r->rows, req->row);
-    req->row = -1;
-}
 
 void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user) {
     int T = r->cfg.max_num_batched_tokens;
@@ -288,16 +246,6 @@ void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user)
         r->hook_req = xmalloc(sizeof(struct request *) * T);
         r->hook_pos = xmalloc(sizeof(int32_t) * T);
     }
-}
-
-// A request entering the running set gets a row holding all its tokens
-// (uploaded by each rank when it launches the step).
-static int ensure_row(struct runner *r, struct step_slot *sl, struct request *req) {
-    if (req->row >= 0) return VLLM_OK;
-    req->row = id_pool_alloc(&r->rows);
-    if (req->row < 0) return vllm_err(VLLM_ERR_INTERNAL, "no free token-table row");
-    sl->admitted[sl->num_admitted++] = req;
-    return VLLM_OK;
 }
 
 static void fill_sample_params(struct runner *r, const struct request *q, struct sample_params *p) {
@@ -508,9 +456,12 @@ int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
     r->next_slot = (s + 1) % RUNNER_INFLIGHT;
     struct step_slot *sl = &r->slots[s];
     sl->num_admitted = 0;
-    for (int i = 0; i < so->num_entries; i++) {
-        TRY(ensure_row(r, sl, so->entries[i].req));
-        sl->sched[i] = so->entries[i].req;
+    for (int i = 0; i < so->num_entries; i++) { // a request given its row this step: upload all its tokens there
+        const struct sched_entry *e = &so->entries[i];
+        if (e->req->row < 0 || e->req->row >= r->cfg.max_num_seqs)
+            return vllm_err(VLLM_ERR_INTERNAL, "request %llu has no token-table row", (unsigned long long)e->req->id);
+        if (e->new_row) sl->admitted[sl->num_admitted++] = e->req;
+        sl->sched[i] = e->req;
     }
     sl->num_sched = so->num_entries;
     int pad = graph_size(r, so);

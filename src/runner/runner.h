@@ -47,9 +47,8 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
 void runner_free(struct runner *r);
 // Bytes of KV cache (and of recurrent state) over all ranks.
 int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes);
-// Releases a request's token-table row (finish, abort, preemption).
-void runner_remove(struct runner *r, struct request *req);
-// Launches one step: rows for new requests (their tokens uploaded), the
+// Launches one step: the tokens of requests the scheduler gave a token-table
+// row this step (sched_entry.new_row) uploaded into it, the
 // metadata up in one copy, input ids gathered on the device, forward and
 // sample (replayed from a graph for pure-decode batches), and the sampled ids
 // copied back without waiting. Returns the step's handle in *step.

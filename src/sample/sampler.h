@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "runner/batch.h"
+#include "backend/batch.h"
 
 // Scratch of sample_row: 3 * vocab floats + vocab ints.
 size_t sample_scratch_bytes(int vocab);

@@ -102,13 +102,14 @@ static void test_matmul(void) {
     int shapes[][2] = {{37, 23}, {64, 64}, {100, 130}, {1000, 257}, {16, 1}};
     int ns[] = {1, 2, 3, 4, 5, 7, 9, 16, 17, 40};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (int dt = DT_F32; dt <= DT_BF16; dt++) {
+        for (int dt = WF_F32; dt <= WF_BF16; dt++) {
             int N = shapes[si][0], K = shapes[si][1];
-            float *wh = rnd((size_t)N * K, 0.5f);
+            float *wh = rnd((size_t)N * K, 0.5f), *bias = rnd(N, 1);
             struct weight wr, wf;
-            CHECK(ref->ops->weight_upload(ref, &wr, wh, N, K, dt) == 0);
-            CHECK(fast->ops->weight_upload(fast, &wf, wh, N, K, dt) == 0);
-            CHECK(wf.dtype == (enum dtype)dt && wr.dtype == DT_F32);
+            CHECK(weight_from_f32(ref, &wr, dt, wh, N, K) == 0);
+            CHECK(weight_from_f32(fast, &wf, dt, wh, N, K) == 0);
+            CHECK(wf.fmt == (enum wfmt)dt && wr.fmt == (enum wfmt)dt);
+            if (si % 2) wr.bias = wf.bias = bias; // every other shape with a bias
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                 int n = ns[ni];
                 float *x = rnd((size_t)n * K, 1.0f), *yr = rnd((size_t)n * N, 1), *yf = rnd((size_t)n * N, 1);
@@ -127,8 +128,8 @@ static void test_matmul(void) {
             }
             // the same values from weight_random on both: rows read back by embed
             struct weight rr, rf;
-            CHECK(ref->ops->weight_random(ref, &rr, N, K, dt, 99 + si, 0.3f) == 0);
-            CHECK(fast->ops->weight_random(fast, &rf, N, K, dt, 99 + si, 0.3f) == 0);
+            CHECK(ref->ops->weight_alloc(ref, &rr, dt, N, K) == 0 && ref->ops->weight_random(ref, &rr, 99 + si, 0.3f) == 0);
+            CHECK(fast->ops->weight_alloc(fast, &rf, dt, N, K) == 0 && fast->ops->weight_random(fast, &rf, 99 + si, 0.3f) == 0);
             int32_t ids[] = {0, N - 1, N / 2, N / 3};
             float *er = xmalloc(sizeof(float) * 4 * K), *ef = xmalloc(sizeof(float) * 4 * K);
             ref->ops->embed(ref, er, &rr, ids, 4);
@@ -137,7 +138,7 @@ static void test_matmul(void) {
             ref->ops->embed(ref, er, &wr, ids, 4);
             fast->ops->embed(fast, ef, &wf, ids, 4);
             cmp(dt ? "embed bf16" : "embed fp32", ef, er, (size_t)4 * K, 0);
-            free(er), free(ef), free(wh);
+            free(er), free(ef), free(wh), free(bias);
             struct weight *all[] = {&wr, &wf, &rr, &rf};
             for (int i = 0; i < 4; i++) free(all[i]->data);
         }
@@ -154,20 +155,33 @@ static void test_norms(void) {
     fast->ops->add_rmsnorm(fast, res2, x, o2, w, n, D, 1e-5f);
     cmp("add_rmsnorm out", o2, o1, (size_t)n * D, TOL);
     cmp("add_rmsnorm res", res2, res, (size_t)n * D, 0);
-    float *r1 = rnd(70000, 2), *r2 = dup(r1, 70000); // more than one task of the parallel relu2
-    ref->ops->relu2(ref, r1, 70000);
-    fast->ops->relu2(fast, r2, 70000);
-    cmp("relu2", r2, r1, 70000, 0);
-    free(r1), free(r2);
-    // the router: 40 tokens (two tasks), 16 experts in 4 groups, top 3 of 2 groups
-    struct moe_route_cfg rc = {16, 3, 4, 2, 1, 2.5f};
-    float *lg = rnd((size_t)40 * 16, 3), *rb = rnd(16, 0.2f), rw1[120], rw2[120];
-    int32_t ri1[120], ri2[120];
-    ref->ops->moe_route(ref, ri1, rw1, lg, rb, 40, &rc);
-    fast->ops->moe_route(fast, ri2, rw2, lg, rb, 40, &rc);
-    CHECKF(!memcmp(ri1, ri2, sizeof ri1), "%s moe_route: different experts", isa);
-    cmp("moe_route weights", rw2, rw1, 120, 0);
-    free(lg), free(rb);
+    const char *acts[] = {"relu2", "silu", "gelu_tanh"};
+    for (int k = ACT_RELU2; k <= ACT_GELU_TANH; k++) { // more than one task of the parallel act
+        char what[64];
+        float *r1 = rnd(70000, 2), *r2 = dup(r1, 70000), *m1 = rnd((size_t)40 * 33, 1), *m2 = dup(m1, (size_t)40 * 33);
+        ref->ops->act(ref, k, r1, 70000);
+        fast->ops->act(fast, k, r2, 70000);
+        snprintf(what, sizeof what, "act %s", acts[k]);
+        cmp(what, r2, r1, 70000, k == ACT_RELU2 ? 0 : TOL);
+        ref->ops->act_mul(ref, k, m1, r1, 40, 33); // x: [40, 66] gate | up
+        fast->ops->act_mul(fast, k, m2, r1, 40, 33);
+        snprintf(what, sizeof what, "act_mul %s", acts[k]);
+        cmp(what, m2, m1, (size_t)40 * 33, TOL);
+        free(r1), free(r2), free(m1), free(m2);
+    }
+    // the routers: 40 tokens (two tasks), 16 experts; grouped: 4 groups, top 3
+    // of 2 groups; softmax: top 3, with and without renormalization
+    struct moe_route_cfg rcs[3] = {{ROUTE_SIGMOID_GROUPED, 16, 3, 4, 2, 1, 2.5f}, {ROUTE_SOFTMAX_TOPK, 16, 3, 1, 1, 1, 1.0f},
+                                   {ROUTE_SOFTMAX_TOPK, 16, 3, 1, 1, 0, 1.0f}};
+    for (int k = 0; k < 3; k++) {
+        float *lg = rnd((size_t)40 * 16, 3), *rb = rnd(16, 0.2f), rw1[120], rw2[120];
+        int32_t ri1[120], ri2[120];
+        ref->ops->moe_route(ref, ri1, rw1, lg, rb, 40, &rcs[k]);
+        fast->ops->moe_route(fast, ri2, rw2, lg, rb, 40, &rcs[k]);
+        CHECKF(!memcmp(ri1, ri2, sizeof ri1), "%s moe_route %d: different experts", isa, k);
+        cmp("moe_route weights", rw2, rw1, 120, 0);
+        free(lg), free(rb);
+    }
     // gated: z in a wider row, groups of 24
     int zld = 130;
     float *z = rnd((size_t)n * zld, 3), *gw = rnd(D, 1);
@@ -238,15 +252,18 @@ static void test_attention(void) {
 
 // Experts of inter 24 (panels straddle experts) and dim 40; from one token
 // (decode) to 96 (each expert past the dot kernel's row threshold).
+// Relu^2 experts, and gated SiLU experts (up holds each expert's gate rows then its up rows).
 static void test_moe(void) {
     int E = 6, I = 24, L = 40, top_k = 2, ns[] = {1, 3, 96};
-    for (int dt = DT_F32; dt <= DT_BF16; dt++) {
-        float *up = rnd((size_t)E * I * L, 0.3f), *down = rnd((size_t)E * L * I, 0.3f);
-        struct moe_experts wr = {.num_experts = E, .inter = I, .dim = L}, wf = wr;
-        CHECK(ref->ops->weight_upload(ref, &wr.up, up, (int64_t)E * I, L, dt) == 0);
-        CHECK(ref->ops->weight_upload(ref, &wr.down, down, (int64_t)E * L, I, dt) == 0);
-        CHECK(fast->ops->weight_upload(fast, &wf.up, up, (int64_t)E * I, L, dt) == 0);
-        CHECK(fast->ops->weight_upload(fast, &wf.down, down, (int64_t)E * L, I, dt) == 0);
+    for (int v = 0; v < 4; v++) {
+        int dt = v % 2, gated = v / 2, U = gated ? 2 * I : I;
+        float *up = rnd((size_t)E * U * L, 0.3f), *down = rnd((size_t)E * L * I, 0.3f);
+        struct moe_experts wr = {.num_experts = E, .inter = I, .dim = L, .gated = gated, .act = gated ? ACT_SILU : ACT_RELU2};
+        struct moe_experts wf = wr;
+        CHECK(weight_from_f32(ref, &wr.up, dt, up, (int64_t)E * U, L) == 0);
+        CHECK(weight_from_f32(ref, &wr.down, dt, down, (int64_t)E * L, I) == 0);
+        CHECK(weight_from_f32(fast, &wf.up, dt, up, (int64_t)E * U, L) == 0);
+        CHECK(weight_from_f32(fast, &wf.down, dt, down, (int64_t)E * L, I) == 0);
         for (int k = 0; k < 3; k++) {
             int n = ns[k];
             float *x = rnd((size_t)n * L, 1), *wt = rnd((size_t)n * top_k, 1);
@@ -257,10 +274,10 @@ static void test_moe(void) {
             }
             float *o1 = rnd((size_t)n * L, 1), *o2 = rnd((size_t)n * L, 1);
             char what[64];
-            snprintf(what, sizeof what, "moe_experts %s n=%d", dt ? "bf16" : "fp32", n);
+            snprintf(what, sizeof what, "moe_experts %s%s n=%d", dt ? "bf16" : "fp32", gated ? " gated" : "", n);
             fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k);
             ref->ops->moe_experts(ref, o1, x, &wr, ids, wt, n, top_k);
-            if (dt == DT_BF16 && fast_k(fast)->mm_pk_dot && n >= 48) {
+            if (dt == WF_BF16 && fast_k(fast)->mm_pk_dot && n >= 48) {
                 // the dot kernel rounds x and the hidden activations to bf16
                 cmp(what, o2, o1, (size_t)n * L, 2e-2);
             } else {

@@ -117,11 +117,20 @@ static void test_dense(void) {
     gpu->ops->add_rmsnorm(gpu, pr.g, px.g, po.g, pw.g, T, D, 1e-5f);
     cmp("add_rmsnorm (out)", po, (size_t)T * D, 1e-5);
     cmp("add_rmsnorm (residual)", pr, (size_t)T * D, 1e-6);
-    cpu->ops->relu2(cpu, pr.c, (int64_t)T * D);
-    gpu->ops->relu2(gpu, pr.g, (int64_t)T * D);
-    cpu->ops->add(cpu, pr.c, px.c, (int64_t)T * D);
-    gpu->ops->add(gpu, pr.g, px.g, (int64_t)T * D);
-    cmp("relu2 + add", pr, (size_t)T * D, 1e-6);
+    const char *acts[] = {"relu2", "silu", "gelu_tanh"};
+    for (int k = ACT_RELU2; k <= ACT_GELU_TANH; k++) {
+        char name[64];
+        cpu->ops->act(cpu, k, pr.c, (int64_t)T * D);
+        gpu->ops->act(gpu, k, pr.g, (int64_t)T * D);
+        cpu->ops->add(cpu, pr.c, px.c, (int64_t)T * D);
+        gpu->ops->add(gpu, pr.g, px.g, (int64_t)T * D);
+        snprintf(name, sizeof name, "act %s + add", acts[k]);
+        cmp(name, pr, (size_t)T * D, 1e-6);
+        cpu->ops->act_mul(cpu, k, po.c, pr.c, T, D / 2); // gate | up halves of each row
+        gpu->ops->act_mul(gpu, k, po.g, pr.g, T, D / 2);
+        snprintf(name, sizeof name, "act_mul %s", acts[k]);
+        cmp(name, po, (size_t)T * D / 2, 1e-6);
+    }
     double sc = cpu->ops->sum_sq(cpu, px.c, (int64_t)T * D), sg = gpu->ops->sum_sq(gpu, px.g, (int64_t)T * D);
     CHECKF(fabs(sc - sg) / sc < 1e-5, "sum_sq %g vs %g", sc, sg);
     int32_t rows[5] = {3, 0, 36, 17, 3};
@@ -130,24 +139,31 @@ static void test_dense(void) {
     gpu->ops->gather_rows(gpu, pg.g, px.g, prow.g, 5, D);
     cmp("gather_rows", pg, (size_t)5 * D, 0);
 
-    // matmul, fp32 and bf16 weights; embedding
-    float *wm = rnd((size_t)N * D, 0.05f);
-    struct weight wc, wg, wb;
-    cpu->ops->weight_upload(cpu, &wc, wm, N, D, DT_F32);
-    gpu->ops->weight_upload(gpu, &wg, wm, N, D, DT_F32);
-    gpu->ops->weight_upload(gpu, &wb, wm, N, D, DT_BF16);
-    struct pair py = up(wm, sizeof(float) * T * N);
+    // matmul, fp32, bf16 and fp16 weights, with and without a bias; embedding
+    float *wm = rnd((size_t)N * D, 0.05f), *bias = rnd(N, 1);
+    struct weight wc, wg, wb, wh;
+    weight_from_f32(cpu, &wc, WF_F32, wm, N, D);
+    weight_from_f32(gpu, &wg, WF_F32, wm, N, D);
+    weight_from_f32(gpu, &wb, WF_BF16, wm, N, D);
+    weight_from_f32(gpu, &wh, WF_F16, wm, N, D);
+    struct pair py = up(wm, sizeof(float) * T * N), pbias = up(bias, sizeof(float) * N);
     int ns[3] = {1, 7, T};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 6; k++) {
         char name[64];
-        cpu->ops->matmul(cpu, py.c, px.c, &wc, ns[k]);
-        gpu->ops->matmul(gpu, py.g, px.g, &wg, ns[k]);
-        snprintf(name, sizeof name, "matmul fp32 n=%d", ns[k]);
-        cmp(name, py, (size_t)ns[k] * N, 1e-5);
-        gpu->ops->matmul(gpu, py.g, px.g, &wb, ns[k]);
-        snprintf(name, sizeof name, "matmul bf16 n=%d", ns[k]);
-        cmp(name, py, (size_t)ns[k] * N, 2e-2);
+        int n = ns[k % 3], b = k >= 3;
+        wc.bias = b ? pbias.c : NULL, wg.bias = wb.bias = wh.bias = b ? pbias.g : NULL;
+        cpu->ops->matmul(cpu, py.c, px.c, &wc, n);
+        gpu->ops->matmul(gpu, py.g, px.g, &wg, n);
+        snprintf(name, sizeof name, "matmul fp32 n=%d%s", n, b ? " +bias" : "");
+        cmp(name, py, (size_t)n * N, 1e-5);
+        gpu->ops->matmul(gpu, py.g, px.g, &wb, n);
+        snprintf(name, sizeof name, "matmul bf16 n=%d%s", n, b ? " +bias" : "");
+        cmp(name, py, (size_t)n * N, 2e-2);
+        gpu->ops->matmul(gpu, py.g, px.g, &wh, n);
+        snprintf(name, sizeof name, "matmul fp16 n=%d%s", n, b ? " +bias" : "");
+        cmp(name, py, (size_t)n * N, 2e-3);
     }
+    wc.bias = wg.bias = wb.bias = wh.bias = NULL;
     int32_t ids[6] = {5, 4095, 0, 77, 5, 1000};
     struct pair pid = up(ids, sizeof ids), pe = up(x, sizeof(float) * 6 * D);
     cpu->ops->embed(cpu, pe.c, &wc, pid.c, 6);
@@ -161,9 +177,10 @@ static void test_dense(void) {
     cpu->ops->free(cpu, wc.data);
     gpu->ops->free(gpu, wg.data);
     gpu->ops->free(gpu, wb.data);
-    struct pair all[] = {px, pr, pw, po, prow, pg, py, pid, pe, ptab, psrc, pids};
+    gpu->ops->free(gpu, wh.data);
+    struct pair all[] = {px, pr, pw, po, prow, pg, py, pid, pe, ptab, psrc, pids, pbias};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
-    free(x), free(r), free(w), free(wm);
+    free(x), free(r), free(w), free(wm), free(bias);
 }
 
 static void test_mamba(void) {
@@ -244,49 +261,78 @@ static void test_attention(enum dtype kv, double tol) {
     gpu->kv_dtype = DT_F32;
 }
 
-static void test_moe(void) {
-    int T = 64, E = 128, k = 6, I = 1856, L = 2688;
-    struct moe_route_cfg rc = {E, k, 1, 1, 1, 2.5f}, grc = {E, k, 8, 4, 0, 1.5f};
-    float *lg = rnd((size_t)T * E, 3), *bias = rnd(E, 0.1f), *x = rnd((size_t)T * L, 1);
-    struct pair pl = up(lg, sizeof(float) * T * E), pb = up(bias, sizeof(float) * E), px = up(x, sizeof(float) * T * L);
-    struct pair pids = up(lg, sizeof(int32_t) * T * k), pw = up(lg, sizeof(float) * T * k);
-    struct moe_route_cfg *cfgs[2] = {&grc, &rc};
-    for (int c = 0; c < 2; c++) {
-        cpu->ops->moe_route(cpu, pids.c, pw.c, pl.c, pb.c, T, cfgs[c]);
-        gpu->ops->moe_route(gpu, pids.g, pw.g, pl.g, pb.g, T, cfgs[c]);
-        int32_t *gi = xmalloc(sizeof(int32_t) * T * k);
-        gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * T * k);
-        int same = !memcmp(gi, pids.c, sizeof(int32_t) * T * k);
-        CHECKF(same, "moe_route %s: expert ids differ", c ? "top-k" : "grouped top-k");
-        cmp(c ? "moe_route weights" : "moe_route weights (grouped)", pw, (size_t)T * k, 1e-6);
-        free(gi);
-    }
-    float *up_w = rnd((size_t)E * I * L, 0.03f), *down_w = rnd((size_t)E * L * I, 0.03f);
-    struct moe_experts mc = {{0}, {0}, E, I, L}, mg = mc, mb = mc;
-    cpu->ops->weight_upload(cpu, &mc.up, up_w, (int64_t)E * I, L, DT_F32);
-    cpu->ops->weight_upload(cpu, &mc.down, down_w, (int64_t)E * L, I, DT_F32);
-    gpu->ops->weight_upload(gpu, &mg.up, up_w, (int64_t)E * I, L, DT_F32);
-    gpu->ops->weight_upload(gpu, &mg.down, down_w, (int64_t)E * L, I, DT_F32);
-    gpu->ops->weight_upload(gpu, &mb.up, up_w, (int64_t)E * I, L, DT_BF16);
-    gpu->ops->weight_upload(gpu, &mb.down, down_w, (int64_t)E * L, I, DT_BF16);
-    struct pair po = up(x, sizeof(float) * T * L);
+// Routers (grouped sigmoid, flat sigmoid, softmax with and without
+// renormalization) and experts at real shapes: relu^2 at Nemotron-3-Nano's
+// (128 experts top-6, I 1856, L 2688), gated SiLU at Qwen3-30B-A3B's (128
+// top-8, I 768, L 2048), and widths that are not multiples of 8 (a
+// tensor-parallel rank's 12).
+struct moe_shape {
+    int E, k, I, L, gated;
+    enum act act;
+    const char *name;
+};
+
+static void test_experts(const struct moe_shape *m, struct pair pids, struct pair pw, int T) {
+    int E = m->E, k = m->k, I = m->I, L = m->L, U = m->gated ? 2 * I : I;
+    float *x = rnd((size_t)T * L, 1), *up_w = rnd((size_t)E * U * L, 0.03f), *down_w = rnd((size_t)E * L * I, 0.03f);
+    struct pair px = up(x, sizeof(float) * T * L), po = up(x, sizeof(float) * T * L);
+    struct moe_experts mc = {{0}, {0}, E, I, L, m->gated, m->act}, mg = mc, mb = mc;
+    weight_from_f32(cpu, &mc.up, WF_F32, up_w, (int64_t)E * U, L);
+    weight_from_f32(cpu, &mc.down, WF_F32, down_w, (int64_t)E * L, I);
+    weight_from_f32(gpu, &mg.up, WF_F32, up_w, (int64_t)E * U, L);
+    weight_from_f32(gpu, &mg.down, WF_F32, down_w, (int64_t)E * L, I);
+    weight_from_f32(gpu, &mb.up, WF_BF16, up_w, (int64_t)E * U, L);
+    weight_from_f32(gpu, &mb.down, WF_BF16, down_w, (int64_t)E * L, I);
     int ns[2] = {1, T};
     for (int i = 0; i < 2; i++) {
-        char name[64];
+        char name[96];
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, ns[i], k);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pids.g, pw.g, ns[i], k);
-        snprintf(name, sizeof name, "moe_experts fp32 n=%d", ns[i]);
+        snprintf(name, sizeof name, "moe_experts %s fp32 n=%d", m->name, ns[i]);
         cmp(name, po, (size_t)ns[i] * L, 1e-5);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, ns[i], k);
-        snprintf(name, sizeof name, "moe_experts bf16 n=%d", ns[i]);
+        snprintf(name, sizeof name, "moe_experts %s bf16 n=%d", m->name, ns[i]);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
     cpu->ops->free(cpu, mc.up.data), cpu->ops->free(cpu, mc.down.data);
     gpu->ops->free(gpu, mg.up.data), gpu->ops->free(gpu, mg.down.data);
     gpu->ops->free(gpu, mb.up.data), gpu->ops->free(gpu, mb.down.data);
-    struct pair all[] = {pl, pb, px, pids, pw, po};
+    pfree(px), pfree(po);
+    free(x), free(up_w), free(down_w);
+}
+
+static void test_moe(void) {
+    int T = 64, E = 128, kmax = 8;
+    struct moe_route_cfg cfgs[4] = {{ROUTE_SIGMOID_GROUPED, E, 6, 8, 4, 0, 1.5f},
+                                    {ROUTE_SIGMOID_GROUPED, E, 6, 1, 1, 1, 2.5f},
+                                    {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 1, 1.0f},
+                                    {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 0, 1.0f}};
+    const char *names[4] = {"grouped sigmoid", "sigmoid", "softmax renorm", "softmax"};
+    float *lg = rnd((size_t)T * E, 3), *bias = rnd(E, 0.1f);
+    struct pair pl = up(lg, sizeof(float) * T * E), pb = up(bias, sizeof(float) * E);
+    struct pair pids = up(lg, sizeof(int32_t) * T * kmax), pw = up(lg, sizeof(float) * T * kmax);
+    struct moe_shape shapes[3] = {{E, 6, 1856, 2688, 0, ACT_RELU2, "relu2 nano"},
+                                  {E, 8, 768, 2048, 1, ACT_SILU, "swiglu qwen3-30b"},
+                                  {E, 6, 12, 44, 1, ACT_SILU, "swiglu width 12"}};
+    for (int c = 0; c < 4; c++) {
+        const float *b = cfgs[c].kind == ROUTE_SIGMOID_GROUPED ? pb.c : NULL, *bg = b ? pb.g : NULL;
+        int k = cfgs[c].top_k;
+        cpu->ops->moe_route(cpu, pids.c, pw.c, pl.c, b, T, &cfgs[c]);
+        gpu->ops->moe_route(gpu, pids.g, pw.g, pl.g, bg, T, &cfgs[c]);
+        int32_t *gi = xmalloc(sizeof(int32_t) * T * k);
+        gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * T * k);
+        CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * T * k), "moe_route %s: expert ids differ", names[c]);
+        char name[64];
+        snprintf(name, sizeof name, "moe_route weights (%s)", names[c]);
+        cmp(name, pw, (size_t)T * k, 1e-6);
+        free(gi);
+        if (c == 1) test_experts(&shapes[0], pids, pw, T);
+        if (c == 2) test_experts(&shapes[1], pids, pw, T);
+        if (c == 1) test_experts(&shapes[2], pids, pw, T);
+    }
+    struct pair all[] = {pl, pb, pids, pw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
-    free(lg), free(bias), free(x), free(up_w), free(down_w);
+    free(lg), free(bias);
 }
 
 static void test_sample(void) {
@@ -346,7 +392,7 @@ int main(void) {
     TEST_SKIP("built without CUDA");
 #else
     if (backend_cuda_create(DT_F32, &gpu)) TEST_SKIP("no GPU: %s", vllm_last_error());
-    if (backend_cpu_create(0, &cpu)) return 1;
+    if (backend_cpu_create(0, DT_F32, &cpu)) return 1;
     test_dense();
     test_mamba();
     test_attention(DT_F32, 1e-5);

@@ -236,7 +236,7 @@ static void test_attention(struct backend *be) {
 
 static void test_route(struct backend *be) {
     // 8 experts in 4 groups of 2; pick 2 groups, then 3 experts.
-    struct moe_route_cfg c = {8, 3, 4, 2, 1, 2.0f};
+    struct moe_route_cfg c = {ROUTE_SIGMOID_GROUPED, 8, 3, 4, 2, 1, 2.0f};
     float logits[8] = {0.1f, 0.2f, 3.0f, -1.0f, 1.0f, 1.1f, -2.0f, 0.5f}, bias[8] = {0};
     bias[7] = 2.0f; // lifts group 3 for selection only
     int32_t ids[3];
@@ -251,6 +251,18 @@ static void test_route(struct backend *be) {
     for (int j = 0; j < 3; j++) ok &= ids[j] == want[j] && fabsf(w[j] - 2.0f * sig[j] / sum) < 1e-6f;
     printf("grouped top-k routing: experts %d %d %d\n", ids[0], ids[1], ids[2]);
     CHECK(ok);
+    // softmax over all 8, top 3 (2, 5, 4), renormalized or not (Qwen3-MoE)
+    for (int norm = 0; norm < 2; norm++) {
+        struct moe_route_cfg s = {ROUTE_SOFTMAX_TOPK, 8, 3, 1, 1, norm, 1.0f};
+        be->ops->moe_route(be, ids, w, logits, NULL, 1, &s);
+        double z = 0, p[3], top = 0;
+        for (int e = 0; e < 8; e++) z += exp(logits[e]);
+        int want2[3] = {2, 5, 4};
+        for (int j = 0; j < 3; j++) top += p[j] = exp(logits[want2[j]]) / z;
+        ok = 1;
+        for (int j = 0; j < 3; j++) ok &= ids[j] == want2[j] && fabs(w[j] - (norm ? p[j] / top : p[j])) < 1e-6;
+        CHECKF(ok, "softmax top-k routing (norm %d): experts %d %d %d", norm, ids[0], ids[1], ids[2]);
+    }
 }
 
 static void test_sampler(void) {
@@ -299,7 +311,7 @@ static void test_sampler(void) {
 
 int main(void) {
     struct backend *be;
-    if (backend_cpu_create(2, &be)) return 1;
+    if (backend_cpu_create(2, DT_F32, &be)) return 1;
     test_ssd(be);
     test_conv(be);
     test_attention(be);

@@ -33,7 +33,6 @@ static void test_config_checks(void) {
     const int U = VLLM_ERR_UNSUPPORTED;
     struct tpm_cfg c = tpm_default("M*-E"); // widths split over 2 and 4
     for (int tp = 1; tp <= 4; tp *= 2) CHECK(check(&c, tp, VLLM_OK, NULL));
-    CHECK(check(&c, 0, VLLM_ERR_INVALID_ARGUMENT, "tensor_parallel_size 0"));
     CHECK(check(&c, 3, U, "mamba_num_heads (8) is not divisible by tensor_parallel_size 3"));
     c.m_groups = 2;
     CHECK(check(&c, 4, U, "n_groups (2) is not divisible by tensor_parallel_size 4"));
@@ -83,6 +82,7 @@ static void test_engine(void) {
     CHECK(engine_fails(dir, "cpu", 4, VLLM_ERR_UNSUPPORTED, "n_groups (2) is not divisible by tensor_parallel_size 4"));
     CHECK(engine_fails(dir, "cpu", 3, VLLM_ERR_UNSUPPORTED, "mamba_num_heads (8)"));
     CHECK(engine_fails(dir, "cpu", 65, VLLM_ERR_INVALID_ARGUMENT, "tensor_parallel_size 65 is out of range"));
+    CHECK(engine_fails(dir, "cpu", -1, VLLM_ERR_INVALID_ARGUMENT, "tensor_parallel_size -1 is out of range"));
     CHECK(engine_fails(dir, "cpu", -1, VLLM_ERR_INVALID_ARGUMENT, "out of range"));
     // no machine here shows 64 GPUs; a build without CUDA or NCCL says so
     struct vllm_engine_params ep;
@@ -103,7 +103,7 @@ static void test_engine(void) {
     ops.all_reduce = NULL;
     be->ops = &ops;
     be->tp_size = 2;
-    struct model_load_opts o = {DT_F32, 0, 0, 8, 1};
+    struct model_load_opts o = {WF_F32, 0, 0, 8, 1, 0};
     struct model *m = NULL;
     rc = model_load(dir, NULL, &o, be, &m);
     CHECKF(rc == VLLM_ERR_UNSUPPORTED && !m && strstr(vllm_last_error(), "has no collectives"), "rc %d '%s'", rc,

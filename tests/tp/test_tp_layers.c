@@ -71,45 +71,17 @@ struct inst {
     const struct batch *b; // the step being run
 };
 
-static int alloc_caches(struct backend *be, const struct model_spec *sp, struct caches *c) {
-    int L = sp->num_layers;
-    c->num_layers = L;
-    c->block_size = BS;
-    c->num_blocks = NSLOT * MB;
-    c->num_slots = NSLOT;
-    c->k = xcalloc(L, sizeof(void *)), c->v = xcalloc(L, sizeof(void *));
-    c->conv = xcalloc(L, sizeof(float *)), c->ssm = xcalloc(L, sizeof(float *));
-    for (int i = 0; i < L; i++) {
-        const struct layer_cache_spec *l = &sp->layers[i];
-        size_t kv = sizeof(float) * c->num_blocks * BS * l->kv_heads * l->head_dim;
-        if (kv) c->k[i] = be->ops->alloc(be, kv), c->v[i] = be->ops->alloc(be, kv);
-        if (l->conv_floats) {
-            c->conv[i] = be->ops->alloc(be, sizeof(float) * NSLOT * l->conv_floats);
-            c->ssm[i] = be->ops->alloc(be, sizeof(float) * NSLOT * l->ssm_floats);
-        }
-    }
-    return VLLM_OK;
-}
-
-static void free_caches(struct backend *be, struct caches *c) {
-    for (int i = 0; i < c->num_layers; i++) {
-        be->ops->free(be, c->k[i]), be->ops->free(be, c->v[i]);
-        be->ops->free(be, c->conv[i]), be->ops->free(be, c->ssm[i]);
-    }
-    free(c->k), free(c->v), free(c->conv), free(c->ssm);
-}
-
 static int inst_load(struct inst *s, const char *dir, int tp) {
     memset(s, 0, sizeof *s);
     s->tp = tp;
     if (backend_create_group("cpu", tp, tp, DT_F32, s->be)) return -1;
-    struct model_load_opts o = {DT_F32, 0, 0, MAXT, 4}; // 4 logit rows: lm_head runs in chunks of 4 rows
+    struct model_load_opts o = {WF_F32, 0, 0, MAXT, 4, 0}; // 4 logit rows: lm_head runs in chunks of 4 rows
     for (int k = 0; k < tp; k++) {
         if (model_load(dir, NULL, &o, s->be[k], &s->m[k])) {
             fprintf(stderr, "load %s, rank %d of %d: %s\n", dir, k, tp, vllm_last_error());
             return -1;
         }
-        alloc_caches(s->be[k], &s->m[k]->spec, &s->c[k]);
+        if (caches_alloc(s->be[k], &s->m[k]->spec, NSLOT * MB, BS, NSLOT, &s->c[k], NULL, NULL)) return -1;
         s->logits[k] = xcalloc((size_t)MAXT * s->m[k]->spec.vocab_size, sizeof(float));
     }
     s->team = team_create(tp);
@@ -118,7 +90,7 @@ static int inst_load(struct inst *s, const char *dir, int tp) {
 
 static void inst_free(struct inst *s) {
     for (int k = 0; k < s->tp; k++) {
-        if (s->m[k]) free_caches(s->be[k], &s->c[k]);
+        if (s->m[k]) caches_release(s->be[k], &s->c[k]);
         model_free(s->m[k]);
         backend_free(s->be[k]);
         free(s->logits[k]);

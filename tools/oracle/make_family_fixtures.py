@@ -4,14 +4,14 @@ with Hugging Face transformers (nobody here wrote it). Run it on the GPU
 machine (transformers 5.17):
 
     python3 tools/oracle/make_family_fixtures.py OUT_DIR [case,case,...]
-    python3 tools/oracle/make_family_fixtures.py --prefix FIXTURE_DIR ARCH OUT_DIR
+    python3 tools/oracle/make_family_fixtures.py --prefix FIXTURE_DIR ARCH OUT_DIR   (writes OUT_DIR/prefix/)
 
 Each case writes OUT_DIR/<case>/ as make_nemotron_fixtures.py does:
 config.json + model.safetensors (save_pretrained), golden.json (prompts, fp32
 greedy tokens and top-2 margins, bf16 greedy tokens and margins on CUDA,
 versions) and logits.safetensors (fp32 logits of prompt + greedy tokens).
 
---prefix writes golden_prefix.json / logits_prefix.safetensors for an existing
+--prefix writes prefix/golden.json and prefix/logits.safetensors for an existing
 fixture: a shared-prefix prompt set (a prefix P, P plus tails of several
 lengths, P again, P cut in the middle of a 16-token block) for prefix caching.
 
@@ -288,10 +288,11 @@ def make_prefix(fixture_dir, arch, out_dir):
               "margins": [r[2] for r in results], "min_greedy_margin": min(min(r[2]) for r in results),
               "max_decode_vs_full_logits": max(r[4] for r in results),
               "oracle": versions("tools/oracle/make_family_fixtures.py --prefix")}
+    out_dir = os.path.join(out_dir, "prefix")  # not beside the weights: a model dir's *.safetensors are its weights
     os.makedirs(out_dir, exist_ok=True)
     save_file({f"logits_{i}": r[3].contiguous() for i, r in enumerate(results)},
-              os.path.join(out_dir, "logits_prefix.safetensors"))
-    with open(os.path.join(out_dir, "golden_prefix.json"), "w") as f:
+              os.path.join(out_dir, "logits.safetensors"))
+    with open(os.path.join(out_dir, "golden.json"), "w") as f:
         json.dump(golden, f)
     print(f"prefix {fixture_dir}: min margin {golden['min_greedy_margin']:.2e}", flush=True)
 

@@ -23,6 +23,8 @@ struct cpu_impl {
     void *shared[4];      // scratch shared by the threads of one fast op
     size_t shared_size[4];
     struct cpu_group *group; // tensor-parallel group (cpu_tp.c); NULL alone
+    float *deq;           // the reference's fp32 copy of the weight rows a product reads
+    size_t deq_size;
 };
 
 static inline struct cpu_impl *cpu_of(struct backend *be) { return be->impl; }
@@ -33,8 +35,22 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
 // Per-thread scratch of at least `bytes` (kept between calls).
 void *cpu_scratch(struct backend *be, int thread, size_t bytes);
 void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int thread), void *ctx);
+// Grows every thread's scratch to `bytes` now (load time, from supports()):
+// VLLM_ERR_OUT_OF_MEMORY naming `what` instead of a failure mid-step.
+int cpu_reserve(struct backend *be, size_t bytes, const char *what);
+// The reference's supports(): what the reference ops need (also the fast
+// path's fallbacks), with their scratch reserved.
+int cpu_supports(struct backend *be, const struct op_query *q);
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float act_f(enum act k, float x) {
+    switch (k) {
+    case ACT_RELU2: return x > 0 ? x * x : 0.0f;
+    case ACT_SILU: return silu(x);
+    case ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    }
+    return x;
+}
 static inline float softplus_th(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 // dt of head h from a zxbcdt row: softplus(dt + dt_bias), clamped to time_step_limit
 static inline float dt_of(const float *row, int dt_off, int h, const float *dt_bias, const struct mamba_dims *d) {
@@ -63,9 +79,18 @@ void cpu_attn_decode(struct backend *be, float *out, const float *qkv, int ld, c
                      const void *v_cache, const struct batch *b, const struct attn_dims *d);
 void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias,
                    int n, const struct moe_route_cfg *c);
+// The router of tokens [0, n) with caller scratch of route_scratch_bytes(E).
+size_t route_scratch_bytes(int num_experts);
+void cpu_route_tokens(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
+                      const struct moe_route_cfg *c, void *scratch);
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                      const int32_t *ids, const float *weights, int n, int top_k);
-void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+// y: [n, nr] = x @ W[row0 .. row0 + nr)^T, W dequantized to fp32 first.
+void cpu_matmul_rows(struct backend *be, float *y, const float *x, const struct weight *w, int64_t row0, int64_t nr,
+                     int n);
+// Rows [row0, row0 + n) of w as fp32 (the weight itself for WF_F32, else a
+// dequantized copy valid until the next call).
+const float *cpu_weight_f32(struct backend *be, const struct weight *w, int64_t row0, int64_t n);
 // collectives in cpu_tp.c
 void cpu_all_reduce(struct backend *be, float *x, int64_t n);
 void cpu_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);

@@ -22,6 +22,21 @@ void *cpu_scratch(struct backend *be, int thread, size_t bytes) {
     return c->scratch[thread];
 }
 
+int cpu_reserve(struct backend *be, size_t bytes, const char *what) {
+    struct cpu_impl *c = cpu_of(be);
+    for (int i = 0; i < be->num_threads; i++) {
+        if (c->scratch_size[i] >= bytes) continue;
+        void *p = malloc(bytes);
+        if (!p)
+            return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of CPU scratch per thread for %s", bytes,
+                            what);
+        free(c->scratch[i]);
+        c->scratch[i] = p;
+        c->scratch_size[i] = bytes;
+    }
+    return VLLM_OK;
+}
+
 void cpu_parallel(struct backend *be, int n, void (*fn)(void *ctx, int i, int thread), void *ctx) {
     tpool_for(cpu_of(be)->pool, n, fn, ctx);
 }
@@ -32,6 +47,7 @@ static void cpu_destroy(struct backend *be) {
     free(c->pack);
     free(c->pack_size);
     for (int i = 0; i < 4; i++) free(c->shared[i]);
+    free(c->deq);
     free(c->kern);
     free(c->scratch);
     free(c->scratch_size);
@@ -53,10 +69,6 @@ static void cpu_copy(struct backend *be, void *dst, const void *src, size_t n) {
     (void)be;
     if (n) memmove(dst, src, n);
 }
-static void cpu_memset0(struct backend *be, void *dst, size_t n) {
-    (void)be;
-    memset(dst, 0, n);
-}
 static void cpu_sync(struct backend *be) { (void)be; }
 static void *cpu_host_alloc(struct backend *be, size_t bytes) { return cpu_alloc(be, bytes); }
 static int cpu_fence(struct backend *be) {
@@ -65,42 +77,64 @@ static int cpu_fence(struct backend *be) {
 }
 static void cpu_fence_wait(struct backend *be, int fence) { (void)be, (void)fence; }
 
-// The reference keeps fp32 weights whatever dtype is asked for; a bf16
-// weight holds bf16 values (rounded to nearest even), as the fast path's.
-static void round_bf16(float *d, size_t n, enum dtype dt) {
-    if (dt == DT_BF16)
-        for (size_t i = 0; i < n; i++) d[i] = bf16_to_f32(f32_to_bf16(d[i]));
-}
-
-static int cpu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                             enum dtype dt) {
-    size_t bytes = sizeof(float) * rows * cols;
+// Reference weights hold their format's elements as they are (row-major);
+// products dequantize them exactly to fp32 (cpu_weight_f32) and compute in
+// fp32.
+static int cpu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
+    memset(w, 0, sizeof *w);
+    size_t bytes = (size_t)rows * cols * wfmt_size(fmt);
     w->data = cpu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
-    memcpy(w->data, src, bytes);
-    round_bf16(w->data, (size_t)rows * cols, dt);
-    w->dtype = DT_F32;
+    w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
     return VLLM_OK;
 }
 
-static int cpu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
-                             uint64_t seed, float std) {
-    size_t n = (size_t)rows * cols;
-    w->data = cpu_alloc(be, sizeof(float) * n);
-    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", sizeof(float) * n);
-    w->dtype = DT_F32;
-    w->rows = rows;
-    w->cols = cols;
-    float a = std * 1.7320508f * 0x1.0p-31f, *d = w->data;
-    uint64_t x = seed | 1;
-    for (size_t i = 0; i < n; i++) { // xorshift64: uniform, std `std`
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        d[i] = a * (float)(int32_t)(x >> 32);
-    }
-    round_bf16(d, n, dt);
+static int cpu_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
+                                 enum wfmt src_fmt, int64_t ld) {
+    (void)be;
+    size_t es = wfmt_size(w->fmt), ss = wfmt_size(src_fmt);
+    for (int64_t r = 0; r < n; r++)
+        wfmt_convert(w->fmt, (char *)w->data + (size_t)(row0 + r) * w->cols * es, src_fmt,
+                     (const char *)src + (size_t)r * ld * ss, w->cols);
     return VLLM_OK;
+}
+
+// xorshift64, uniform with standard deviation std (the fast path makes the
+// same stream), stored in the weight's format
+static int cpu_weight_random(struct backend *be, struct weight *w, uint64_t seed, float std) {
+    (void)be;
+    float a = std * 1.7320508f * 0x1.0p-31f, buf[256];
+    uint64_t x = seed | 1;
+    size_t es = wfmt_size(w->fmt), n = (size_t)w->rows * w->cols;
+    for (size_t i = 0; i < n; i += 256) {
+        size_t m = MIN(256, n - i);
+        for (size_t k = 0; k < m; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            buf[k] = a * (float)(int32_t)(x >> 32);
+        }
+        wfmt_convert(w->fmt, (char *)w->data + i * es, WF_F32, buf, (int64_t)m);
+    }
+    return VLLM_OK;
+}
+
+const float *cpu_weight_f32(struct backend *be, const struct weight *w, int64_t row0, int64_t n) {
+    switch (w->fmt) {
+    case WF_F32: return (const float *)w->data + row0 * w->cols;
+    case WF_BF16:
+    case WF_F16: break;
+    }
+    struct cpu_impl *c = cpu_of(be);
+    size_t need = sizeof(float) * (size_t)n * w->cols;
+    if (c->deq_size < need) {
+        free(c->deq);
+        c->deq = xmalloc(need);
+        c->deq_size = need;
+    }
+    wfmt_convert(WF_F32, c->deq, w->fmt, (const char *)w->data + (size_t)row0 * w->cols * wfmt_size(w->fmt),
+                 n * w->cols);
+    return c->deq;
 }
 
 static void cpu_gather_ids(struct backend *be, int32_t *ids, const int32_t *table, const int32_t *src, int n) {
@@ -111,7 +145,9 @@ static void cpu_gather_ids(struct backend *be, int32_t *ids, const int32_t *tabl
 static void cpu_embed(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n) {
     (void)be;
     int64_t d = table->cols;
-    for (int t = 0; t < n; t++) memcpy(out + t * d, (const float *)table->data + (int64_t)ids[t] * d, sizeof(float) * d);
+    size_t es = wfmt_size(table->fmt);
+    for (int t = 0; t < n; t++)
+        wfmt_convert(WF_F32, out + t * d, table->fmt, (const char *)table->data + (size_t)ids[t] * d * es, d);
 }
 
 static void rmsnorm_row(float *out, const float *x, const float *w, int dim, float eps) {
@@ -133,14 +169,19 @@ static void cpu_add_rmsnorm(struct backend *be, float *res, const float *x, floa
     for (int t = 0; t < n; t++) rmsnorm_row(out + (int64_t)t * dim, res + (int64_t)t * dim, w, dim, eps);
 }
 
-void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
-    (void)be;
-    if (n <= 0) return;
-    int N = (int)w->rows, K = (int)w->cols;
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w->data, K, x, 1, 0.0f, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, N, K, 1.0f, x, K, w->data, K, 0.0f, y, N);
+void cpu_matmul_rows(struct backend *be, float *y, const float *x, const struct weight *w, int64_t row0, int64_t nr,
+                     int n) {
+    if (n <= 0 || nr <= 0) return;
+    int N = (int)nr, K = (int)w->cols;
+    const float *W = cpu_weight_f32(be, w, row0, nr);
+    if (n == 1) cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, W, K, x, 1, 0.0f, y, 1);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, N, K, 1.0f, x, K, W, K, 0.0f, y, N);
+}
+
+static void cpu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+    cpu_matmul_rows(be, y, x, w, 0, w->rows, n);
+    for (int t = 0; w->bias && t < n; t++)
+        for (int64_t i = 0; i < w->rows; i++) y[t * w->rows + i] += w->bias[i];
 }
 
 static void cpu_gather_rows(struct backend *be, float *out, const float *x, const int32_t *rows, int n, int dim) {
@@ -153,9 +194,18 @@ static void cpu_add(struct backend *be, float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-static void cpu_relu2(struct backend *be, float *x, int64_t n) {
+static void cpu_act(struct backend *be, enum act kind, float *x, int64_t n) {
     (void)be;
-    for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] * x[i] : 0.0f;
+    for (int64_t i = 0; i < n; i++) x[i] = act_f(kind, x[i]);
+}
+
+static void cpu_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter) {
+    (void)be;
+    for (int t = 0; t < n; t++) {
+        const float *g = x + (int64_t)t * 2 * inter, *u = g + inter;
+        float *o = out + (int64_t)t * inter;
+        for (int i = 0; i < inter; i++) o[i] = act_f(kind, g[i]) * u[i];
+    }
 }
 
 static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
@@ -192,6 +242,49 @@ static void cpu_sample(struct backend *be, const float *logits, int vocab, int32
     cpu_parallel(be, b->num_sample, sample_one, &c);
 }
 
+// Router and expert shapes every backend's MoE assumes.
+static int check_route(const struct moe_route_cfg *r) {
+    switch (r->kind) {
+    case ROUTE_SIGMOID_GROUPED:
+        if (r->n_group < 1 || r->num_experts % r->n_group || r->topk_group < 1 || r->topk_group > r->n_group ||
+            r->top_k > r->topk_group * (r->num_experts / r->n_group))
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "moe_route: %d experts in %d groups, top %d groups, top-%d",
+                            r->num_experts, r->n_group, r->topk_group, r->top_k);
+        break;
+    case ROUTE_SOFTMAX_TOPK: break;
+    }
+    if (r->top_k < 1 || r->top_k > r->num_experts)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "moe_route: top-%d of %d experts", r->top_k, r->num_experts);
+    return VLLM_OK;
+}
+
+int cpu_supports(struct backend *be, const struct op_query *q) {
+    size_t T = (size_t)MAX(q->max_tokens, 1), S = (size_t)MAX(q->max_seq_len, 1);
+    switch (q->op) {
+    case OP_MATMUL:
+    case OP_EMBED: return VLLM_OK; // every format dequantizes
+    case OP_ATTN:
+        if (be->kv_dtype != DT_F32)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "attention: the CPU backend keeps the KV cache in float32 only");
+        return cpu_reserve(be, sizeof(float) * S, "attention");
+    case OP_MAMBA: {
+        const struct mamba_dims *d = q->mamba;
+        size_t conv = sizeof(float) * (size_t)(d->conv_kernel - 1 + T) * d->conv_dim;
+        return cpu_reserve(be, MAX(conv, sizeof(float) * 2 * (size_t)d->chunk_size), "the Mamba2 conv / scan");
+    }
+    case OP_MOE_ROUTE:
+        TRY(check_route(q->route));
+        return cpu_reserve(be, route_scratch_bytes(q->route->num_experts), "the MoE router");
+    case OP_MOE_EXPERTS: {
+        const struct moe_experts *w = q->moe;
+        size_t A = T * (size_t)q->route->top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
+        return cpu_reserve(be, sizeof(float) * A * ((size_t)w->dim + U + w->dim) + sizeof(int32_t) * 2 * A,
+                           "the MoE experts");
+    }
+    }
+    return VLLM_OK;
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -199,14 +292,15 @@ static const struct backend_ops cpu_ops = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
-    .memset0 = cpu_memset0,
     .sync = cpu_sync,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_free,
     .download_async = cpu_copy,
     .fence = cpu_fence,
     .fence_wait = cpu_fence_wait,
-    .weight_upload = cpu_weight_upload,
+    .supports = cpu_supports,
+    .weight_alloc = cpu_weight_alloc,
+    .weight_upload_raw = cpu_weight_upload_raw,
     .weight_random = cpu_weight_random,
     .gather_ids = cpu_gather_ids,
     .embed = cpu_embed,
@@ -215,7 +309,8 @@ static const struct backend_ops cpu_ops = {
     .matmul = cpu_matmul,
     .gather_rows = cpu_gather_rows,
     .add = cpu_add,
-    .relu2 = cpu_relu2,
+    .act = cpu_act,
+    .act_mul = cpu_act_mul,
     .sum_sq = cpu_sum_sq,
     .conv1d_fwd = cpu_conv1d_fwd,
     .conv1d_update = cpu_conv1d_update,
@@ -237,13 +332,16 @@ static const struct backend_ops cpu_ops = {
 // added to the reference table is on both paths).
 static void fast_ops_init(struct backend_ops *o) {
     *o = cpu_ops;
-    o->weight_upload = fast_weight_upload;
+    o->supports = fast_supports;
+    o->weight_alloc = fast_weight_alloc;
+    o->weight_upload_raw = fast_weight_upload_raw;
     o->weight_random = fast_weight_random;
     o->embed = fast_embed;
     o->rmsnorm = fast_rmsnorm;
     o->add_rmsnorm = fast_add_rmsnorm;
     o->matmul = fast_matmul;
-    o->relu2 = fast_relu2;
+    o->act = fast_act;
+    o->act_mul = fast_act_mul;
     o->conv1d_fwd = fast_conv1d_fwd;
     o->conv1d_update = fast_conv1d_update;
     o->ssd_prefill = fast_ssd_prefill;
@@ -256,6 +354,7 @@ static void fast_ops_init(struct backend_ops *o) {
 }
 
 int cpu_backend_create(int num_threads, int reference, int isa, struct backend **out) {
+    TRY(backend_check_ops(&cpu_ops));
     if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (num_threads <= 0) num_threads = 1;
     enum fast_isa best = fast_detect();
@@ -290,7 +389,10 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
 
 // VLLM_CPU_REFERENCE=1: the reference ops; VLLM_CPU_ISA=scalar|avx2|avx512|
 // avx512_bf16 caps the fast path's kernels (default: the best this CPU has).
-int backend_cpu_create(int num_threads, struct backend **out) {
+int backend_cpu_create(int num_threads, enum dtype kv_dtype, struct backend **out) {
+    if (kv_dtype != DT_F32)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU backend keeps the KV cache in float32 (kv_cache_dtype %s "
+                        "is for CUDA)", dtype_name(kv_dtype));
     const char *r = getenv("VLLM_CPU_REFERENCE"), *s = getenv("VLLM_CPU_ISA");
     int reference = r && *r && strcmp(r, "0") != 0, isa = -1;
     if (s && *s) {

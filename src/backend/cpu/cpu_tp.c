@@ -61,7 +61,7 @@ void cpu_all_gather(struct backend *be, float *out, int out_cols, const float *i
     pthread_barrier_wait(&g->bar); // inputs stay put until every rank has copied them
 }
 
-int backend_cpu_create_group(int n, int num_threads, struct backend **out) {
+int backend_cpu_create_group(int n, int num_threads, enum dtype kv_dtype, struct backend **out) {
     if (num_threads <= 0) num_threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     int per = MAX(num_threads / n, 1); // the ranks share the threads asked for
     struct cpu_group *g = xcalloc(1, sizeof *g);
@@ -71,7 +71,7 @@ int backend_cpu_create_group(int n, int num_threads, struct backend **out) {
     pthread_barrier_init(&g->bar, NULL, (unsigned)n);
     atomic_init(&g->refs, 1); // the loop's own, dropped below
     for (int r = 0; r < n; r++) {
-        int rc = backend_cpu_create(per, &out[r]);
+        int rc = backend_cpu_create(per, kv_dtype, &out[r]);
         if (rc) {
             while (r-- > 0) backend_free(out[r]), out[r] = NULL;
             cpu_group_release(g);

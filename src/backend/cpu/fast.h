@@ -4,8 +4,8 @@
 // truth; VLLM_CPU_REFERENCE=1 selects them instead.
 //
 // Weights on the fast path:
-// - DT_F32: row-major [rows, cols], as the reference keeps them.
-// - DT_BF16: packed in groups of 64 rows (four panels of 16). Group g holds
+// - WF_F32: row-major [rows, cols], as the reference keeps them.
+// - WF_BF16: packed in groups of 64 rows (four panels of 16). Group g holds
 //   rows 64g..64g+63; for each column pair q (columns 2q, 2q+1) it stores 64
 //   uint32 lanes, lane j = W[64g+j][2q] | W[64g+j][2q+1] << 16, so panel
 //   (j / 16) of the pair is one 64-byte line and a group is one sequential
@@ -15,6 +15,7 @@
 //   fp32 kernel turns a lane into two fp32 weights with a shift and a mask and
 //   multiplies them by broadcast activations (no horizontal sums), and the
 //   bf16 dot kernel feeds the lanes to vdpbf16ps as they are.
+// - WF_F16: not kept (supports() refuses it: use bfloat16 or float32).
 #ifndef VLLM_BACKEND_CPU_FAST_H
 #define VLLM_BACKEND_CPU_FAST_H
 
@@ -113,16 +114,30 @@ const char *fast_isa_name(enum fast_isa isa);
 void fast_kern_for(enum fast_isa isa, struct fast_kern *k);
 
 static inline const struct fast_kern *fast_k(struct backend *be) { return cpu_of(be)->kern; }
+// x = act(x) on the kernel set's vector kernels (GELU: the reference's scalar form)
+static inline void fast_act_span(const struct fast_kern *k, enum act kind, float *x, int64_t n) {
+    switch (kind) {
+    case ACT_RELU2: k->relu2(x, n); return;
+    case ACT_SILU: k->vsilu(x, x, n); return;
+    case ACT_GELU_TANH:
+        for (int64_t i = 0; i < n; i++) x[i] = act_f(ACT_GELU_TANH, x[i]);
+        return;
+    }
+}
 // Scratch shared by all threads of one op (slot 0..3), kept between calls.
 void *fast_shared(struct backend *be, int slot, size_t bytes);
+// Grows shared slot `slot` to bytes now (load time): VLLM_ERR_OUT_OF_MEMORY naming `what`.
+int fast_reserve_shared(struct backend *be, int slot, size_t bytes, const char *what);
 // A thread's packing space for fast_mm_serial (apart from cpu_scratch, which
 // its callers use), 64-byte aligned.
 float *fast_pack_scratch(struct backend *be, int thread, size_t floats);
 
-// Packs src [rows, cols] fp32 into the bf16 panel layout (rounding to
-// nearest even) in dst of fast_pk_bytes(rows, cols).
+// Bytes of a [rows, cols] weight in the bf16 panel layout.
 size_t fast_pk_bytes(int64_t rows, int64_t cols);
-void fast_pack_bf16(struct backend *be, uint32_t *dst, const float *src, int64_t rows, int64_t cols);
+// Scratch the fast ops need at a query's sizes (fast_*.c), for fast_supports.
+size_t fast_attn_scratch(const struct attn_dims *d, int max_seq_len);
+size_t fast_ssd_scratch(const struct mamba_dims *d);
+int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_tokens, int top_k);
 
 // y [n, ldy] (columns [c0, c1) of x @ W^T, written at y[i*ldy + c - c0]),
 // x [n, ldx]: the fast matmul on a column range, threaded.
@@ -137,16 +152,18 @@ int fast_use_dot(struct backend *be, const struct weight *w, int n);
 
 // Fast ops (fast_*.c)
 void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n);
-void fast_relu2(struct backend *be, float *x, int64_t n);
+void fast_act(struct backend *be, enum act kind, float *x, int64_t n);
+void fast_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter);
+int fast_supports(struct backend *be, const struct op_query *q);
 void fast_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
 void fast_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
                       float eps);
 void fast_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c);
-int fast_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                       enum dtype dt);
-int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
-                       uint64_t seed, float std);
+int fast_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols);
+int fast_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
+                           enum wfmt src_fmt, int64_t ld);
+int fast_weight_random(struct backend *be, struct weight *w, uint64_t seed, float std);
 void fast_embed(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n);
 void fast_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
                      float *conv_state, const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);

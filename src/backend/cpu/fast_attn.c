@@ -23,6 +23,16 @@ struct attn_ctx {
     int *task_seq, *task_q0; // per task: sequence, first query
 };
 
+// Floats of a task's scratch for n keys and nq queries.
+static size_t task_floats(int n, int nq, int Dh) {
+    return (size_t)2 * n * Dh + (size_t)nq * n + fast_sgemm_b_floats(n, Dh) + fast_sgemm_b_floats(Dh, n) +
+           fast_sgemm_a_floats(nq, n);
+}
+
+size_t fast_attn_scratch(const struct attn_dims *d, int max_seq_len) {
+    return sizeof(float) * task_floats(max_seq_len, QBLK, d->head_dim);
+}
+
 static void attn_task(void *ctx, int task, int thread) {
     struct attn_ctx *c = ctx;
     const struct attn_dims *d = c->d;
@@ -33,8 +43,8 @@ static void attn_task(void *ctx, int task, int thread) {
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, ctx0 = b->context_lens[s];
     int nq = MIN(QBLK, L - q0), n = ctx0 + q0 + nq; // keys [0, n) cover the block's last query
     const int32_t *bt = b->block_tables + (int64_t)s * b->max_blocks_per_seq;
-    size_t kb = fast_sgemm_b_floats(n, Dh), vb = fast_sgemm_b_floats(Dh, n), ab = fast_sgemm_a_floats(nq, n);
-    float *kk = cpu_scratch(c->be, thread, sizeof(float) * ((size_t)2 * n * Dh + (size_t)nq * n + kb + vb + ab));
+    size_t kb = fast_sgemm_b_floats(n, Dh), vb = fast_sgemm_b_floats(Dh, n);
+    float *kk = cpu_scratch(c->be, thread, sizeof(float) * task_floats(n, nq, Dh));
     float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh, *kpack = sc + (size_t)nq * n, *vpack = kpack + kb;
     float *apack = vpack + vb;
     for (int j = 0; j < n; j++) {
@@ -44,7 +54,7 @@ static void attn_task(void *ctx, int task, int thread) {
     }
     if (nq == 1) { // one query (decode): dot products and axpys, nothing to pack
         const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + kvh * hg * Dh; // the group's hg heads, adjacent
-        struct weight kw = {kk, DT_F32, n, Dh};
+        struct weight kw = {kk, WF_F32, n, Dh, NULL};
         k->mm_f32(sc, n, q, Dh, hg, &kw, 0, n); // sc [hg, n]
         for (int hh = 0; hh < hg; hh++) {
             float *r = sc + (int64_t)hh * n, mx = -FLT_MAX, sum = 0;

@@ -57,6 +57,32 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
     if (!k->to_bf16) k->to_bf16 = fast_kern_scalar.to_bf16;
 }
 
+int fast_reserve_shared(struct backend *be, int slot, size_t bytes, const char *what) {
+    struct cpu_impl *c = cpu_of(be);
+    if (c->shared_size[slot] >= bytes) return VLLM_OK;
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!p) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of CPU scratch for %s", bytes, what);
+    free(c->shared[slot]);
+    c->shared[slot] = p;
+    c->shared_size[slot] = bytes;
+    return VLLM_OK;
+}
+
+static int reserve_pack(struct backend *be, size_t floats, const char *what) {
+    struct cpu_impl *c = cpu_of(be);
+    size_t bytes = sizeof(float) * floats + 64;
+    for (int t = 0; t < be->num_threads; t++) {
+        if (c->pack_size[t] >= bytes) continue;
+        void *p = malloc(bytes);
+        if (!p) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of CPU scratch for %s", bytes, what);
+        free(c->pack[t]);
+        c->pack[t] = p;
+        c->pack_size[t] = bytes;
+    }
+    return VLLM_OK;
+}
+
+// Set at load (fast_supports); growing here is only a fallback.
 void *fast_shared(struct backend *be, int slot, size_t bytes) {
     struct cpu_impl *c = cpu_of(be);
     if (c->shared_size[slot] < bytes) {
@@ -114,71 +140,84 @@ void fast_sgemm_b(struct backend *be, int M, int N, int K, float alpha, const fl
 
 size_t fast_pk_bytes(int64_t rows, int64_t cols) { return sizeof(uint32_t) * pk_groups(rows) * pk_gstride(cols); }
 
-struct pack_ctx {
-    uint32_t *dst;
-    const float *src;
-    int64_t rows, cols;
-};
-
-// Group g of the packed layout (fast.h) from rows 64g.. of src.
-static void pack_group(void *ctx, int g, int thread) {
-    (void)thread;
-    struct pack_ctx *c = ctx;
-    int64_t kp2 = pk_kp(c->cols) / 2;
-    uint32_t *d = c->dst + g * pk_gstride(c->cols);
-    for (int j = 0; j < PKG; j++) {
-        int64_t r = (int64_t)g * PKG + j;
-        const float *s = c->src + r * c->cols;
-        for (int64_t q = 0; q < kp2; q++) {
-            uint32_t lo = 0, hi = 0;
-            if (r < c->rows) {
-                lo = f32_to_bf16(s[2 * q]);
-                if (2 * q + 1 < c->cols) hi = f32_to_bf16(s[2 * q + 1]);
-            }
-            d[q * PKG + j] = lo | hi << 16;
-        }
+int fast_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
+    memset(w, 0, sizeof *w);
+    (void)be;
+    size_t bytes = 0;
+    switch (fmt) {
+    case WF_F32: bytes = sizeof(float) * (size_t)rows * cols; break;
+    case WF_BF16: bytes = fast_pk_bytes(rows, cols); break;
+    case WF_F16:
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no float16 weights (use bfloat16 or float32)");
     }
-}
-
-void fast_pack_bf16(struct backend *be, uint32_t *dst, const float *src, int64_t rows, int64_t cols) {
-    struct pack_ctx c = {dst, src, rows, cols};
-    cpu_parallel(be, (int)pk_groups(rows), pack_group, &c);
-}
-
-static int alloc_weight(struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
-    size_t bytes = dt == DT_BF16 ? fast_pk_bytes(rows, cols) : sizeof(float) * (size_t)rows * cols;
     w->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
-    w->dtype = dt;
+    memset(w->data, 0, bytes); // pad rows and columns of the packed layout read as zeros
+    w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
     return VLLM_OK;
 }
 
-int fast_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                       enum dtype dt) {
-    TRY(alloc_weight(w, rows, cols, dt));
-    if (dt == DT_BF16) fast_pack_bf16(be, w->data, src, rows, cols);
-    else memcpy(w->data, src, sizeof(float) * (size_t)rows * cols);
-    return VLLM_OK;
+struct pack_ctx {
+    const struct weight *w;
+    int64_t row0, n, ld;
+    const void *src;
+    enum wfmt fmt;
+};
+
+// bf16 bits of element i of a source row
+static uint32_t bf16_bits(const void *row, enum wfmt f, int64_t i) {
+    switch (f) {
+    case WF_F32: return f32_to_bf16(((const float *)row)[i]);
+    case WF_BF16: return ((const uint16_t *)row)[i]; // checkpoint bytes as they are
+    case WF_F16: return f32_to_bf16(f16_to_f32(((const uint16_t *)row)[i]));
+    }
+    return 0;
+}
+
+// Source rows [64 t, 64 t + 64) of the upload into the panel layout (fast.h).
+static void pack_task(void *ctx, int t, int thread) {
+    (void)thread;
+    struct pack_ctx *c = ctx;
+    int64_t kp2 = pk_kp(c->w->cols) / 2, cols = c->w->cols, es = (int64_t)wfmt_size(c->fmt);
+    for (int64_t i = (int64_t)t * PKG; i < MIN(c->n, (int64_t)(t + 1) * PKG); i++) {
+        int64_t r = c->row0 + i;
+        const char *s = (const char *)c->src + i * c->ld * es;
+        uint32_t *d = (uint32_t *)pk_group(c->w, r / PKG) + r % PKG;
+        for (int64_t q = 0; q < kp2; q++) {
+            uint32_t lo = bf16_bits(s, c->fmt, 2 * q), hi = 2 * q + 1 < cols ? bf16_bits(s, c->fmt, 2 * q + 1) : 0;
+            d[q * PKG] = lo | hi << 16;
+        }
+    }
+}
+
+int fast_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
+                           enum wfmt src_fmt, int64_t ld) {
+    switch (w->fmt) {
+    case WF_F32: {
+        size_t es = wfmt_size(src_fmt);
+        for (int64_t r = 0; r < n; r++)
+            wfmt_convert(WF_F32, (float *)w->data + (row0 + r) * w->cols, src_fmt, (const char *)src + r * ld * es,
+                         w->cols);
+        return VLLM_OK;
+    }
+    case WF_BF16: {
+        struct pack_ctx c = {w, row0, n, ld, src, src_fmt};
+        cpu_parallel(be, (int)CDIV(n, PKG), pack_task, &c);
+        return VLLM_OK;
+    }
+    case WF_F16: break;
+    }
+    return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no %s weights", wfmt_name(w->fmt));
 }
 
 // The reference's values (the same xorshift64 stream), rounded to bf16 and
-// packed 64 rows at a time when dt is bf16.
-int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
-                       uint64_t seed, float std) {
-    (void)be;
-    TRY(alloc_weight(w, rows, cols, dt));
+// packed 64 rows at a time when the weight is bf16.
+int fast_weight_random(struct backend *be, struct weight *w, uint64_t seed, float std) {
+    int64_t rows = w->rows, cols = w->cols;
     float a = std * 1.7320508f * 0x1.0p-31f;
     uint64_t x = seed | 1;
-    if (dt == DT_F32) {
-        float *d = w->data;
-        for (int64_t i = 0; i < rows * cols; i++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            d[i] = a * (float)(int32_t)(x >> 32);
-        }
-        return VLLM_OK;
-    }
     float *tmp = xmalloc(sizeof(float) * PKG * cols);
     for (int64_t g = 0; g < pk_groups(rows); g++) {
         int64_t r0 = g * PKG, nr = MIN(PKG, rows - r0);
@@ -186,8 +225,11 @@ int fast_weight_random(struct backend *be, struct weight *w, int64_t rows, int64
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             tmp[i] = a * (float)(int32_t)(x >> 32);
         }
-        struct pack_ctx c = {(uint32_t *)w->data + g * pk_gstride(cols), tmp, nr, cols};
-        pack_group(&c, 0, 0);
+        int rc = fast_weight_upload_raw(be, w, r0, nr, tmp, WF_F32, cols);
+        if (rc) {
+            free(tmp);
+            return rc;
+        }
     }
     free(tmp);
     return VLLM_OK;
@@ -198,12 +240,15 @@ void fast_embed(struct backend *be, float *out, const struct weight *table, cons
     int64_t d = table->cols;
     for (int t = 0; t < n; t++) {
         float *o = out + (int64_t)t * d;
-        if (table->dtype == DT_F32) {
-            memcpy(o, (const float *)table->data + (int64_t)ids[t] * d, sizeof(float) * d);
-            continue;
+        switch (table->fmt) {
+        case WF_F32: memcpy(o, (const float *)table->data + (int64_t)ids[t] * d, sizeof(float) * d); break;
+        case WF_BF16: {
+            const uint32_t *v = pk_group(table, ids[t] / PKG) + ids[t] % PKG;
+            for (int64_t k = 0; k < d; k++) o[k] = bf16_to_f32((uint16_t)(v[k / 2 * PKG] >> (k % 2 * 16)));
+            break;
         }
-        const uint32_t *v = pk_group(table, ids[t] / PKG) + ids[t] % PKG;
-        for (int64_t k = 0; k < d; k++) o[k] = bf16_to_f32((uint16_t)(v[k / 2 * PKG] >> (k % 2 * 16)));
+        case WF_F16: break; // refused by fast_supports
+        }
     }
 }
 
@@ -217,18 +262,26 @@ void fast_embed(struct backend *be, float *out, const struct weight *table, cons
 // this CPU), else OpenBLAS sgemm, single-threaded on each task's columns.
 #define F32_KERNEL_MAX_ROWS 8
 
+// Columns per task of an fp32 sgemm (fast_matmul_cols).
+static int64_t sgemm_per(int64_t cols, int nt) { return MAX(32, CDIV(CDIV(cols, 4 * nt), 32) * 32); }
+
 int fast_use_dot(struct backend *be, const struct weight *w, int n) {
-    return w->dtype == DT_BF16 && fast_k(be)->mm_pk_dot && cpu_of(be)->bf16_dot && n >= DOT_MIN_ROWS;
+    return w->fmt == WF_BF16 && fast_k(be)->mm_pk_dot && cpu_of(be)->bf16_dot && n >= DOT_MIN_ROWS;
 }
 
 void fast_mm_serial(struct backend *be, int thread, float *y, int64_t ldy, const float *x, int64_t ldx,
                     const uint16_t *xb, int64_t ldxb, int n, const struct weight *w, int64_t c0, int64_t c1) {
     const struct fast_kern *k = fast_k(be);
     if (c0 >= c1 || n <= 0) return;
-    if (w->dtype == DT_BF16) {
+    switch (w->fmt) {
+    case WF_BF16:
         if (xb) k->mm_pk_dot(y, ldy, xb, ldxb, n, w, c0, c1);
         else k->mm_pk(y, ldy, x, ldx, n, w, c0, c1);
-    } else if (n <= F32_KERNEL_MAX_ROWS) {
+        return;
+    case WF_F32: break;
+    case WF_F16: return; // refused by fast_supports
+    }
+    if (n <= F32_KERNEL_MAX_ROWS) {
         k->mm_f32(y, ldy, x, ldx, n, w, c0, c1);
     } else if (k->sgemm_pack_b) { // the kernel set's sgemm on W^T, packed per call
         int K = (int)w->cols, nc = (int)(c1 - c0);
@@ -258,7 +311,12 @@ struct mm_ctx {
 static void mm_task(void *ctx, int i, int thread) {
     struct mm_ctx *c = ctx;
     int64_t a = c->c0 + i * c->per, b = MIN(c->c1, a + c->per);
-    fast_mm_serial(c->be, thread, c->y + (a - c->c0), c->ldy, c->x, c->ldx, c->xb, c->ldxb, c->n, c->w, a, b);
+    float *y = c->y + (a - c->c0);
+    fast_mm_serial(c->be, thread, y, c->ldy, c->x, c->ldx, c->xb, c->ldxb, c->n, c->w, a, b);
+    for (int r = 0; c->w->bias && r < c->n; r++) {
+        float *yr = y + (int64_t)r * c->ldy;
+        for (int64_t j = a; j < b; j++) yr[j - a] += c->w->bias[j];
+    }
 }
 
 struct cvt_ctx {
@@ -295,7 +353,7 @@ void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x,
     int nt = be->num_threads;
     struct mm_ctx c = {be, y, ldy, x, ldx, NULL, 0, n, w, c0, c1, 0};
     int64_t cols = c1 - c0, K = w->cols;
-    if (w->dtype == DT_BF16) {
+    if (w->fmt == WF_BF16) {
         if (fast_use_dot(be, w, n)) {
             c.xb = to_bf16_rows(be, 0, x, ldx, n, K);
             c.ldxb = pk_kp(K);
@@ -319,30 +377,89 @@ void fast_matmul_cols(struct backend *be, float *y, int64_t ldy, const float *x,
     } else if (n <= F32_KERNEL_MAX_ROWS) {
         c.per = MAX(16, CDIV(CDIV(cols, 4 * nt), 16) * 16);
     } else { // sgemm: whole 32-column panels, about 4 tasks per thread
-        c.per = MAX(32, CDIV(CDIV(cols, 4 * nt), 32) * 32);
+        c.per = sgemm_per(cols, nt);
     }
     cpu_parallel(be, (int)CDIV(cols, c.per), mm_task, &c);
+}
+
+static int matmul_reserve(struct backend *be, const struct weight *w, int n) {
+    int64_t K = w->cols;
+    size_t xb = sizeof(uint16_t) * (size_t)n * pk_kp(K), xp = sizeof(float) * (size_t)n * (K + 1);
+    TRY(fast_reserve_shared(be, 0, MAX(xb, xp), "matmul"));
+    if (w->fmt == WF_F32 && n > F32_KERNEL_MAX_ROWS && fast_k(be)->sgemm_pack_b)
+        TRY(reserve_pack(be, fast_sgemm_b_floats((int)MIN(w->rows, sgemm_per(w->rows, be->num_threads)), (int)K),
+                         "matmul"));
+    return VLLM_OK;
+}
+
+// What the reference needs (its ops are the fast path's fallbacks), then
+// the fast ops' own limits and scratch.
+int fast_supports(struct backend *be, const struct op_query *q) {
+    TRY(cpu_supports(be, q));
+    int n = MAX(q->max_tokens, 1);
+    switch (q->op) {
+    case OP_MATMUL:
+    case OP_EMBED:
+        if (q->w->fmt == WF_F16)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no float16 weights (use bfloat16 or float32)");
+        return q->op == OP_MATMUL ? matmul_reserve(be, q->w, n) : VLLM_OK;
+    case OP_ATTN:
+        TRY(fast_reserve_shared(be, 0, sizeof(int) * 2 * (size_t)n, "attention")); // tasks <= tokens
+        return cpu_reserve(be, fast_attn_scratch(q->attn, MAX(q->max_seq_len, 1)), "attention");
+    case OP_MAMBA:
+        if (q->mamba->conv_kernel > 8)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path's conv1d takes conv_kernel <= 8, not %d",
+                            q->mamba->conv_kernel);
+        return cpu_reserve(be, fast_ssd_scratch(q->mamba), "the SSD scan");
+    case OP_MOE_ROUTE: return VLLM_OK;
+    case OP_MOE_EXPERTS: {
+        const struct moe_experts *w = q->moe;
+        if (w->up.fmt == WF_F16 || w->down.fmt == WF_F16)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no float16 weights (use bfloat16 or float32)");
+        return fast_moe_reserve(be, w, n, q->route->top_k);
+    }
+    }
+    return VLLM_OK;
 }
 
 void fast_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     fast_matmul_cols(be, y, w->rows, x, w->cols, n, w, 0, w->rows);
 }
 
-struct relu2_ctx {
+struct act_ctx {
     const struct fast_kern *k;
-    float *x;
+    enum act kind;
+    float *out;
+    const float *x;
     int64_t n;
+    int inter; // act_mul: the gated width; 0: act in place
 };
-static void relu2_task(void *ctx, int i, int thread) {
+
+static void act_task(void *ctx, int i, int thread) {
     (void)thread;
-    struct relu2_ctx *c = ctx;
-    int64_t a = (int64_t)i * 16384;
-    c->k->relu2(c->x + a, MIN(16384, c->n - a));
+    struct act_ctx *c = ctx;
+    if (!c->inter) {
+        int64_t a = (int64_t)i * 16384;
+        fast_act_span(c->k, c->kind, c->out + a, MIN(16384, c->n - a));
+        return;
+    }
+    for (int64_t t = (int64_t)i * 16; t < MIN(c->n, (int64_t)i * 16 + 16); t++) { // rows: out = act(gate) * up
+        float *o = c->out + t * c->inter;
+        const float *g = c->x + t * 2 * c->inter;
+        memcpy(o, g, sizeof(float) * c->inter);
+        fast_act_span(c->k, c->kind, o, c->inter);
+        c->k->mul(o, g + c->inter, c->inter);
+    }
 }
 
-void fast_relu2(struct backend *be, float *x, int64_t n) {
-    struct relu2_ctx c = {fast_k(be), x, n};
-    cpu_parallel(be, (int)CDIV(n, 16384), relu2_task, &c);
+void fast_act(struct backend *be, enum act kind, float *x, int64_t n) {
+    struct act_ctx c = {fast_k(be), kind, x, x, n, 0};
+    cpu_parallel(be, (int)CDIV(n, 16384), act_task, &c);
+}
+
+void fast_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter) {
+    struct act_ctx c = {fast_k(be), kind, out, x, n, inter};
+    cpu_parallel(be, CDIV(n, 16), act_task, &c);
 }
 
 // rmsnorm rows (res += x first when res is given), 16 rows a task.
@@ -391,11 +508,10 @@ struct route_ctx {
 };
 
 static void route_task(void *ctx, int i, int thread) {
-    (void)thread;
     struct route_ctx *r = ctx;
-    int t0 = i * 32, nt = MIN(32, r->n - t0), k = r->c->top_k;
-    cpu_moe_route(r->be, r->ids + (int64_t)t0 * k, r->weights + (int64_t)t0 * k,
-                  r->logits + (int64_t)t0 * r->c->num_experts, r->bias, nt, r->c);
+    int t0 = i * 32, nt = MIN(32, r->n - t0), k = r->c->top_k, E = r->c->num_experts;
+    cpu_route_tokens(r->ids + (int64_t)t0 * k, r->weights + (int64_t)t0 * k, r->logits + (int64_t)t0 * E, r->bias, nt,
+                     r->c, cpu_scratch(r->be, thread, route_scratch_bytes(E)));
 }
 
 void fast_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,

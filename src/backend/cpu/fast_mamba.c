@@ -110,6 +110,15 @@ struct ssd_ctx {
     const struct mamba_dims *d;
 };
 
+// Bytes of one (sequence, group) task's scratch (ssd_prefill_task).
+size_t fast_ssd_scratch(const struct mamba_dims *d) {
+    size_t cs = d->chunk_size, N = d->state, P = d->head_dim, hg = d->heads / d->groups, W = hg * P, lx = W + 2 * N;
+    size_t need = 2 * cs * cs + 3 * cs * W + (2 * hg + 2) * cs + fast_sgemm_b_floats((int)cs, (int)N) +
+                  fast_sgemm_b_floats((int)W, (int)N) + fast_sgemm_b_floats((int)P, (int)cs) +
+                  fast_sgemm_b_floats((int)N, (int)cs) + fast_sgemm_a_floats((int)MAX(cs, W), (int)MAX(N, cs)) + cs * lx;
+    return sizeof(float) * need;
+}
+
 // One (sequence, group) of the chunked scan; its hg = H/G heads share B and
 // C. Per chunk of Lc tokens (chunks end at absolute multiples of chunk_size,
 // as in the reference), with a = cumsum(dt * A) inside the chunk:
@@ -132,9 +141,7 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
     size_t pb1 = fast_sgemm_b_floats(cs, N), pb2 = fast_sgemm_b_floats(W, N), pb3 = fast_sgemm_b_floats(P, cs);
     size_t pb4 = fast_sgemm_b_floats(N, cs), pa = fast_sgemm_a_floats(MAX(cs, W), MAX(N, cs));
     int lx = W + 2 * N; // a local row: the group's x | B | C
-    size_t need = (size_t)2 * cs * cs + (size_t)3 * cs * W + (size_t)(2 * hg + 2) * cs + pb1 + pb2 + pb3 + pb4 + pa +
-                  (size_t)cs * lx;
-    float *cb = cpu_scratch(c->be, thread, sizeof(float) * need), *mh = cb + cs * cs, *yoff = mh + cs * cs;
+    float *cb = cpu_scratch(c->be, thread, fast_ssd_scratch(d)), *mh = cb + cs * cs, *yoff = mh + cs * cs;
     float *yd = yoff + cs * W, *xs = yd + cs * W, *dt = xs + cs * W, *acum = dt + hg * cs, *tmp = acum + hg * cs;
     float *ein = tmp + cs, *sp1 = ein + cs, *sp2 = sp1 + pb1, *sp3 = sp2 + pb2, *sp4 = sp3 + pb3, *apack = sp4 + pb4;
     float *loc = apack + pa;

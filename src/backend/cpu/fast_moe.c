@@ -1,7 +1,9 @@
 // fast_moe.c - routed experts of the fast path. Only the selected experts'
 // weights are read, each once per call for all of its tokens:
 //   1. bucket the (token, slot) assignments by expert, gather their inputs;
-//   2. up: tasks over (expert, block of I), h = relu(x_e up_e^T)^2;
+//   2. up: tasks over (expert, block of I), h = act(x_e up_e^T), or for
+//      gated experts h = act(x_e gate_e^T) * (x_e up_e^T) (the gate block and
+//      the matching up block in one task);
 //   3. down, few rows (decode): tasks over blocks of L output columns; each
 //      walks the experts in ascending order and adds weight * h_e down_e^T
 //      into its columns of out;
@@ -37,19 +39,26 @@ struct moe_ctx {
 static void up_task(void *ctx, int task, int thread) {
     struct moe_ctx *c = ctx;
     const struct moe_experts *w = c->w;
-    int e = c->act[task / c->up_blocks], I = w->inter, r0 = c->off[e], m = c->cnt[e];
-    int64_t a = (int64_t)(task % c->up_blocks) * c->up_per, b = MIN(I, a + c->up_per);
+    int e = c->act[task / c->up_blocks], I = w->inter, r0 = c->off[e], m = c->cnt[e], U = w->gated ? 2 * I : I;
+    int64_t a = (int64_t)(task % c->up_blocks) * c->up_per, b = MIN(I, a + c->up_per), nc = b - a;
     if (a >= b) return;
     int dot = fast_use_dot(c->be, &w->up, m);
     float *h = c->h + (int64_t)r0 * c->ldh + a;
-    fast_mm_serial(c->be, thread, h, c->ldh, c->xs + (int64_t)r0 * c->ldx, c->ldx,
-                   dot ? c->xsb + (int64_t)r0 * c->ldxb : NULL, c->ldxb, m, &w->up, (int64_t)e * I + a,
-                   (int64_t)e * I + b);
+    const float *xs = c->xs + (int64_t)r0 * c->ldx;
+    const uint16_t *xb = dot ? c->xsb + (int64_t)r0 * c->ldxb : NULL;
+    fast_mm_serial(c->be, thread, h, c->ldh, xs, c->ldx, xb, c->ldxb, m, &w->up, (int64_t)e * U + a, (int64_t)e * U + b);
+    float *u = NULL;
+    if (w->gated) { // the up rows of the same block: [m, nc]
+        u = cpu_scratch(c->be, thread, sizeof(float) * (size_t)m * nc);
+        fast_mm_serial(c->be, thread, u, nc, xs, c->ldx, xb, c->ldxb, m, &w->up, (int64_t)e * U + I + a,
+                       (int64_t)e * U + I + b);
+    }
     const struct fast_kern *k = fast_k(c->be);
     for (int r = 0; r < m; r++) {
         float *hr = h + (int64_t)r * c->ldh;
-        k->relu2(hr, b - a);
-        if (c->hb && fast_use_dot(c->be, &w->down, m)) k->to_bf16(c->hb + (int64_t)(r0 + r) * c->ldhb + a, hr, b - a);
+        fast_act_span(k, w->act, hr, nc);
+        if (u) k->mul(hr, u + (int64_t)r * nc, nc);
+        if (c->hb && fast_use_dot(c->be, &w->down, m)) k->to_bf16(c->hb + (int64_t)(r0 + r) * c->ldhb + a, hr, nc);
     }
 }
 
@@ -135,6 +144,22 @@ static int64_t group_block(int64_t cols, int tasks_wanted) {
     return MAX(1, CDIV(CDIV(cols, PKG), MAX(tasks_wanted, 1))) * PKG;
 }
 
+// Below this many assignments the down phase runs over L blocks into out
+// (few rows), else over (expert, L block) into a row per assignment.
+#define MANY_ROWS 64
+
+int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_tokens, int top_k) {
+    size_t A = (size_t)max_tokens * top_k, E = w->num_experts, L = w->dim, I = w->inter;
+    size_t ldx = pk_kp(L), ldh = pk_kp(I);
+    size_t need[4] = {0, sizeof(int) * (3 * E + 3 * A), (sizeof(float) + sizeof(uint16_t)) * A * (ldx + ldh),
+                      sizeof(float) * A * L};
+    for (int s = 1; s < 4; s++) TRY(fast_reserve_shared(be, s, need[s], "the MoE experts"));
+    // per thread: a gated task's up block [m, up_per] (up_per <= I rounded
+    // to a group), or the few-rows down block [m, L]
+    size_t per = MAX(A * (I + PKG) * (w->gated ? 1 : 0), (size_t)MANY_ROWS * L);
+    return cpu_reserve(be, sizeof(float) * per, "the MoE experts");
+}
+
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, A = n * top_k, nt = be->num_threads;
@@ -166,7 +191,7 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
     float *xs = fast_shared(be, 2, sizeof(float) * fl + sizeof(uint16_t) * bl), *h = xs + (size_t)A * ldx;
     uint16_t *xsb = any_dot ? (uint16_t *)(h + (size_t)A * ldh) : NULL, *hb = any_dot ? xsb + (size_t)A * ldx : NULL;
     // many rows: top_k rows per token of down output (combined in a last phase)
-    int many = top_k <= 64 && A >= 64;
+    int many = top_k <= 64 && A >= MANY_ROWS;
     float *ys = many ? fast_shared(be, 3, sizeof(float) * (size_t)A * L) : NULL;
     struct moe_ctx c = {be, out, w, weights, n, top_k, nact, act, off, cnt, tok, slot, row_of, ids, ys, 1, xs, h, xsb, hb,
                         ldx, ldh, ldx, ldh, 1, 0, 0};

@@ -17,23 +17,39 @@ extern "C" {
         }                                                                                                 \
     } while (0)
 
-void *cuda_scratch(struct backend *be, size_t bytes) {
+// Grows the scratch to at least `bytes` (a quarter more, so that small
+// growth does not repeat); VLLM_ERR_OUT_OF_MEMORY when the device has no room.
+static int scratch_grow(struct backend *be, size_t bytes) {
     cuda_impl *c = cu(be);
-    if (c->scratch_bytes < bytes) {
-        cudaStreamCaptureStatus cs;
-        CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
-        if (cs != cudaStreamCaptureStatusNone) {
-            fprintf(stderr, "vllm: internal error: scratch grows while a graph is recorded\n");
-            abort();
-        }
-        CUDA_CHECK(cudaStreamSynchronize(c->stream)); // nothing queued may still use the old buffer
-        be->graph_epoch++; // recorded graphs point at the old buffer
-        if (c->scratch) CUDA_CHECK(cudaFree(c->scratch));
-        size_t n = bytes + bytes / 4 + (1 << 20);
-        CUDA_CHECK(cudaMalloc(&c->scratch, n));
-        c->scratch_bytes = n;
+    if (c->scratch_bytes >= bytes) return VLLM_OK;
+    cudaStreamCaptureStatus cs;
+    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {
+        fprintf(stderr, "vllm: internal error: scratch grows while a graph is recorded\n");
+        abort();
     }
-    return c->scratch;
+    CUDA_CHECK(cudaStreamSynchronize(c->stream)); // nothing queued may still use the old buffer
+    be->graph_epoch++; // recorded graphs point at the old buffer
+    if (c->scratch) CUDA_CHECK(cudaFree(c->scratch));
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    size_t n = bytes + bytes / 4 + (1 << 20);
+    if (cudaMalloc(&c->scratch, n) != cudaSuccess) {
+        cudaGetLastError();
+        c->scratch = NULL;
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU scratch", n);
+    }
+    c->scratch_bytes = n;
+    return VLLM_OK;
+}
+
+// Sized at load by cu_supports: growing here is only a fallback.
+void *cuda_scratch(struct backend *be, size_t bytes) {
+    if (scratch_grow(be, bytes)) {
+        fprintf(stderr, "vllm: %s\n", vllm_last_error());
+        abort();
+    }
+    return cu(be)->scratch;
 }
 
 static void cu_destroy(struct backend *be) {
@@ -84,41 +100,38 @@ static void cu_download(struct backend *be, void *dst, const void *src, size_t n
     CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream));
 }
 
-static void cu_memset0(struct backend *be, void *dst, size_t n) {
-    if (n) CUDA_CHECK(cudaMemsetAsync(dst, 0, n, cu(be)->stream));
-}
-
 static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream)); }
 
-static int alloc_weight(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt) {
-    size_t bytes = (size_t)rows * cols * dtype_size(dt);
+static int cu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
+    memset(w, 0, sizeof *w);
+    size_t bytes = (size_t)rows * cols * wfmt_size(fmt);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
-    w->dtype = dt;
+    w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
     return VLLM_OK;
 }
 
-static int cu_weight_upload(struct backend *be, struct weight *w, const float *src, int64_t rows, int64_t cols,
-                            enum dtype dt) {
-    size_t n = (size_t)rows * cols, bytes = n * dtype_size(dt);
-    TRY(alloc_weight(be, w, rows, cols, dt));
-    // On our stream, after the zeroing memset that cu_alloc queued there (a plain
-    // cudaMemcpy runs on the legacy stream, which does not wait for ours).
-    cudaStream_t s = cu(be)->stream;
-    if (dt == DT_F32) {
-        CUDA_CHECK(cudaMemcpyAsync(w->data, src, bytes, cudaMemcpyHostToDevice, s));
+// Rows as they are when the formats match (one 2D copy straight from the
+// checkpoint's mapping), else converted on the host in slabs of rows.
+static int cu_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
+                                enum wfmt src_fmt, int64_t ld) {
+    cudaStream_t s = cu(be)->stream; // after the zeroing memset cu_alloc queued here
+    size_t es = wfmt_size(w->fmt), ss = wfmt_size(src_fmt), row = (size_t)w->cols * es;
+    char *dst = (char *)w->data + (size_t)row0 * row;
+    if (src_fmt == w->fmt) {
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, row, src, (size_t)ld * ss, row, (size_t)n, cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
         return VLLM_OK;
     }
-    // bf16: convert on the host in slabs, round to nearest even
-    const size_t slab = 1 << 22;
-    std::vector<uint16_t> tmp(slab < n ? slab : n);
-    for (size_t i = 0; i < n; i += slab) {
-        size_t m = n - i < slab ? n - i : slab;
-        for (size_t k = 0; k < m; k++) tmp[k] = f32_to_bf16(src[i + k]);
-        CUDA_CHECK(cudaMemcpyAsync((uint16_t *)w->data + i, tmp.data(), m * 2, cudaMemcpyHostToDevice, s));
+    int64_t slab = MAX(1, ((int64_t)16 << 20) / (int64_t)row);
+    std::vector<char> tmp((size_t)MIN(slab, n) * row);
+    for (int64_t r = 0; r < n; r += slab) {
+        int64_t m = MIN(slab, n - r);
+        for (int64_t i = 0; i < m; i++)
+            wfmt_convert(w->fmt, tmp.data() + i * row, src_fmt, (const char *)src + (size_t)(r + i) * ld * ss, w->cols);
+        CUDA_CHECK(cudaMemcpyAsync(dst + (size_t)r * row, tmp.data(), (size_t)m * row, cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s)); // tmp is reused by the next slab
     }
     return VLLM_OK;
@@ -134,18 +147,18 @@ __global__ void k_random(T *w, size_t n, uint64_t seed, float std) {
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         z ^= z >> 31;
-        float v = a * (float)(int32_t)(z >> 32);
-        if constexpr (sizeof(T) == 2) w[i] = __float2bfloat16(v);
-        else w[i] = v;
+        w[i] = (T)(a * (float)(int32_t)(z >> 32));
     }
 }
 
-static int cu_weight_random(struct backend *be, struct weight *w, int64_t rows, int64_t cols, enum dtype dt,
-                            uint64_t seed, float std) {
-    size_t n = (size_t)rows * cols;
-    TRY(alloc_weight(be, w, rows, cols, dt));
-    if (dt == DT_BF16) k_random<<<4096, 256, 0, cu(be)->stream>>>((__nv_bfloat16 *)w->data, n, seed, std);
-    else k_random<<<4096, 256, 0, cu(be)->stream>>>((float *)w->data, n, seed, std);
+static int cu_weight_random(struct backend *be, struct weight *w, uint64_t seed, float std) {
+    size_t n = (size_t)w->rows * w->cols;
+    cudaStream_t s = cu(be)->stream;
+    switch (w->fmt) {
+    case WF_F32: k_random<<<4096, 256, 0, s>>>((float *)w->data, n, seed, std); break;
+    case WF_BF16: k_random<<<4096, 256, 0, s>>>((__nv_bfloat16 *)w->data, n, seed, std); break;
+    case WF_F16: k_random<<<4096, 256, 0, s>>>((__half *)w->data, n, seed, std); break;
+    }
     LAUNCH_CHECK();
     return VLLM_OK;
 }
@@ -171,9 +184,12 @@ __global__ void k_embed(float *out, const T *table, const int32_t *ids, int d) {
 static void cu_embed(struct backend *be, float *out, const struct weight *table, const int32_t *ids, int n) {
     if (n <= 0) return;
     int d = (int)table->cols;
-    if (table->dtype == DT_BF16)
-        k_embed<<<n, 256, 0, cu(be)->stream>>>(out, (const __nv_bfloat16 *)table->data, ids, d);
-    else k_embed<<<n, 256, 0, cu(be)->stream>>>(out, (const float *)table->data, ids, d);
+    cudaStream_t s = cu(be)->stream;
+    switch (table->fmt) {
+    case WF_F32: k_embed<<<n, 256, 0, s>>>(out, (const float *)table->data, ids, d); break;
+    case WF_BF16: k_embed<<<n, 256, 0, s>>>(out, (const __nv_bfloat16 *)table->data, ids, d); break;
+    case WF_F16: k_embed<<<n, 256, 0, s>>>(out, (const __half *)table->data, ids, d); break;
+    }
     LAUNCH_CHECK();
 }
 
@@ -205,22 +221,31 @@ static void cu_add_rmsnorm(struct backend *be, float *res, const float *x, float
     LAUNCH_CHECK();
 }
 
-__global__ void k_to_bf16(__nv_bfloat16 *y, const float *x, int64_t n) {
+// x rounded to the weight's 16-bit type: the input of a 16-bit GEMM
+template <typename T>
+__global__ void k_to_16(T *y, const float *x, int64_t n) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) y[i] = __float2bfloat16(x[i]);
+    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) y[i] = (T)x[i];
 }
 
-// Decode-sized products (n <= 8 rows) with bf16 weights: each warp streams
+__device__ __forceinline__ float2 pair_f32(const __nv_bfloat162 &h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 pair_f32(const __half2 &h) { return __half22float2(h); }
+template <typename T> struct pair_of;
+template <> struct pair_of<__nv_bfloat16> { typedef __nv_bfloat162 type; };
+template <> struct pair_of<__half> { typedef __half2 type; };
+
+// Decode-sized products (n <= 4 rows) with 16-bit weights: each warp streams
 // one weight row once, 16 bytes per lane per load, and applies it to every
-// row of x (rounded to bf16 as the GEMM path rounds it), accumulating fp32.
+// row of x (rounded to T as the GEMM path rounds it), accumulating fp32.
 // cuBLAS reaches a fraction of the bandwidth on these skinny shapes.
 #define GEMV_ROWS 4 // weight rows per block: each x value loaded serves 4 rows
 
 // A block owns GEMV_ROWS weight rows; its 8 warps split K between them and
 // reduce through shared memory in a fixed order (deterministic), so even
 // 4096-row matrices give the GPU thousands of warps to keep loads in flight.
-template <int NB>
-__global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, const __nv_bfloat16 *w, int N, int K) {
+template <typename T, int NB>
+__global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const T *w, int N, int K) {
+    typedef typename pair_of<T>::type T2;
     __shared__ float red[8][GEMV_ROWS][NB];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * GEMV_ROWS;
     const uint4 *wr[GEMV_ROWS];
@@ -241,13 +266,13 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, con
             float4 x0 = xp[0], x1 = xp[1];
             float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-            for (int i = 0; i < 8; i++) xs[i] = __bfloat162float(__float2bfloat16(xs[i])); // as the GEMM path rounds x
+            for (int i = 0; i < 8; i++) xs[i] = (float)(T)xs[i]; // as the GEMM path rounds x
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++) {
-                const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u[r];
+                const T2 *h = (const T2 *)&u[r];
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    float2 f = __bfloat1622float2(h[i]);
+                    float2 f = pair_f32(h[i]);
                     acc[r][b] += f.x * xs[2 * i] + f.y * xs[2 * i + 1];
                 }
             }
@@ -269,35 +294,40 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const float *x, con
     }
 }
 
-static bool gemv_bf16(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
-    int N = (int)w->rows, K = (int)w->cols;
-    if (n > 4 || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)w->data & 15)) return false;
+template <typename T>
+static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, int N, int K, int n) {
     dim3 g(cdiv(N, GEMV_ROWS));
-    cudaStream_t s = cu(be)->stream;
-    const __nv_bfloat16 *W = (const __nv_bfloat16 *)w->data;
     switch (n) {
-    case 1: k_gemv_bf16<1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 2: k_gemv_bf16<2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 3: k_gemv_bf16<3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    default: k_gemv_bf16<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 1: k_gemv16<T, 1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 2: k_gemv16<T, 2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 3: k_gemv16<T, 3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    default: k_gemv16<T, 4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
     }
     LAUNCH_CHECK();
-    return true;
+}
+
+static cudaDataType_t cuda_type(enum wfmt f) {
+    switch (f) {
+    case WF_F32: return CUDA_R_32F;
+    case WF_BF16: return CUDA_R_16BF;
+    case WF_F16: return CUDA_R_16F;
+    }
+    return CUDA_R_32F;
 }
 
 // The cuBLASLt plan (descriptors + the heuristic's algorithm) of a shape,
 // made once. Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N,
-// transposed; bf16 or fp32 inputs, fp32 output and accumulation (no TF32).
-static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum dtype dt) {
+// transposed; 16-bit or fp32 inputs, fp32 output and accumulation (no TF32).
+static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum wfmt fmt) {
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
-        if (p->N == N && p->K == K && p->n == n && p->dt == (int)dt) return p;
+        if (p->N == N && p->K == K && p->n == n && p->fmt == (int)fmt) return p;
     }
     if (c->num_plans == LT_PLANS) return NULL; // many shapes: cublasGemmEx serves the rest
     struct lt_plan *p = &c->plans[c->num_plans++];
     memset(p, 0, sizeof *p);
-    p->N = N, p->K = K, p->n = n, p->dt = dt;
-    cudaDataType_t in = dt == DT_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    p->N = N, p->K = K, p->n = n, p->fmt = fmt;
+    cudaDataType_t in = cuda_type(fmt);
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
@@ -319,34 +349,55 @@ static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum dtype
     return p;
 }
 
-// y: [n, N] = x: [n, K] @ W[N, K]^T. cuBLAS is column-major: it computes
-// Y^T (N x n) = op(W) (N x K) * X^T (K x n) with W seen as K x N, transposed.
-static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
-    if (n <= 0) return;
+// y: [n, N] = x: [n, K] @ W[N, K]^T through cuBLAS(Lt): fp32 as it is, 16-bit
+// with x rounded to the weight's type first.
+static void blas_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cuda_impl *c = cu(be);
     int N = (int)w->rows, K = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
-    struct lt_plan *p = lt_plan_for(c, N, K, n, w->dtype);
-    if (w->dtype == DT_F32) {
-        if (p && p->ok &&
-            cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, x, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
-                           c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS)
-            return;
-        CUBLAS_CHECK(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, (const float *)w->data, K, x, K,
-                                 &zero, y, N));
-        return;
-    }
-    if (gemv_bf16(be, y, x, w, n)) return;
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)cuda_scratch(be, (size_t)n * K * 2);
+    struct lt_plan *p = lt_plan_for(c, N, K, n, w->fmt);
+    const void *xin = x;
     int64_t nk = (int64_t)n * K;
-    k_to_bf16<<<(int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536), 256, 0, c->stream>>>(xb, x, nk);
+    int grid = (int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536);
+    switch (w->fmt) {
+    case WF_F32: break;
+    case WF_BF16:
+        xin = cuda_scratch(be, (size_t)nk * 2);
+        k_to_16<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)xin, x, nk);
+        break;
+    case WF_F16:
+        xin = cuda_scratch(be, (size_t)nk * 2);
+        k_to_16<<<grid, 256, 0, c->stream>>>((__half *)xin, x, nk);
+        break;
+    }
     LAUNCH_CHECK();
     if (p && p->ok &&
-        cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, xb, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
+        cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, xin, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, c->blas_ws,
                        c->blas_ws_bytes, c->stream) == CUBLAS_STATUS_SUCCESS)
         return;
-    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, w->data, CUDA_R_16BF, K, xb,
-                              CUDA_R_16BF, K, &zero, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cudaDataType_t t = cuda_type(w->fmt);
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, n, K, &one, w->data, t, K, xin, t, K, &zero, y,
+                              CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+__global__ void k_bias(float *y, const float *b, int64_t n, int N) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * N; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += b[i % N];
+}
+
+static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+    if (n <= 0) return;
+    int N = (int)w->rows, K = (int)w->cols;
+    bool gemv = n <= 4 && K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+    cudaStream_t s = cu(be)->stream;
+    if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, N, K, n);
+    else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, N, K, n);
+    else blas_matmul(be, y, x, w, n);
+    if (w->bias) {
+        int64_t m = (int64_t)n * N;
+        k_bias<<<(int)(m < 4096LL * 256 ? cdiv(m, 256) : 4096), 256, 0, s>>>(y, w->bias, n, N);
+        LAUNCH_CHECK();
+    }
 }
 
 __global__ void k_gather_rows(float *out, const float *x, const int32_t *rows, int d) {
@@ -365,10 +416,17 @@ __global__ void k_add(float *y, const float *x, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
-__global__ void k_relu2(float *x, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float v = x[i];
-        x[i] = v > 0 ? v * v : 0.0f;
+__global__ void k_act(enum act kind, float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = act_dev(kind, x[i]);
+}
+
+// out [n, I] = act(x[:, :I]) * x[:, I:], x [n, 2I]
+__global__ void k_act_mul(enum act kind, float *out, const float *x, int64_t n, int I) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * I; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / I, j = i % I;
+        const float *g = x + t * 2 * I;
+        out[i] = act_dev(kind, g[j]) * g[I + j];
     }
 }
 
@@ -380,9 +438,15 @@ static void cu_add(struct backend *be, float *y, const float *x, int64_t n) {
     LAUNCH_CHECK();
 }
 
-static void cu_relu2(struct backend *be, float *x, int64_t n) {
+static void cu_act(struct backend *be, enum act kind, float *x, int64_t n) {
     if (n <= 0) return;
-    k_relu2<<<grid_for(n), 256, 0, cu(be)->stream>>>(x, n);
+    k_act<<<grid_for(n), 256, 0, cu(be)->stream>>>(kind, x, n);
+    LAUNCH_CHECK();
+}
+
+static void cu_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter) {
+    if (n <= 0) return;
+    k_act_mul<<<grid_for((int64_t)n * inter), 256, 0, cu(be)->stream>>>(kind, out, x, n, inter);
     LAUNCH_CHECK();
 }
 
@@ -459,6 +523,54 @@ static void cu_graph_free(struct backend *be, void *graph) {
 
 static void cu_bind(struct backend *be) { CUDA_CHECK(cudaSetDevice(cu(be)->device)); }
 
+// The kernels' limits, and the scratch the ops need at the query's sizes
+// (grown now, so that no step grows it).
+static int cu_supports(struct backend *be, const struct op_query *q) {
+    const char *why = NULL;
+    char buf[160];
+    size_t T = (size_t)MAX(q->max_tokens, 1), S = (size_t)MAX(q->max_seq_len, 1), need = 0;
+    switch (q->op) {
+    case OP_MATMUL: need = T * q->w->cols * 2; break; // x rounded to 16 bits
+    case OP_EMBED: break;                            // fp32, bf16 and fp16 weights
+    case OP_ATTN: {
+        const struct attn_dims *d = q->attn;
+        if (d->head_dim > CUDA_MAX_HEAD_DIM)
+            snprintf(buf, sizeof buf, "attention: head_dim %d > %d", d->head_dim, CUDA_MAX_HEAD_DIM), why = buf;
+        size_t part = sizeof(float) * d->heads * (d->head_dim + 2); // split-KV partials of one token
+        need = MAX(T * cdiv(S, 512), MIN(T, 4096) * cdiv(S, 64)) * part;
+        break;
+    }
+    case OP_MAMBA: {
+        const struct mamba_dims *d = q->mamba;
+        if (d->conv_kernel < CUDA_CONV_KMIN || d->conv_kernel > CUDA_CONV_KMAX)
+            snprintf(buf, sizeof buf, "Mamba2: conv_kernel %d outside [%d, %d]", d->conv_kernel, CUDA_CONV_KMIN,
+                     CUDA_CONV_KMAX), why = buf;
+        else if (d->state > CUDA_MAX_STATE)
+            snprintf(buf, sizeof buf, "Mamba2: ssm_state_size %d > %d", d->state, CUDA_MAX_STATE), why = buf;
+        break;
+    }
+    case OP_MOE_ROUTE: {
+        const struct moe_route_cfg *r = q->route;
+        if (r->num_experts > CUDA_MAX_EXPERTS || r->top_k > CUDA_MAX_TOPK || r->n_group > CUDA_MAX_GROUPS ||
+            r->num_experts % MAX(r->n_group, 1))
+            snprintf(buf, sizeof buf, "MoE router: %d experts in %d groups, top-%d (at most %d experts, %d groups, "
+                     "top-%d)", r->num_experts, r->n_group, r->top_k, CUDA_MAX_EXPERTS, CUDA_MAX_GROUPS, CUDA_MAX_TOPK),
+                why = buf;
+        break;
+    }
+    case OP_MOE_EXPERTS: {
+        const struct moe_experts *w = q->moe;
+        if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
+            snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
+        size_t nk = T * q->route->top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
+        need = 4 * ((size_t)(w->num_experts + 1) + 2 * nk) + 256 + 4 * nk * (U + w->inter + w->dim);
+        break;
+    }
+    }
+    if (why) return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend cannot run %s", why);
+    return scratch_grow(be, need); // now: no step grows it (nor a graph's recording)
+}
+
 static struct backend_ops cuda_ops;
 
 static void init_ops(void) {
@@ -469,7 +581,6 @@ static void init_ops(void) {
     o->free = cu_free;
     o->upload = cu_upload;
     o->download = cu_download;
-    o->memset0 = cu_memset0;
     o->sync = cu_sync;
     o->host_alloc = cu_host_alloc;
     o->host_free = cu_host_free;
@@ -480,7 +591,9 @@ static void init_ops(void) {
     o->graph_end = cu_graph_end;
     o->graph_launch = cu_graph_launch;
     o->graph_free = cu_graph_free;
-    o->weight_upload = cu_weight_upload;
+    o->supports = cu_supports;
+    o->weight_alloc = cu_weight_alloc;
+    o->weight_upload_raw = cu_weight_upload_raw;
     o->weight_random = cu_weight_random;
     o->gather_ids = cu_gather_ids;
     o->embed = cu_embed;
@@ -489,7 +602,8 @@ static void init_ops(void) {
     o->matmul = cu_matmul;
     o->gather_rows = cu_gather_rows;
     o->add = cu_add;
-    o->relu2 = cu_relu2;
+    o->act = cu_act;
+    o->act_mul = cu_act_mul;
     o->sum_sq = cu_sum_sq;
     o->conv1d_fwd = cuda_conv1d_fwd;
     o->conv1d_update = cuda_conv1d_update;
@@ -510,6 +624,8 @@ static void init_ops(void) {
 }
 
 extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
+    if (kv_dtype == DT_F16)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend keeps the KV cache in float32 or bfloat16, not float16");
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -18,7 +19,7 @@ extern "C" {
 
 // A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T.
 struct lt_plan {
-    int N, K, n, dt; // key (dt: enum dtype of W)
+    int N, K, n, fmt; // key (fmt: enum wfmt of W)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -41,7 +42,6 @@ struct cuda_impl {
     // scratch (grown on demand, device)
     void *scratch;
     size_t scratch_bytes;
-    int *error_flag; // device: set by kernels on bad input
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
 };
 
@@ -67,10 +67,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 // Block-wide sum; every thread gets the result. blockDim.x multiple of 32, <= 1024.
 __device__ __forceinline__ float block_sum(float v, float *red /* >= 32 floats shared */) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -85,8 +81,26 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x));
 __device__ __forceinline__ float softplus_th(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float load_f(const float *p) { return *p; }
 __device__ __forceinline__ float load_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float load_f(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ float act_dev(enum act k, float x) {
+    switch (k) {
+    case ACT_RELU2: return x > 0 ? x * x : 0.0f;
+    case ACT_SILU: return silu_f(x);
+    case ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    }
+    return x;
+}
 
 static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
+
+// Load-time limits of the kernels (supports() in cuda_backend.cu).
+#define CUDA_MAX_EXPERTS 1024
+#define CUDA_MAX_TOPK 16
+#define CUDA_MAX_GROUPS 64
+#define CUDA_MAX_HEAD_DIM 256
+#define CUDA_MAX_STATE 256
+#define CUDA_CONV_KMIN 2
+#define CUDA_CONV_KMAX 6
 
 // ops in cuda_mamba.cu, cuda_attn.cu, cuda_moe.cu, cuda_sample.cu
 void cuda_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,

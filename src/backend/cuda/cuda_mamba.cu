@@ -56,9 +56,7 @@ static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *
     case 4: CONV(4); break;
     case 5: CONV(5); break;
     case 6: CONV(6); break;
-    default:
-        fprintf(stderr, "vllm: conv kernel size %d is not built for CUDA (2..6)\n", d->conv_kernel);
-        abort();
+    default: break; // 2..6, checked at load (cu_supports)
     }
 #undef CONV
     LAUNCH_CHECK();
@@ -310,7 +308,7 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
 // One block per (decode sequence, head): the state [P, N] is read and
 // written once, in place. A warp owns two rows at a time; lanes cover n
 // (coalesced 128-byte rows), and all of a row's loads are issued before use.
-#define SSD_NMAX 8 // N <= 256
+#define SSD_NMAX (CUDA_MAX_STATE / 32) // N <= 256, checked at load
 __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int P = a.P, N = a.N, g = h / (a.H / a.G), nq = (N + 31) / 32;
@@ -360,10 +358,6 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
 void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
     if (b->num_decodes <= 0) return;
-    if (d->state > 32 * SSD_NMAX) {
-        fprintf(stderr, "vllm: SSM state size %d > %d is not built for CUDA\n", d->state, 32 * SSD_NMAX);
-        abort();
-    }
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   b->has_initial_state, 0, d->dt_min, d->dt_max};

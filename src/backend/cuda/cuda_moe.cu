@@ -1,10 +1,11 @@
-// cuda_moe.cu - NemotronH MoE on the GPU: the fp32 router (sigmoid +
-// correction bias, grouped top-k), tokens permuted by expert, per-expert
-// up / relu^2 / down over each expert's token segment, and the weighted
-// combine in expert order (the order of the CPU reference).
+// cuda_moe.cu - MoE on the GPU: the fp32 router (sigmoid + correction bias
+// with grouped top-k, or softmax top-k), tokens permuted by expert,
+// per-expert up / activation (gated or not) / down over each expert's token
+// segment, and the weighted combine in expert order (the order of the CPU
+// reference).
 #include "backend/cuda/cuda_common.cuh"
 
-#define MAX_EXPERTS 1024
+#define MAX_EXPERTS CUDA_MAX_EXPERTS
 
 // One warp per token. Lanes hold experts e = lane + 32 q; group scores
 // and the top-k are warp reductions; ties go to the lower index, as in the
@@ -97,14 +98,63 @@ __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, c
         }
 }
 
+// Softmax top-k, one warp per token: probabilities as the reference (max
+// subtracted, expf, divided by the sum), top-k by warp arg-max, ties to the
+// lower index.
+__global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, int n, moe_route_cfg c) {
+    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (t >= n) return;
+    int E = c.num_experts, nq = (E + 31) / 32;
+    const float *l = logits + (int64_t)t * E;
+    float p[ROUTE_Q], mx = -INFINITY, sum = 0;
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        int e = lane + 32 * q;
+        p[q] = q < nq && e < E ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[q]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        p[q] = p[q] == -INFINITY ? 0.0f : expf(p[q] - mx);
+        sum += p[q];
+    }
+    sum = warp_sum(sum);
+    bool taken[ROUTE_Q];
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) p[q] /= sum, taken[q] = lane + 32 * q >= E;
+    int32_t *id = ids + (int64_t)t * c.top_k;
+    float *w = weights + (int64_t)t * c.top_k, tot = 0;
+    for (int j = 0; j < c.top_k; j++) {
+        float v = -INFINITY;
+        int ie = 0x7fffffff;
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++) {
+            int e = lane + 32 * q;
+            if (!taken[q] && (p[q] > v || (p[q] == v && e < ie))) v = p[q], ie = e;
+        }
+        warp_best(v, ie);
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++)
+            if (lane + 32 * q == ie) taken[q] = true;
+        if (lane == 0) id[j] = ie, w[j] = v;
+        tot += v;
+    }
+    if (lane == 0)
+        for (int j = 0; j < c.top_k; j++) {
+            if (c.norm_topk_prob) w[j] /= tot;
+            w[j] *= c.routed_scaling_factor;
+        }
+}
+
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c) {
-    if (n <= 0) return;
-    if (c->n_group > 64 || c->num_experts > MAX_EXPERTS || c->num_experts % c->n_group) {
-        fprintf(stderr, "vllm: MoE with %d groups / %d experts is not built for CUDA\n", c->n_group, c->num_experts);
-        abort();
+    if (n <= 0) return; // shapes checked at load (cu_supports)
+    cudaStream_t s = cu(be)->stream;
+    switch (c->kind) {
+    case ROUTE_SIGMOID_GROUPED: k_moe_route<<<cdiv(n, 4), 128, 0, s>>>(ids, weights, logits, bias, n, *c); break;
+    case ROUTE_SOFTMAX_TOPK: k_moe_route_softmax<<<cdiv(n, 4), 128, 0, s>>>(ids, weights, logits, n, *c); break;
     }
-    k_moe_route<<<cdiv(n, 4), 128, 0, cu(be)->stream>>>(ids, weights, logits, bias, n, *c);
     LAUNCH_CHECK();
 }
 
@@ -145,6 +195,15 @@ __device__ __forceinline__ void load8(const __nv_bfloat16 *p, float f[8]) {
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
+__device__ __forceinline__ void load8(const __half *p, float f[8]) {
+    uint4 u = __ldg((const uint4 *)p);
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
 __device__ __forceinline__ void load8(const float *p, float f[8]) {
     float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
@@ -152,18 +211,21 @@ __device__ __forceinline__ void load8(const float *p, float f[8]) {
 
 #define MOE_NB 8 // segment rows that share one pass over a weight row
 
-// out[r, row] = act(W_e[row] . in[src(r)]) for the rows r of expert e's
-// segment. Each warp owns weight rows and streams each once per MOE_NB
-// segment rows, 8 values per lane per load (cols % 8 == 0).
-template <typename WT, bool RELU2, bool GATHER>
+// out[r, row] = W_e[wrow0 + row] . in[src(r)] for the rows r of expert e's
+// segment (GATHER: src(r) is the assignment's token, else r itself), out
+// rows ldo floats apart. Each warp owns weight rows and streams each once
+// per MOE_NB segment rows: VEC, 8 values per lane per load (cols % 8 == 0),
+// else one value a lane a step (any width).
+template <typename WT, bool GATHER, bool VEC>
 __global__ void __launch_bounds__(256) k_moe_mm(const WT *w, const float *in, float *out, const int32_t *offsets,
-                                                const int32_t *perm, int k, int rows, int cols, int rows_per_block) {
+                                                const int32_t *perm, int k, int wrows, int wrow0, int rows, int ldo,
+                                                int cols, int rows_per_block) {
     int e = blockIdx.x, r0 = offsets[e], cnt = offsets[e + 1] - r0;
     if (cnt == 0) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int rbeg = blockIdx.y * rows_per_block, rend = min(rows, rbeg + rows_per_block);
     for (int row = rbeg + warp; row < rend; row += nw) {
-        const WT *wr = w + ((int64_t)e * rows + row) * cols;
+        const WT *wr = w + ((int64_t)e * wrows + wrow0 + row) * cols;
         for (int rb = r0; rb < r0 + cnt; rb += MOE_NB) {
             int nb = min(MOE_NB, r0 + cnt - rb);
             const float *src[MOE_NB];
@@ -174,25 +236,43 @@ __global__ void __launch_bounds__(256) k_moe_mm(const WT *w, const float *in, fl
                 src[b] = GATHER ? in + (int64_t)(perm[r] / k) * cols : in + (int64_t)r * cols;
                 acc[b] = 0;
             }
-            for (int c8 = lane * 8; c8 < cols; c8 += 256) {
-                float wf[8];
-                load8(wr + c8, wf);
+            if (VEC) {
+                for (int c8 = lane * 8; c8 < cols; c8 += 256) {
+                    float wf[8];
+                    load8(wr + c8, wf);
 #pragma unroll
-                for (int b = 0; b < MOE_NB; b++) {
-                    if (b >= nb) break;
-                    float xs[8];
-                    load8(src[b] + c8, xs);
+                    for (int b = 0; b < MOE_NB; b++) {
+                        if (b >= nb) break;
+                        float xs[8];
+                        load8(src[b] + c8, xs);
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc[b] += wf[i] * xs[i];
+                        for (int i = 0; i < 8; i++) acc[b] += wf[i] * xs[i];
+                    }
+                }
+            } else {
+                for (int c = lane; c < cols; c += 32) {
+                    float wv = load_f(wr + c);
+#pragma unroll
+                    for (int b = 0; b < MOE_NB; b++)
+                        if (b < nb) acc[b] += wv * src[b][c];
                 }
             }
 #pragma unroll
             for (int b = 0; b < MOE_NB; b++) {
                 if (b >= nb) break;
                 float dot = warp_sum(acc[b]);
-                if (lane == 0) out[(int64_t)(rb + b) * rows + row] = RELU2 ? (dot > 0 ? dot * dot : 0.0f) : dot;
+                if (lane == 0) out[(int64_t)(rb + b) * ldo + row] = dot;
             }
         }
+    }
+}
+
+// h [A, I] = act(gu[:, :I]) * gu[:, I:] (gated, gu [A, 2I]) or act(gu) (gu [A, I])
+__global__ void k_moe_act(float *h, const float *gu, int64_t A, int I, int gated, enum act kind) {
+    int U = gated ? 2 * I : I;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < A * I; i += (int64_t)gridDim.x * blockDim.x) {
+        const float *g = gu + (i / I) * U + i % I;
+        h[i] = gated ? act_dev(kind, g[0]) * g[I] : act_dev(kind, g[0]);
     }
 }
 
@@ -218,35 +298,47 @@ __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, co
     }
 }
 
+// out [segment rows, rows] = the experts' W (rows [0, rows) of each
+// expert's wrows) applied to their segment rows of in (gathered by token
+// when gather), for weights of type WT.
+template <typename WT>
+static void experts_mm(cudaStream_t st, const WT *w, const float *in, float *out, const int32_t *offsets,
+                       const int32_t *perm, int top_k, int E, int rows, int cols, bool gather) {
+    const int rpb = 8; // one weight row per warp: many warps in flight at decode sizes
+    dim3 g(E, cdiv(rows, rpb));
+    bool vec = cols % 8 == 0;
+    if (gather && vec) k_moe_mm<WT, true, true><<<g, 256, 0, st>>>(w, in, out, offsets, perm, top_k, rows, 0, rows, rows, cols, rpb);
+    else if (gather) k_moe_mm<WT, true, false><<<g, 256, 0, st>>>(w, in, out, offsets, perm, top_k, rows, 0, rows, rows, cols, rpb);
+    else if (vec) k_moe_mm<WT, false, true><<<g, 256, 0, st>>>(w, in, out, offsets, perm, top_k, rows, 0, rows, rows, cols, rpb);
+    else k_moe_mm<WT, false, false><<<g, 256, 0, st>>>(w, in, out, offsets, perm, top_k, rows, 0, rows, rows, cols, rpb);
+    LAUNCH_CHECK();
+}
+
+static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in, float *out, const int32_t *offsets,
+                        const int32_t *perm, int top_k, int E, int rows, int cols, bool gather) {
+    switch (w->fmt) {
+    case WF_F32: experts_mm(st, (const float *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
+    case WF_BF16: experts_mm(st, (const __nv_bfloat16 *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
+    case WF_F16: experts_mm(st, (const __half *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
+    }
+}
+
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k) {
-    if (n <= 0) return;
-    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k;
-    if (E > MAX_EXPERTS || top_k > 16 || I % 8 || L % 8) {
-        fprintf(stderr, "vllm: MoE with %d experts top-%d, widths %d / %d (need multiples of 8) is not built for CUDA\n",
-                E, top_k, I, L);
-        abort();
-    }
-    size_t ints = (size_t)(E + 1) + 2 * (size_t)nk, floats = (size_t)nk * I + (size_t)nk * L;
+    if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
+    size_t ints = (size_t)(E + 1) + 2 * (size_t)nk, floats = (size_t)nk * (U + I + L);
     char *s = (char *)cuda_scratch(be, ints * 4 + 256 + floats * 4);
     int32_t *offsets = (int32_t *)s, *perm = offsets + E + 1, *slot_of = perm + nk;
-    float *h = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *y = h + (size_t)nk * I;
+    float *gu = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *h = gu + (size_t)nk * U, *y = h + (size_t)nk * I;
     cudaStream_t st = cu(be)->stream;
     k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, offsets, perm, slot_of);
     LAUNCH_CHECK();
-    const int rpb = 8; // one weight row per warp: many warps in flight at decode sizes
-    if (w->up.dtype == DT_BF16) {
-        k_moe_mm<__nv_bfloat16, true, true><<<dim3(E, cdiv(I, rpb)), 256, 0, st>>>(
-            (const __nv_bfloat16 *)w->up.data, x, h, offsets, perm, top_k, I, L, rpb);
-        k_moe_mm<__nv_bfloat16, false, false><<<dim3(E, cdiv(L, rpb)), 256, 0, st>>>(
-            (const __nv_bfloat16 *)w->down.data, h, y, offsets, perm, top_k, L, I, rpb);
-    } else {
-        k_moe_mm<float, true, true><<<dim3(E, cdiv(I, rpb)), 256, 0, st>>>((const float *)w->up.data, x, h, offsets,
-                                                                          perm, top_k, I, L, rpb);
-        k_moe_mm<float, false, false><<<dim3(E, cdiv(L, rpb)), 256, 0, st>>>((const float *)w->down.data, h, y, offsets,
-                                                                            perm, top_k, L, I, rpb);
-    }
+    experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
+    int64_t nh = (int64_t)nk * I;
+    k_moe_act<<<(int)(nh < 4096LL * 256 ? cdiv(nh, 256) : 4096), 256, 0, st>>>(h, gu, nk, I, w->gated, w->act);
     LAUNCH_CHECK();
+    experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
     k_moe_combine<<<n, 256, 0, st>>>(out, y, ids, weights, slot_of, top_k, L);
     LAUNCH_CHECK();
 }

@@ -5,8 +5,8 @@
 // [num_decodes, num_seqs) are prefills (a prompt chunk, or a recompute).
 // Which is which comes from the scheduler, never from a token count: a
 // one-token prompt is a prefill.
-#ifndef VLLM_RUNNER_BATCH_H
-#define VLLM_RUNNER_BATCH_H
+#ifndef VLLM_BACKEND_BATCH_H
+#define VLLM_BACKEND_BATCH_H
 
 #include <stdint.h>
 
