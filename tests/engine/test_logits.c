@@ -107,10 +107,13 @@ static int run_fixture(const char *fx, int budget) {
 }
 
 int main(void) {
-    const char *fx[] = {"nh_dense", "nh_moe", "nh_latent"};
-    for (int i = 0; i < 3; i++) {
+    char **fx;
+    int n = tu_fixture_list("VLLM_GATE_FIXTURES", &fx);
+    CHECKF(n > 0, "no fixtures in VLLM_GATE_FIXTURES");
+    for (int i = 0; i < n; i++) {
         run_fixture(fx[i], 2048);
         run_fixture(fx[i], 5); // chunked prefill: chunk boundaries cut across the SSD chunks
     }
+    tu_list_free(fx, n);
     return test_summary("logits");
 }
