@@ -158,31 +158,33 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
     LAUNCH_CHECK();
 }
 
-// Stable counting sort of the n*k assignments by expert (one block):
-// offsets [E+1], perm[r] = assignment (t*k + j) at position r, slot_of the inverse.
-__global__ void k_moe_sort(const int32_t *ids, int nk, int E, int32_t *offsets, int32_t *perm, int32_t *slot_of) {
-    __shared__ int cnt[MAX_EXPERTS + 1];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int c = 0;
-        for (int a = 0; a < nk; a++) c += ids[a] == e;
-        cnt[e] = c;
-    }
+// Counting sort of the n*k assignments by expert (one block): offsets
+// [E+1], perm[r] = assignment (t*k + j) at row r of its expert's segment,
+// slot_of the inverse; the active experts (ascending) and their count; and
+// mtile_off [E+1], the prefix of each expert's ceil(count / bm) row tiles
+// (the grouped GEMM's schedule). Rows within a segment come in any order:
+// every row is computed on its own, and tokens combine by expert order.
+__global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *offsets, int32_t *mtile_off,
+                           int32_t *active, int32_t *num_active, int32_t *perm, int32_t *slot_of) {
+    __shared__ int cnt[MAX_EXPERTS + 1], fill[MAX_EXPERTS];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0, fill[e] = 0;
+    __syncthreads();
+    for (int a = threadIdx.x; a < nk; a += blockDim.x) atomicAdd(&cnt[ids[a]], 1);
     __syncthreads();
     if (threadIdx.x == 0) {
-        int run = 0;
+        int run = 0, tiles = 0, na = 0;
         for (int e = 0; e < E; e++) {
             int c = cnt[e];
-            cnt[e] = run;
-            run += c;
+            offsets[e] = run, mtile_off[e] = tiles;
+            if (c) active[na++] = e;
+            run += c, tiles += (c + bm - 1) / bm;
         }
-        cnt[E] = run;
+        offsets[E] = run, mtile_off[E] = tiles, *num_active = na;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e <= E; e += blockDim.x) offsets[e] = cnt[e];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int r = cnt[e];
-        for (int a = 0; a < nk; a++)
-            if (ids[a] == e) perm[r] = a, slot_of[a] = r, r++;
+    for (int a = threadIdx.x; a < nk; a += blockDim.x) {
+        int e = ids[a], r = offsets[e] + atomicAdd(&fill[e], 1);
+        perm[r] = a, slot_of[a] = r;
     }
 }
 
@@ -323,22 +325,324 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
     }
 }
 
+// ---- 16-bit weights, decode sizes: GEMV over the active experts ----
+
+#define MOE_GEMV_MAXR 16 // rows of one expert a GEMV block serves (n <= 16 tokens: each picks an expert once)
+
+__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, float f[8]) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void unpack8(const uint4 &u, const __half *, float f[8]) {
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+// One block = 4 weight rows of one active expert (blockIdx.y), applied to
+// every row of its segment: each weight byte is read once per step. Up
+// (UP): gated, the rows are gate i, i+1 and up i, i+1 and the output is
+// h[r, i..i+1] = act(gate) * up; else rows i..i+3 and h = act(W x). Down:
+// rows l..l+3 of W_e, y[r, l..l+3]. x rows are the tokens' (UP, through perm)
+// or the segment's own rows of h; K % 8 == 0.
+template <typename WT, bool UP>
+__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *offsets,
+                                                  const int32_t *perm, const int32_t *active, const int32_t *num_active,
+                                                  int k, int K, int I, int N, int gated, enum act kind) {
+    __shared__ float red[8][4][MOE_GEMV_MAXR];
+    if ((int)blockIdx.y >= *num_active) return;
+    int e = active[blockIdx.y], r0 = offsets[e], cnt = min(offsets[e + 1] - r0, MOE_GEMV_MAXR);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
+    int64_t wrow[4];
+    int valid[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        int o = UP && gated ? blockIdx.x * 2 + (q & 1) : blockIdx.x * 4 + q; // output index of the row
+        valid[q] = o < (UP ? I : N);
+        int64_t row = UP ? (gated ? (q < 2 ? o : I + o) : o) : o;
+        wrow[q] = ((int64_t)e * (UP ? U : N) + (valid[q] ? row : 0)) * K;
+    }
+    const float *src[MOE_GEMV_MAXR];
+#pragma unroll
+    for (int b = 0; b < MOE_GEMV_MAXR; b++) {
+        int r = r0 + (b < cnt ? b : 0);
+        src[b] = UP ? in + (int64_t)(perm[r] / k) * K : in + (int64_t)r * K;
+    }
+    float acc[4][MOE_GEMV_MAXR];
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAXR; b++) acc[q][b] = 0;
+    for (int c8 = warp * 32 + lane; c8 < K / 8; c8 += 256) {
+        uint4 u[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) u[q] = __ldg((const uint4 *)(w + wrow[q]) + c8); // all loads in flight first
+        float wf[4][8];
+#pragma unroll
+        for (int q = 0; q < 4; q++) unpack8(u[q], w, wf[q]);
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAXR; b++) {
+            if (b >= cnt) break;
+            const float4 *xp = (const float4 *)(src[b] + c8 * 8);
+            float4 x0 = xp[0], x1 = xp[1];
+            float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) acc[q][b] += wf[q][i] * xs[i];
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int b = 0; b < MOE_GEMV_MAXR; b++) {
+            if (b >= cnt) break;
+            float v = warp_sum(acc[q][b]);
+            if (lane == 0) red[warp][q][b] = v;
+        }
+    __syncthreads();
+    int t = threadIdx.x;
+    if (t >= 4 * cnt) return;
+    int q = t / cnt, b = t % cnt;
+    float v = 0;
+    for (int ww = 0; ww < 8; ww++) v += red[ww][q][b];
+    if (!valid[q]) return;
+    int64_t r = r0 + b;
+    if (!UP) { // down
+        out[r * N + blockIdx.x * 4 + q] = v;
+    } else if (gated) { // q 0, 1: gate; 2, 3: up of the same outputs
+        if (q >= 2) return;
+        float g = 0;
+        for (int ww = 0; ww < 8; ww++) g += red[ww][q + 2][b];
+        out[r * I + blockIdx.x * 2 + q] = act_dev(kind, v) * g;
+    } else {
+        out[r * I + blockIdx.x * 4 + q] = act_dev(kind, v);
+    }
+}
+
+// ---- 16-bit weights, prefill sizes: a grouped GEMM on tensor cores ----
+//
+// C = A B^T per expert over its segment rows, bf16 / fp16 inputs, fp32
+// accumulation (mma.sync m16n8k16). Tiles of 128 x 128 x 32, 8 warps as
+// 2 x 4 (64 x 32 each), 3 cp.async stages, rows padded to 40 elements so
+// that ldmatrix is conflict-free. Block t takes row tile t / NT of the
+// experts' schedule (mtile_off) and column tile t % NT; blocks past the last
+// tile exit, so the grid is sized from n alone (no host round trip).
+// UP: A = the tokens' rows of x (through perm), B = each expert's up rows,
+// gate and up interleaved (B row 2j: gate j, 2j + 1: up j) so that a
+// thread's accumulator pair is (gate, up) of one hidden unit, and the
+// epilogue writes h = act(gate) * up (or act(W x)) in 16 bits. Down: A = h,
+// B = W_e's rows, fp32 out.
+template <typename T>
+__global__ void k_to_16_moe(T *y, const float *x, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (T)x[i];
+}
+
+#define TBM 128
+#define TBN 128
+#define TBK 32
+#define TPAD 40
+#define TSTAGES 3
+
+template <typename T>
+__device__ __forceinline__ void store2(T *p, float a, float b);
+template <> __device__ __forceinline__ void store2(__nv_bfloat16 *p, float a, float b) {
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+}
+template <> __device__ __forceinline__ void store2(__half *p, float a, float b) { *(__half2 *)p = __floats2half2_rn(a, b); }
+
+template <typename T, bool UP>
+__global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *out, const int32_t *offsets,
+                                                 const int32_t *mtile_off, const int32_t *perm, int E, int k, int K,
+                                                 int I, int N, int gated, enum act kind) {
+    extern __shared__ __align__(16) unsigned char tsm[];
+    T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD;
+    int NT = (N + TBN - 1) / TBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
+    if (mt >= mtile_off[E]) return;
+    int lo = 0, hi = E - 1; // the expert whose row tiles hold mt
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (mtile_off[mid] <= mt) lo = mid;
+        else hi = mid - 1;
+    }
+    int e = lo, r0 = offsets[e] + (mt - mtile_off[e]) * TBM, rows = min(TBM, offsets[e + 1] - r0);
+    int n0 = nt * TBN, U = gated ? 2 * I : I, tid = threadIdx.x;
+    // this thread's two 16-byte chunks of each tile: rows tid/4 and tid/4 + 64, chunk tid % 4
+    const T *ga[2], *gb[2];
+    bool va[2], vb[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int row = tid / 4 + i * 64, c = (tid % 4) * 8;
+        va[i] = row < rows;
+        int r = r0 + (va[i] ? row : 0);
+        ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
+        int64_t wr;
+        if (UP && gated) {
+            int j = n0 / 2 + row / 2;
+            vb[i] = j < I;
+            wr = (int64_t)e * U + (row & 1 ? I : 0) + (vb[i] ? j : 0);
+        } else {
+            vb[i] = n0 + row < N;
+            wr = (int64_t)e * (UP ? U : N) + (vb[i] ? n0 + row : 0);
+        }
+        gb[i] = W + wr * K + c;
+    }
+    int KT = (K + TBK - 1) / TBK;
+    auto load = [&](int stage, int kt) {
+        int k0 = kt * TBK, c = (tid % 4) * 8;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int row = tid / 4 + i * 64;
+            bool kin = k0 + c < K;
+            cp_async16(As + (stage * TBM + row) * TPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
+            cp_async16(Bs + (stage * TBN + row) * TPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+        }
+    };
+    int warp = tid >> 5, lane = tid & 31, wm = warp >> 2, wn = warp & 3; // warp tile rows wm*64, cols wn*32
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0;
+#pragma unroll
+    for (int s = 0; s < TSTAGES - 1; s++) {
+        if (s < KT) load(s, s);
+        asm volatile("cp.async.commit_group;\n");
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(TSTAGES - 2));
+        __syncthreads();
+        int nx = kt + TSTAGES - 1; // refill the stage every warp finished with
+        if (nx < KT) load(nx % TSTAGES, nx);
+        asm volatile("cp.async.commit_group;\n");
+        const T *as = As + (kt % TSTAGES) * TBM * TPAD, *bs = Bs + (kt % TSTAGES) * TBN * TPAD;
+#pragma unroll
+        for (int kk = 0; kk < TBK; kk += 16) {
+            uint32_t af[4][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                ldsm_x4(af[i], as + (wm * 64 + i * 16 + (lane & 15)) * TPAD + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < 4; j += 2) {
+                uint32_t r[4];
+                ldsm_x4(r, bs + (wn * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * TPAD + kk + ((lane >> 3) & 1) * 8);
+                bf[j][0] = r[0], bf[j][1] = r[1], bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma16<T>::run(acc[i][j], af[i], bf[j]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n");
+    // epilogue: thread holds rows lane/4 (+8) and column pair (lane%4)*2 of each 16 x 8 tile
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int h8 = 0; h8 < 2; h8++) {
+            int row = wm * 64 + i * 16 + (lane >> 2) + h8 * 8;
+            if (row >= rows) continue;
+            int64_t r = r0 + row;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
+                float v0 = acc[i][j][h8 * 2], v1 = acc[i][j][h8 * 2 + 1];
+                if (!UP) {
+                    float *y = (float *)out + r * N + col;
+                    if (col + 1 < N) *(float2 *)y = make_float2(v0, v1);
+                    else if (col < N) y[0] = v0;
+                } else if (gated) {
+                    int hj = col / 2;
+                    if (hj < I) ((T *)out)[r * I + hj] = (T)(act_dev(kind, v0) * v1);
+                } else {
+                    T *hp = (T *)out + r * I + col;
+                    if (col + 1 < I) store2(hp, act_dev(kind, v0), act_dev(kind, v1));
+                    else if (col < I) hp[0] = (T)act_dev(kind, v0);
+                }
+            }
+        }
+}
+
+static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
+
+template <typename T>
+static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, T *xb, T *h,
+                       float *y, const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n,
+                       int top_k) {
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
+    int64_t nx = (int64_t)n * L;
+    k_to_16_moe<<<(int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st>>>(xb, x, nx);
+    LAUNCH_CHECK();
+    int mtiles = cdiv(nk, TBM) + (nk < E ? nk : E); // at most: each active expert adds one partial tile
+    size_t sm = mma_smem(); // over the 48 KB default: opt in (per call: cheap, and right on every device)
+    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    (void)be;
+    k_moe_mma<T, true><<<mtiles * cdiv(U, TBN), 256, sm, st>>>(xb, (const T *)w->up.data, h, offsets, mtile_off, perm,
+                                                               E, top_k, L, I, U, w->gated, w->act);
+    LAUNCH_CHECK();
+    k_moe_mma<T, false><<<mtiles * cdiv(L, TBN), 256, sm, st>>>(h, (const T *)w->down.data, y, offsets, mtile_off,
+                                                                perm, E, top_k, I, I, L, 0, w->act);
+    LAUNCH_CHECK();
+}
+
+template <typename T>
+static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
+                         const int32_t *offsets, const int32_t *perm, const int32_t *active, const int32_t *num_active,
+                         int n, int top_k) {
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
+    dim3 gu(w->gated ? cdiv(I, 2) : cdiv(I, 4), ny), gd(cdiv(L, 4), ny);
+    k_moe_gemv<T, true><<<gu, 256, 0, st>>>((const T *)w->up.data, x, h, offsets, perm, active, num_active, top_k, L, I,
+                                            I, w->gated, w->act);
+    LAUNCH_CHECK();
+    k_moe_gemv<T, false><<<gd, 256, 0, st>>>((const T *)w->down.data, h, y, offsets, perm, active, num_active, top_k, I,
+                                             I, L, 0, w->act);
+    LAUNCH_CHECK();
+}
+
+// fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
+// active experts up to MOE_GEMV_MAXR tokens, the tensor-core grouped GEMM
+// above (K % 8 == 0 for 16-byte loads; else the SIMT path).
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
-    size_t ints = (size_t)(E + 1) + 2 * (size_t)nk, floats = (size_t)nk * (U + I + L);
+    size_t ints = 3 * (size_t)(E + 1) + 1 + 2 * (size_t)nk, floats = (size_t)nk * (U + I + L) + (size_t)n * L;
     char *s = (char *)cuda_scratch(be, ints * 4 + 256 + floats * 4);
-    int32_t *offsets = (int32_t *)s, *perm = offsets + E + 1, *slot_of = perm + nk;
+    int32_t *offsets = (int32_t *)s, *mtile_off = offsets + E + 1, *active = mtile_off + E + 1;
+    int32_t *num_active = active + E + 1, *perm = num_active + 1, *slot_of = perm + nk;
     float *gu = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *h = gu + (size_t)nk * U, *y = h + (size_t)nk * I;
+    void *xb = y + (size_t)nk * L; // x in 16 bits (the grouped GEMM's A)
     cudaStream_t st = cu(be)->stream;
-    k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, offsets, perm, slot_of);
+    k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, active, num_active, perm, slot_of);
     LAUNCH_CHECK();
-    experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
-    int64_t nh = (int64_t)nk * I;
-    k_moe_act<<<(int)(nh < 4096LL * 256 ? cdiv(nh, 256) : 4096), 256, 0, st>>>(h, gu, nk, I, w->gated, w->act);
-    LAUNCH_CHECK();
-    experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
+    bool k8 = L % 8 == 0 && I % 8 == 0;
+    enum wfmt f = w->up.fmt;
+    if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) {
+        if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+        else gemv_experts<__half>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+    } else if (f != WF_F32 && f == w->down.fmt && k8) {
+        if (f == WF_BF16)
+            tc_experts<__nv_bfloat16>(be, st, w, x, (__nv_bfloat16 *)xb, (__nv_bfloat16 *)h, y, offsets, mtile_off, perm,
+                                      n, top_k);
+        else tc_experts<__half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k);
+    } else {
+        experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
+        int64_t nh = (int64_t)nk * I;
+        k_moe_act<<<(int)(nh < 4096LL * 256 ? cdiv(nh, 256) : 4096), 256, 0, st>>>(h, gu, nk, I, w->gated, w->act);
+        LAUNCH_CHECK();
+        experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
+    }
     k_moe_combine<<<n, 256, 0, st>>>(out, y, ids, weights, slot_of, top_k, L);
     LAUNCH_CHECK();
 }
