@@ -68,3 +68,9 @@ if(VLLM_CUDA)
     endif()
   endforeach()
 endif()
+# `vllm bench --workload chat` end to end on a tiny fixture: caching off and
+# on give the same conversations, and the later turns hit
+add_test(NAME bench_chat_smoke
+         COMMAND vllm_cli bench --workload chat --model ${VLLM_FIXTURES}/nh_dense --threads 1 --conversations 3
+                 --turns 3 --system-len 200 --user-len 20 --reply-len 20)
+set_tests_properties(bench_chat_smoke PROPERTIES PASS_REGULAR_EXPRESSION "\non +[0-9.]+ +[0-9]+ +[1-9][0-9]*/[0-9]+.*outputs identical")
