@@ -5,7 +5,7 @@ if(VLLM_CUDA)
   vllm_test_exe(test_cuda_ops cuda/test_cuda_ops.c)
   add_test(NAME gpu_ops COMMAND ${GPU} $<TARGET_FILE:test_cuda_ops>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
-  foreach(fx nh_dense nh_moe nh_latent)
+  foreach(fx ${VLLM_GATE_FIXTURES})
     foreach(mode ${VLLM_GATE_MODES})
       vllm_gate_mode("${mode}" mname parts)
       add_test(NAME gpu_gate_fp32_${fx}_${mname}

@@ -1,7 +1,7 @@
 # Engine-core gates: greedy tokens against the transformers oracle, in every
 # scheduling mode (VLLM_GATE_MODES, tests/CMakeLists.txt), for each tiny
 # fixture model (tests/fixtures/nh_*).
-foreach(fx nh_dense nh_moe nh_latent)
+foreach(fx ${VLLM_GATE_FIXTURES})
   foreach(mode ${VLLM_GATE_MODES})
     vllm_gate_mode("${mode}" mname parts)
     add_test(NAME gate_${fx}_${mname}
@@ -24,7 +24,11 @@ vllm_test_exe(test_api engine/test_api.c)
 add_test(NAME api COMMAND test_api)
 vllm_test_exe(test_scheduler engine/test_scheduler.c)
 add_test(NAME scheduler COMMAND test_scheduler)
-set_tests_properties(gate_logits config safetensors api PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+vllm_test_exe(test_rows engine/test_rows.c)
+add_test(NAME rows COMMAND test_rows)
+vllm_test_exe(test_registry engine/test_registry.c)
+add_test(NAME registry COMMAND test_registry)
+set_tests_properties(gate_logits config safetensors api registry rows PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
 vllm_test_exe(test_kv_cache engine/test_kv_cache.c)
 add_test(NAME kv_cache COMMAND test_kv_cache)
 vllm_test_exe(test_prefix engine/test_prefix.c)

@@ -10,7 +10,7 @@ vllm_test_exe(test_tp_engine tp/test_tp_engine.c tp/tp_model.c)
 add_test(NAME tp_engine COMMAND test_tp_engine)
 set_tests_properties(tp_layers tp_config tp_engine PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
 
-foreach(fx nh_dense nh_moe nh_latent)
+foreach(fx ${VLLM_TP2_FIXTURES})
   foreach(mode ${VLLM_GATE_MODES})
     vllm_gate_mode("${mode}" mname parts)
     add_test(NAME tp2_gate_${fx}_${mname}
@@ -40,7 +40,7 @@ if(VLLM_CUDA)
   set_tests_properties(gpu_tp_engine_fp32 PROPERTIES ENVIRONMENT
     "VLLM_TP_DEVICE=cuda;VLLM_TP_DTYPE=float32;VLLM_TP_SIZES=2,4;NCCL_NVLS_ENABLE=0")
   # fp32 oracle gates at 2 ranks
-  foreach(fx nh_dense nh_moe nh_latent)
+  foreach(fx ${VLLM_TP2_FIXTURES})
     foreach(mode ${VLLM_GATE_MODES})
       vllm_gate_mode("${mode}" mname parts)
       if(NOT mname MATCHES "^(decode|both_batch|chunk7_batch|preempt|staggered_chunk)$")

@@ -112,3 +112,22 @@ char *tu_model_copy(const char *fixture, void (*edit)(json_t *cfg)) {
     free(src);
     return dst;
 }
+
+int tu_fixture_list(const char *env, char ***names) {
+    const char *v = getenv(env);
+    int n = 0;
+    *names = NULL;
+    if (!v || !*v) return 0;
+    char *copy = xstrdup(v), *save = NULL;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        *names = xrealloc(*names, sizeof(char *) * (n + 1));
+        (*names)[n++] = xstrdup(t);
+    }
+    free(copy);
+    return n;
+}
+
+void tu_list_free(char **names, int n) {
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}

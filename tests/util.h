@@ -13,6 +13,12 @@ int tu_write(const char *dir, const char *name, const void *data, size_t len);
 int tu_copy(const char *src_dir, const char *dst_dir, const char *name);
 char *tu_fixture(const char *rel); // $VLLM_FIXTURES/rel (malloc'd)
 
+// The comma-separated fixture names in environment variable `env` (set by
+// tests/CMakeLists.txt from its per-family lists): *names malloc'd (free
+// with tu_list_free); 0 when unset (a test over zero fixtures must fail).
+int tu_fixture_list(const char *env, char ***names);
+void tu_list_free(char **names, int n);
+
 // One tensor for tu_write_safetensors.
 struct tu_tensor {
     const char *name;

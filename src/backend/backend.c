@@ -79,7 +79,8 @@ int backend_check_ops(const struct backend_ops *o) {
     } req[] = {REQ(destroy), REQ(alloc), REQ(free), REQ(upload), REQ(download), REQ(sync), REQ(host_alloc),
                REQ(host_free), REQ(download_async), REQ(fence), REQ(fence_wait), REQ(supports), REQ(weight_alloc),
                REQ(weight_upload_raw), REQ(weight_random), REQ(gather_ids), REQ(embed), REQ(rmsnorm),
-               REQ(add_rmsnorm), REQ(matmul), REQ(gather_rows), REQ(add), REQ(act), REQ(act_mul), REQ(sum_sq),
+               REQ(add_rmsnorm), REQ(matmul), REQ(gather_rows), REQ(add), REQ(act), REQ(act_mul), REQ(rope),
+               REQ(head_rmsnorm), REQ(sum_sq),
                REQ(conv1d_fwd), REQ(conv1d_update), REQ(ssd_prefill), REQ(ssd_decode), REQ(gated_rmsnorm),
                REQ(kv_write), REQ(attn_prefill), REQ(attn_decode), REQ(moe_route), REQ(moe_experts), REQ(sample)};
 #undef REQ

@@ -151,6 +151,18 @@ struct backend_ops {
     void (*add)(struct backend *be, float *y, const float *x, int64_t n); // y += x
     // x = act(x), in place: relu(x)^2, x sigmoid(x), or GELU (tanh form)
     void (*act)(struct backend *be, enum act kind, float *x, int64_t n);
+    // Rotary embedding in place (rotate-half, as HF): in each row of x [n, ld]
+    // the first `heads` heads of head_dim d (q then k, adjacent in a qkv
+    // row) are rotated by the row's position: for i < d/2,
+    //   x[i] = x[i] cos - x[i + d/2] sin,  x[i + d/2] = x[i + d/2] cos + x[i] sin,
+    // with cos, sin of positions[t] from table [max_pos, d] (d/2 cosines,
+    // then d/2 sines; any scaling already applied).
+    void (*rope)(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
+                 const int32_t *positions);
+    // RMSNorm in place of each of the first `heads` heads of head_dim in each
+    // row of x [n, ld], times w [head_dim] (Qwen3's q/k norm).
+    void (*head_rmsnorm)(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
+                         float eps);
     // Gated MLP (silu_mul for SwiGLU): out: [n, inter] = act(x[:, :inter]) *
     // x[:, inter:], x: [n, 2*inter] (gate | up).
     void (*act_mul)(struct backend *be, enum act kind, float *out, const float *x, int n, int inter);

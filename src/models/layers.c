@@ -246,6 +246,7 @@ void lm_free(struct model *base) {
     if (m->lm_head.data != m->embed.data) free_weight(be, &m->lm_head);
     free_weight(be, &m->embed);
     be->ops->free(be, m->norm_f);
+    be->ops->free(be, m->rope.table);
     be->ops->free(be, m->ws.base);
     free(m->blocks);
     free(m->base.spec.layers);

@@ -18,11 +18,9 @@
 
 #include "models/loader.h"
 #include "models/model.h"
+#include "models/rope.h"
 
 // ------------------------------------------------------------ mixers --
-
-// Rotary position embedding (rotate-half, as HF), applied to q and k in place.
-struct rope; // models/rope.h
 
 struct attn_cfg {
     int heads, kv_heads, head_dim;
@@ -84,10 +82,12 @@ struct mamba2_layer {
     float *dt_bias, *A, *D, *norm_w; // [H], [H] = -exp(A_log), [H], [I]
     struct mamba_dims d;             // this rank's heads and groups
     int proj_dim;
+    int norm_group;                  // width of a gated-norm group
 };
 struct mamba2_cfg {
     int heads, head_dim, groups, state, conv_kernel, chunk_size, conv_bias;
     float dt_min, dt_max;
+    int norm_groups; // groups of the gated norm: n_groups (NemotronH), 1 (Mamba2: over all heads)
 };
 
 enum blk_kind { BLK_ATTN, BLK_MLP, BLK_MOE, BLK_MAMBA2 };
@@ -131,6 +131,7 @@ struct lm {
     float eps;        // the blocks' and the final norm's RMSNorm epsilon
     struct weight embed, lm_head;
     float *norm_f;
+    struct rope rope; // the attention blocks' positions (rope.table NULL: none)
     struct block *blocks;
     int num_blocks, num_caches;
     struct lm_ws ws;

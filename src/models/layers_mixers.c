@@ -84,6 +84,11 @@ void attn_fwd(struct lm *m, const struct attn_layer *a, int cache, const struct 
     struct attn_dims d = a->d;
     d.block_size = c->block_size;
     op->matmul(be, ws->proj, x, &a->qkv, T);
+    if (a->q_norm) { // per-head RMSNorm of q and k, before RoPE (Qwen3)
+        op->head_rmsnorm(be, ws->proj, ld, T, d.heads, d.head_dim, a->q_norm, a->norm_eps);
+        op->head_rmsnorm(be, ws->proj + d.heads * d.head_dim, ld, T, d.kv_heads, d.head_dim, a->k_norm, a->norm_eps);
+    }
+    if (a->rope) op->rope(be, ws->proj, ld, T, d.heads + d.kv_heads, d.head_dim, a->rope->table, b->positions); // q | k
     lm_tick(m, T_ATTN_QKV);
     op->kv_write(be, c->k[cache], c->v[cache], ws->proj, ld, b, &d);
     if (nd) op->attn_decode(be, ws->y, ws->proj, ld, c->k[cache], c->v[cache], b, &d);
@@ -250,6 +255,7 @@ int mamba2_load(struct lm *m, struct loader *l, const char *p, const struct mamb
     w->d = (struct mamba_dims){Hr, c->head_dim, Gr, c->state, c->conv_kernel, c->chunk_size, Ir + 2 * GNr, c->dt_min,
                                c->dt_max};
     w->proj_dim = 2 * Ir + 2 * GNr + Hr;
+    w->norm_group = (int)(I / c->norm_groups);
     char n[256];
     int64_t rows = 2 * I + 2 * GN + H;
     NAME(n, "%sin_proj.weight", p);
@@ -318,7 +324,7 @@ void mamba2_mixer_fwd(struct lm *m, const struct mamba2_layer *w, int cache, con
         op->ssd_prefill(be, ws->y, ws->proj, ld, w->dt_bias, w->A, w->D, ssm, b, nd, b->num_seqs, d);
     }
     if (m->diag_state) diag_state(m, cache, d, b, ssm, "out");
-    op->gated_rmsnorm(be, ws->yn, ws->y, ws->proj, ld, w->norm_w, T, I, I / d->groups, m->eps);
+    op->gated_rmsnorm(be, ws->yn, ws->y, ws->proj, ld, w->norm_w, T, I, w->norm_group, m->eps);
     lm_tick(m, T_M_CONV_SSD);
     op->matmul(be, out, ws->yn, &w->out_proj, T);
     lm_tick(m, T_M_OUT);

@@ -89,6 +89,8 @@ struct model_family {
 const struct model_family *model_families(int *n);
 // The family of an architecture name, or NULL.
 const struct model_family *model_find(const char *arch);
+// The registry's own copy of an architecture name (it outlives the config), or NULL.
+const char *model_arch_name(const char *arch);
 // Loads config.json from dir (or config_override) and the model it names.
 int model_load(const char *dir, const json_t *config_override, const struct model_load_opts *o,
                struct backend *be, struct model **out);

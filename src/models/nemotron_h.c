@@ -23,7 +23,7 @@ static int load_layer(struct lm *m, struct loader *l, const struct nh_config *c,
     case NH_MAMBA: {
         b = lm_add_block(m, BLK_MAMBA2);
         struct mamba2_cfg mc = {c->m_heads, c->m_head_dim, c->m_groups, c->m_state, c->m_conv, c->chunk, c->conv_bias,
-                                c->dt_min, c->dt_max};
+                                c->dt_min, c->dt_max, c->m_groups};
         rc = mamba2_load(m, l, n, &mc, &b->m);
         break;
     }

@@ -3,12 +3,17 @@
 #include "core/json.h"
 #include "models/model.h"
 
-extern const struct model_ops nemotron_h_ops;
+extern const struct model_ops nemotron_h_ops, qwen3_ops, qwen3_moe_ops, llama_ops, qwen2_ops, mamba2_ops;
 
 #define ARCHS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 static const struct model_family registry[] = {
     {"nemotron_h", ARCHS("NemotronHForCausalLM"), &nemotron_h_ops},
+    {"qwen3", ARCHS("Qwen3ForCausalLM"), &qwen3_ops},
+    {"qwen3_moe", ARCHS("Qwen3MoeForCausalLM"), &qwen3_moe_ops},
+    {"llama", ARCHS("LlamaForCausalLM", "MistralForCausalLM"), &llama_ops},
+    {"qwen2", ARCHS("Qwen2ForCausalLM"), &qwen2_ops},
+    {"mamba2", ARCHS("Mamba2ForCausalLM"), &mamba2_ops},
 };
 
 const struct model_family *model_families(int *n) {
@@ -20,6 +25,13 @@ const struct model_family *model_find(const char *arch) {
     for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)
         for (const char *const *a = registry[i].archs; *a; a++)
             if (!strcmp(*a, arch)) return &registry[i];
+    return NULL;
+}
+
+const char *model_arch_name(const char *arch) {
+    for (size_t i = 0; i < sizeof registry / sizeof registry[0]; i++)
+        for (const char *const *a = registry[i].archs; *a; a++)
+            if (!strcmp(*a, arch)) return *a;
     return NULL;
 }
 

@@ -180,6 +180,19 @@ static void test_norms(void) {
         cmp(what, m2, m1, (size_t)40 * 33, TOL);
         free(r1), free(r2), free(m1), free(m2);
     }
+    { // rope over q | k heads (5 + 2 of 16) in rows of 120, positions up to 300; q/k head norms
+        int T = 37, ld = 120, hd = 16, maxp = 300;
+        float *tab = rnd((size_t)maxp * hd, 1), *x1 = rnd((size_t)T * ld, 2), *x2 = dup(x1, (size_t)T * ld), *hw = rnd(hd, 1);
+        int32_t pos[37];
+        for (int t = 0; t < T; t++) pos[t] = (t * 53) % maxp;
+        ref->ops->rope(ref, x1, ld, T, 7, hd, tab, pos);
+        fast->ops->rope(fast, x2, ld, T, 7, hd, tab, pos);
+        cmp("rope", x2, x1, (size_t)T * ld, 0);
+        ref->ops->head_rmsnorm(ref, x1 + 16, ld, T, 5, hd, hw, 1e-6f);
+        fast->ops->head_rmsnorm(fast, x2 + 16, ld, T, 5, hd, hw, 1e-6f);
+        cmp("head_rmsnorm", x2, x1, (size_t)T * ld, 0);
+        free(tab), free(x1), free(x2), free(hw);
+    }
     // the routers: 40 tokens (two tasks), 16 experts; grouped: 4 groups, top 3
     // of 2 groups; softmax: top 3, with and without renormalization
     struct moe_route_cfg rcs[3] = {{ROUTE_SIGMOID_GROUPED, 16, 3, 4, 2, 1, 2.5f}, {ROUTE_SOFTMAX_TOPK, 16, 3, 1, 1, 1, 1.0f},

@@ -141,6 +141,21 @@ static void test_dense(void) {
         snprintf(name, sizeof name, "act_mul %s", acts[k]);
         cmp(name, po, (size_t)T * D / 2, 1e-6);
     }
+    { // rope over q | k (32 + 8 heads of 128, Qwen3-8B's), positions up to 40000; head norms
+        int ld = 40 * 128 + 1024, hd = 128, maxp = 40000;
+        float *tab = rnd((size_t)maxp * hd, 1), *q = rnd((size_t)T * ld, 2);
+        int32_t pos[37];
+        for (int t = 0; t < T; t++) pos[t] = (t * 7919) % maxp;
+        struct pair pt = up(tab, sizeof(float) * maxp * hd), pq = up(q, sizeof(float) * T * ld), pp = up(pos, sizeof pos);
+        struct pair phw = up(w, sizeof(float) * hd);
+        cpu->ops->head_rmsnorm(cpu, pq.c, ld, T, 32, hd, phw.c, 1e-6f);
+        gpu->ops->head_rmsnorm(gpu, pq.g, ld, T, 32, hd, phw.g, 1e-6f);
+        cpu->ops->rope(cpu, pq.c, ld, T, 40, hd, pt.c, pp.c);
+        gpu->ops->rope(gpu, pq.g, ld, T, 40, hd, pt.g, pp.g);
+        cmp("head_rmsnorm + rope", pq, (size_t)T * ld, 1e-5);
+        pfree(pt), pfree(pq), pfree(pp), pfree(phw);
+        free(tab), free(q);
+    }
     double sc = cpu->ops->sum_sq(cpu, px.c, (int64_t)T * D), sg = gpu->ops->sum_sq(gpu, px.g, (int64_t)T * D);
     CHECKF(fabs(sc - sg) / sc < 1e-5, "sum_sq %g vs %g", sc, sg);
     int32_t rows[5] = {3, 0, 36, 17, 3};

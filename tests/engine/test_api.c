@@ -53,7 +53,7 @@ static int load_fails(const char *dir, int status, const char *must) {
     return ok;
 }
 
-static void edit_arch(json_t *c) { json_object_set_new(c, "architectures", json_pack("[s]", "LlamaForCausalLM")); }
+static void edit_arch(json_t *c) { json_object_set_new(c, "architectures", json_pack("[s]", "GPT2LMHeadModel")); }
 static void edit_hidden(json_t *c) { json_object_set_new(c, "intermediate_size", json_integer(80)); }
 static void edit_missing(json_t *c) { json_object_del(c, "ssm_state_size"); }
 static void edit_eos(json_t *c) { json_object_set_new(c, "eos_token_id", json_integer(gold[0].greedy[3])); }
@@ -61,7 +61,7 @@ static void edit_eos(json_t *c) { json_object_set_new(c, "eos_token_id", json_in
 static void test_bad_models(void) {
     CHECK(load_fails("/nonexistent/model", VLLM_ERR_IO, "/nonexistent/model"));
     char *d = tu_model_copy("nh_dense", edit_arch);
-    CHECK(load_fails(d, VLLM_ERR_UNSUPPORTED, "LlamaForCausalLM"));
+    CHECK(load_fails(d, VLLM_ERR_UNSUPPORTED, "unknown architecture GPT2LMHeadModel"));
     tu_rmdir(d), free(d);
     d = tu_model_copy("nh_dense", edit_hidden);
     CHECK(load_fails(d, VLLM_ERR_FORMAT, "up_proj.weight"));

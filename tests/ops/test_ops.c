@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "core/common.h"
 #include "sample/sampler.h"
+#include "models/rope.h"
 #include "test.h"
 
 static uint64_t rng = 88172645463325252ull;
@@ -88,7 +89,7 @@ static void test_ssd(struct backend *be) {
     float *st = xmalloc(sizeof(float) * sn), *st0 = xmalloc(sizeof(float) * sn), *st2 = xmalloc(sizeof(float) * sn);
     float A[4], D[4], dtb[4];
     fill(x, (size_t)T * ld, 1.0f);
-    fill(st0, sn, 1.0f); // slot 2 holds garbage that has_initial_state=0 must hide
+    fill(st0, sn, 1.0f); // slot 2 holds garbage that state_src = -1 must hide
     for (int h = 0; h < H; h++) A[h] = -expf(0.5f * frand()), D[h] = 1 + 0.5f * frand(), dtb[h] = 0.5f * frand();
     memcpy(st, st0, sizeof(float) * sn);
     be->ops->ssd_prefill(be, y, x, ld, dtb, A, D, st, &hb.b, 0, S, &d);
@@ -331,6 +332,39 @@ static void test_route(struct backend *be) {
     }
 }
 
+// RoPE from the table of models/rope.c: rotating q and k by their positions
+// keeps |q| and makes q.k depend only on the distance between positions.
+static void test_rope(struct backend *be) {
+    struct rope rp = {.type = ROPE_DEFAULT, .head_dim = 8, .theta = 10000, .factor = 1};
+    float tab[64 * 8];
+    rope_table(&rp, 64, tab);
+    float q0[8], k0[8];
+    for (int i = 0; i < 8; i++) q0[i] = (float)(i + 1) * 0.3f - 1, k0[i] = (float)(7 - i) * 0.2f;
+    double dots[2];
+    int pairs[2][2] = {{3, 10}, {20, 27}}; // both 7 apart
+    for (int p = 0; p < 2; p++) {
+        float x[16];
+        memcpy(x, q0, sizeof q0), memcpy(x + 8, k0, sizeof k0);
+        int32_t pos[2] = {pairs[p][0], pairs[p][1]};
+        float rows[2][8];
+        memcpy(rows[0], q0, sizeof q0), memcpy(rows[1], k0, sizeof k0);
+        be->ops->rope(be, &rows[0][0], 8, 2, 1, 8, tab, pos);
+        double d = 0, n0 = 0, n1 = 0;
+        for (int i = 0; i < 8; i++) d += rows[0][i] * rows[1][i], n0 += rows[0][i] * rows[0][i], n1 += q0[i] * q0[i];
+        dots[p] = d;
+        CHECKF(fabs(n0 - n1) < 1e-4, "rope changed |q|: %g vs %g", n0, n1);
+        (void)x;
+    }
+    printf("rope: q.k at distance 7 from positions 3 and 20: %.6f %.6f\n", dots[0], dots[1]);
+    CHECK(fabs(dots[0] - dots[1]) < 1e-4);
+    // position 0 leaves a vector as it is
+    float r[8];
+    memcpy(r, q0, sizeof q0);
+    int32_t z = 0;
+    be->ops->rope(be, r, 8, 1, 1, 8, tab, &z);
+    CHECK(!memcmp(r, q0, sizeof r));
+}
+
 static void test_sampler(void) {
     enum { V = 50 };
     float logits[V];
@@ -383,6 +417,7 @@ int main(void) {
     test_ckpt(be);
     test_attention(be);
     test_route(be);
+    test_rope(be);
     test_sampler();
     backend_free(be);
     return test_summary("ops");

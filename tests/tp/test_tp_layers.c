@@ -209,13 +209,16 @@ int main(void) {
     c = tpm_default("M*-EM");
     c.tie = 1;
     synthetic("mixed M*-EM, tied embeddings", c, (int[]){2, 4}, 2);
-    const char *fx[] = {"nh_dense", "nh_moe", "nh_latent"};
-    for (int i = 0; i < 3; i++) {
+    char **fx;
+    int nfx = tu_fixture_list("VLLM_TP2_FIXTURES", &fx);
+    CHECKF(nfx > 0, "no fixtures in VLLM_TP2_FIXTURES");
+    for (int i = 0; i < nfx; i++) {
         char *dir = tu_fixture(fx[i]), name[64];
         snprintf(name, sizeof name, "fixture %s", fx[i]);
         compare(name, dir, 2);
         free(dir);
     }
+    tu_list_free(fx, nfx);
     printf("largest relative logit error: %.2e\n", worst);
     return test_summary("tp_layers");
 }

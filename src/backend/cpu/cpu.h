@@ -58,6 +58,10 @@ static inline float dt_of(const float *row, int dt_off, int h, const float *dt_b
     return fminf(fmaxf(v, d->dt_min), d->dt_max);
 }
 
+// One row of the reference rope / head_rmsnorm (the fast path runs rows in parallel).
+void cpu_rope_row(float *x, int heads, int head_dim, const float *cs);
+void cpu_head_rmsnorm_row(float *x, int heads, int head_dim, const float *w, float eps);
+
 // ops in cpu_mamba.c, cpu_attn.c, cpu_moe.c
 void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
                     float *conv_state, const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);

@@ -208,6 +208,35 @@ static void cpu_act_mul(struct backend *be, enum act kind, float *out, const flo
     }
 }
 
+void cpu_rope_row(float *x, int heads, int head_dim, const float *cs) {
+    int h2 = head_dim / 2;
+    const float *c = cs, *s = cs + h2;
+    for (int h = 0; h < heads; h++) {
+        float *a = x + (int64_t)h * head_dim, *b = a + h2;
+        for (int i = 0; i < h2; i++) {
+            float u = a[i], v = b[i];
+            a[i] = u * c[i] - v * s[i];
+            b[i] = v * c[i] + u * s[i];
+        }
+    }
+}
+
+static void cpu_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
+                     const int32_t *positions) {
+    (void)be;
+    for (int t = 0; t < n; t++) cpu_rope_row(x + (int64_t)t * ld, heads, head_dim, table + (int64_t)positions[t] * head_dim);
+}
+
+void cpu_head_rmsnorm_row(float *x, int heads, int head_dim, const float *w, float eps) {
+    for (int h = 0; h < heads; h++) rmsnorm_row(x + (int64_t)h * head_dim, x + (int64_t)h * head_dim, w, head_dim, eps);
+}
+
+static void cpu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
+                             float eps) {
+    (void)be;
+    for (int t = 0; t < n; t++) cpu_head_rmsnorm_row(x + (int64_t)t * ld, heads, head_dim, w, eps);
+}
+
 static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
     (void)be;
     double s = 0;
@@ -311,6 +340,8 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_add,
     .act = cpu_act,
     .act_mul = cpu_act_mul,
+    .rope = cpu_rope,
+    .head_rmsnorm = cpu_head_rmsnorm,
     .sum_sq = cpu_sum_sq,
     .conv1d_fwd = cpu_conv1d_fwd,
     .conv1d_update = cpu_conv1d_update,
@@ -342,6 +373,8 @@ static void fast_ops_init(struct backend_ops *o) {
     o->matmul = fast_matmul;
     o->act = fast_act;
     o->act_mul = fast_act_mul;
+    o->rope = fast_rope;
+    o->head_rmsnorm = fast_head_rmsnorm;
     o->conv1d_fwd = fast_conv1d_fwd;
     o->conv1d_update = fast_conv1d_update;
     o->ssd_prefill = fast_ssd_prefill;

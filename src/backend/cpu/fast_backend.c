@@ -462,6 +462,40 @@ void fast_act_mul(struct backend *be, enum act kind, float *out, const float *x,
     cpu_parallel(be, CDIV(n, 16), act_task, &c);
 }
 
+// rope and head_rmsnorm: the reference's row functions, 16 rows a task
+struct head_ctx {
+    float *x;
+    int ld, n, heads, head_dim;
+    const float *table, *w;
+    const int32_t *pos;
+    float eps;
+};
+
+static void rope_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct head_ctx *c = ctx;
+    for (int t = i * 16; t < MIN(c->n, i * 16 + 16); t++)
+        cpu_rope_row(c->x + (int64_t)t * c->ld, c->heads, c->head_dim, c->table + (int64_t)c->pos[t] * c->head_dim);
+}
+
+static void head_norm_task(void *ctx, int i, int thread) {
+    (void)thread;
+    struct head_ctx *c = ctx;
+    for (int t = i * 16; t < MIN(c->n, i * 16 + 16); t++)
+        cpu_head_rmsnorm_row(c->x + (int64_t)t * c->ld, c->heads, c->head_dim, c->w, c->eps);
+}
+
+void fast_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
+               const int32_t *positions) {
+    struct head_ctx c = {x, ld, n, heads, head_dim, table, NULL, positions, 0};
+    cpu_parallel(be, CDIV(n, 16), rope_task, &c);
+}
+
+void fast_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w, float eps) {
+    struct head_ctx c = {x, ld, n, heads, head_dim, NULL, w, NULL, eps};
+    cpu_parallel(be, CDIV(n, 16), head_norm_task, &c);
+}
+
 // rmsnorm rows (res += x first when res is given), 16 rows a task.
 struct norm_ctx {
     const struct fast_kern *k;

@@ -450,6 +450,45 @@ static void cu_act_mul(struct backend *be, enum act kind, float *out, const floa
     LAUNCH_CHECK();
 }
 
+// One block per token: its heads' pairs (i, i + d/2) rotated by its position.
+__global__ void k_rope(float *x, int ld, int heads, int hd, const float *table, const int32_t *pos) {
+    int t = blockIdx.x, h2 = hd / 2;
+    float *row = x + (int64_t)t * ld;
+    const float *c = table + (int64_t)pos[t] * hd, *s = c + h2;
+    for (int j = threadIdx.x; j < heads * h2; j += blockDim.x) {
+        int h = j / h2, i = j % h2;
+        float *a = row + h * hd + i, u = a[0], v = a[h2];
+        a[0] = u * c[i] - v * s[i];
+        a[h2] = v * c[i] + u * s[i];
+    }
+}
+
+static void cu_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
+                    const int32_t *positions) {
+    if (n <= 0) return;
+    k_rope<<<n, 128, 0, cu(be)->stream>>>(x, ld, heads, head_dim, table, positions);
+    LAUNCH_CHECK();
+}
+
+// One warp per (token, head): RMSNorm over head_dim.
+__global__ void k_head_rmsnorm(float *x, int ld, int n, int heads, int hd, const float *w, float eps) {
+    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (g >= n * heads) return;
+    float *p = x + (int64_t)(g / heads) * ld + (g % heads) * hd;
+    float ss = 0;
+    for (int i = lane; i < hd; i += 32) ss += p[i] * p[i];
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / hd + eps);
+    for (int i = lane; i < hd; i += 32) p[i] = w[i] * (p[i] * r);
+}
+
+static void cu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
+                            float eps) {
+    if (n <= 0) return;
+    k_head_rmsnorm<<<cdiv((int64_t)n * heads, 4), 128, 0, cu(be)->stream>>>(x, ld, n, heads, head_dim, w, eps);
+    LAUNCH_CHECK();
+}
+
 __global__ void k_sum_sq(const float *x, int64_t n, double *out) {
     __shared__ float red[32];
     float s = 0;
@@ -604,6 +643,8 @@ static void init_ops(void) {
     o->add = cu_add;
     o->act = cu_act;
     o->act_mul = cu_act_mul;
+    o->rope = cu_rope;
+    o->head_rmsnorm = cu_head_rmsnorm;
     o->sum_sq = cu_sum_sq;
     o->conv1d_fwd = cuda_conv1d_fwd;
     o->conv1d_update = cuda_conv1d_update;
