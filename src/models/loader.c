@@ -153,6 +153,24 @@ int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dim
     return VLLM_OK;
 }
 
+// An fp32 weight of a 16-bit model holds 16-bit values, as when a model is
+// cast (transformers' bf16 router and embedding): rows staged in the model's
+// format, then uploaded from it (exact in fp32).
+static int upload_rounded(struct loader *l, struct weight *w, int64_t row0, int64_t n, const char *src, enum wfmt sf,
+                          int64_t ld) {
+    int64_t cw = w->cols, per = MAX(1, (1 << 22) / MAX(cw, 1));
+    size_t es = wfmt_size(sf), ms = wfmt_size(l->fmt);
+    char *tmp = xmalloc((size_t)MIN(per, n) * cw * ms);
+    int rc = VLLM_OK;
+    for (int64_t r = 0; r < n && !rc; r += per) {
+        int64_t m = MIN(per, n - r);
+        for (int64_t i = 0; i < m; i++) wfmt_convert(l->fmt, tmp + (size_t)i * cw * ms, sf, src + (size_t)(r + i) * ld * es, cw);
+        rc = l->be->ops->weight_upload_raw(l->be, w, row0 + r, m, tmp, l->fmt, cw);
+    }
+    free(tmp);
+    return rc;
+}
+
 int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t c0, int64_t c1, int64_t pad_rows,
                   unsigned flags, struct weight *w) {
     struct backend *be = l->be;
@@ -176,7 +194,8 @@ int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t 
         TRY(find_shaped(l, p->name, p->ndim, p->dims, &t));
         TRY(tensor_fmt(l, t, &src));
         const char *base = (const char *)t->data + ((size_t)p->rows.off * cols + c0) * wfmt_size(src);
-        TRY(be->ops->weight_upload_raw(be, w, dst, p->rows.len, base, src, cols));
+        if (fmt == WF_F32 && l->fmt != WF_F32 && src != l->fmt) TRY(upload_rounded(l, w, dst, p->rows.len, base, src, cols));
+        else TRY(be->ops->weight_upload_raw(be, w, dst, p->rows.len, base, src, cols));
         dst += p->rows.len;
     }
     return VLLM_OK;
