@@ -2,8 +2,10 @@
 # a prefix P, P plus tails, P again, P cut mid-block) with caching on:
 # token-exact against the oracle, and where requests run one after another
 # every one after the first must find cached tokens (--require-hits). Then
-# every existing oracle gate, in every scheduling mode, with caching on and a
-# cache made warm by a first pass over the same prompts (--warm).
+# the oracle gates of the same fixtures (hybrid, hybrid with latent MoE,
+# attention-only), in every scheduling mode, with caching on and a cache made
+# warm by a first pass over the same prompts (--warm). All the gate fixtures
+# run that way with VLLM_GATE_PREFIX=warm ctest -R '^gate_' (docs/ENVIRONMENT.md).
 set(VLLM_PREFIX_MODES
   "decode|--require-hits"
   "fresh|--fresh-prefill --require-hits"
@@ -11,7 +13,7 @@ set(VLLM_PREFIX_MODES
   "chunk7_batch|--both-modes --max-num-batched-tokens 7 --batch"
   "preempt_chunk|--both-modes --batch --num-blocks 34 --block-size 4 --max-num-batched-tokens 5 --require-preemption"
   "staggered|--staggered 3")
-set(VLLM_PREFIX_FIXTURES nh_dense nh_latent)
+set(VLLM_PREFIX_FIXTURES nh_dense nh_latent qwen3)
 foreach(fx ${VLLM_PREFIX_FIXTURES})
   foreach(mode ${VLLM_PREFIX_MODES})
     vllm_gate_mode("${mode}" mname parts)
@@ -22,7 +24,7 @@ foreach(fx ${VLLM_PREFIX_FIXTURES})
                          FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
   endforeach()
 endforeach()
-foreach(fx nh_dense nh_moe nh_latent)
+foreach(fx ${VLLM_PREFIX_FIXTURES})
   foreach(mode ${VLLM_GATE_MODES})
     vllm_gate_mode("${mode}" mname parts)
     add_test(NAME gate_warm_${fx}_${mname}
@@ -51,7 +53,7 @@ if(VLLM_CUDA)
                        --device cuda --dtype float32 --enable-prefix-caching ${parts})
     endforeach()
   endforeach()
-  foreach(fx nh_dense nh_moe nh_latent)
+  foreach(fx ${VLLM_PREFIX_FIXTURES})
     foreach(mode ${VLLM_GATE_MODES})
       vllm_gate_mode("${mode}" mname parts)
       add_test(NAME gpu_gate_warm_fp32_${fx}_${mname}

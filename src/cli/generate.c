@@ -420,6 +420,8 @@ int cli_generate(int argc, char **argv) {
         }
 #undef VAL
     }
+    const char *gp = getenv("VLLM_GATE_PREFIX"); // docs/ENVIRONMENT.md: every golden gate with a warm prefix cache
+    if (gr.path && gp && !strcmp(gp, "warm")) ep.enable_prefix_caching = 1, gr.warm = 1;
     if (!ep.model || (!gr.path && !ids_s && !text)) {
         usage(stderr);
         return 2;
