@@ -5,7 +5,9 @@
 // preemption and hits interleaved, chunked prefill, arrivals at once, after
 // a first token, or after the previous request finished), and through one
 // with caching off. Every output must be the same, and afterwards no block,
-// checkpoint or slot may still be held.
+// checkpoint or slot may still be held. Twice: on the NemotronH fixture
+// (attention + Mamba2: blocks and checkpoints) and on a pure Mamba2 model of
+// random weights (no KV: checkpoints alone).
 #include <pthread.h>
 #include <time.h>
 
@@ -85,11 +87,13 @@ static void run_all(struct vllm_engine *e, struct job *jobs, int k) {
     for (int i = 0; i < NREQ; i++) vllm_request_free(reqs[i]);
 }
 
-static struct vllm_engine *load(const char *dir, int prefix) {
+static struct vllm_engine *load(const char *dir, int prefix, int dummy, int64_t state_bytes) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     ep.model = dir;
     ep.num_threads = 1;
+    ep.load_format = dummy ? "dummy" : "auto";
+    ep.seed = 5;
     if (prefix) { // tiny pools: 24 blocks of 4 for up to 4 sequences of up to 63 tokens
         ep.enable_prefix_caching = 1;
         ep.block_size = 4;
@@ -97,15 +101,68 @@ static struct vllm_engine *load(const char *dir, int prefix) {
         ep.max_num_seqs = 4;
         ep.max_num_batched_tokens = 7;
         ep.max_model_len = 64;
-        ep.prefix_state_bytes = 100000; // a handful of nh_dense checkpoints (17 KB each)
+        ep.prefix_state_bytes = state_bytes; // a handful of checkpoints
     }
     struct vllm_engine *e = NULL;
     CHECKF(vllm_engine_load(&ep, &e) == 0, "%s", vllm_last_error());
     return e;
 }
 
+// A Mamba2ForCausalLM of 2 layers, 4 heads of 8, state 8, chunk 8 (random weights).
+static char *mamba2_dir(void) {
+    char *dir = tu_tmpdir();
+    const char *cfg = "{\"architectures\": [\"Mamba2ForCausalLM\"], \"vocab_size\": 256, \"hidden_size\": 32, "
+                      "\"num_hidden_layers\": 2, \"layer_norm_epsilon\": 1e-5, \"num_heads\": 4, \"head_dim\": 8, "
+                      "\"state_size\": 8, \"n_groups\": 2, \"conv_kernel\": 4, \"chunk_size\": 8, \"expand\": 1, "
+                      "\"use_conv_bias\": true, \"use_bias\": false, \"max_position_embeddings\": 4096}";
+    CHECK(tu_write(dir, "config.json", cfg, strlen(cfg)) == 0);
+    return dir;
+}
+
+static void run_model(const char *name, const char *dir, int dummy, int64_t state_bytes, struct job *jobs) {
+    for (int i = 0; i < NREQ; i++) memset(jobs[i].out, 0, sizeof jobs[i].out), jobs[i].nout[0] = jobs[i].nout[1] = 0,
+        jobs[i].first[0] = jobs[i].first[1] = jobs[i].done[0] = jobs[i].done[1] = 0;
+    struct vllm_engine *off = load(dir, 0, dummy, 0), *on = load(dir, 1, dummy, state_bytes);
+    if (!off || !on) return;
+    struct vllm_model_info info;
+    vllm_engine_info(on, &info);
+    CHECKF(info.num_state_checkpoints >= 3 && info.num_state_checkpoints <= 12 && info.state_checkpoint_interval == 8,
+           "%s: %d checkpoints every %d tokens", name, info.num_state_checkpoints, info.state_checkpoint_interval);
+    run_all(off, jobs, 0);
+    run_all(on, jobs, 1);
+    int same = 0;
+    for (int i = 0; i < NREQ; i++) {
+        struct job *j = &jobs[i];
+        int ok = j->status[0] == 0 && j->status[1] == 0 && j->nout[0] == j->max_tokens && j->nout[1] == j->nout[0] &&
+                 !memcmp(j->out[0], j->out[1], sizeof(int32_t) * j->nout[0]);
+        CHECKF(ok, "%s request %d (%d prompt tokens): caching on gave other tokens than caching off", name, i, j->plen);
+        same += ok;
+    }
+    struct vllm_stats st;
+    for (int t = 0; t < 5000; t++) { // the last event goes out before the resources come back
+        vllm_engine_stats(on, &st);
+        if (st.num_running == 0 && st.kv_blocks_used == 0 && st.state_slots_used == 0) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&on->mu); // the engine is idle: its scheduler can be read
+    struct scheduler *s = &on->sched;
+    printf("prefix pressure, %s: %d/%d requests identical; %llu of %llu prompt tokens hit, %llu preemptions, "
+           "%llu block and %llu checkpoint evictions\n",
+           name, same, NREQ, (unsigned long long)st.prefix_cache_hits, (unsigned long long)st.prefix_cache_queries,
+           (unsigned long long)st.num_preemptions, (unsigned long long)s->blocks.evictions,
+           (unsigned long long)s->ckpts.evictions);
+    CHECK(st.prefix_cache_hits > 0 && s->ckpts.evictions > 0);
+    if (s->blocks.total) CHECK(st.num_preemptions > 0 && s->blocks.evictions > 0); // no KV: nothing to preempt for
+    CHECKF(kv_pool_used(&s->blocks) == 0 && kv_pool_available(&s->blocks) == s->blocks.total, "blocks still held");
+    CHECKF(kv_pool_used(&s->ckpts) == 0 && kv_pool_available(&s->ckpts) == s->ckpts.total, "checkpoints still held");
+    CHECK(st.state_slots_used == 0 && st.kv_blocks_used == 0 && s->num_running == 0);
+    pthread_mutex_unlock(&on->mu);
+    vllm_engine_free(off);
+    vllm_engine_free(on);
+}
+
 int main(void) {
-    char *dir = tu_fixture("nh_dense");
     int32_t seg[6][SEG];
     for (int s = 0; s < 6; s++)
         for (int i = 0; i < SEG; i++) seg[s][i] = rnd(256);
@@ -119,43 +176,11 @@ int main(void) {
         j->max_tokens = 1 + rnd(14);
         j->arrival = rnd(3);
     }
-    struct vllm_engine *off = load(dir, 0), *on = load(dir, 1);
-    if (!off || !on) return test_summary("prefix_pressure");
-    struct vllm_model_info info;
-    vllm_engine_info(on, &info);
-    CHECKF(info.num_state_checkpoints >= 3 && info.num_state_checkpoints <= 12 && info.state_checkpoint_interval == 8,
-           "%d checkpoints every %d tokens", info.num_state_checkpoints, info.state_checkpoint_interval);
-    run_all(off, jobs, 0);
-    run_all(on, jobs, 1);
-    int same = 0;
-    for (int i = 0; i < NREQ; i++) {
-        struct job *j = &jobs[i];
-        int ok = j->status[0] == 0 && j->status[1] == 0 && j->nout[0] == j->max_tokens && j->nout[1] == j->nout[0] &&
-                 !memcmp(j->out[0], j->out[1], sizeof(int32_t) * j->nout[0]);
-        CHECKF(ok, "request %d (%d prompt tokens): caching on gave other tokens than caching off", i, j->plen);
-        same += ok;
-    }
-    struct vllm_stats st;
-    for (int t = 0; t < 5000; t++) { // the last event goes out before the resources come back
-        vllm_engine_stats(on, &st);
-        if (st.num_running == 0 && st.kv_blocks_used == 0 && st.state_slots_used == 0) break;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    pthread_mutex_lock(&on->mu); // the engine is idle: its scheduler can be read
-    struct scheduler *s = &on->sched;
-    printf("prefix pressure: %d/%d requests identical; %llu of %llu prompt tokens hit, %llu preemptions, "
-           "%llu block and %llu checkpoint evictions\n",
-           same, NREQ, (unsigned long long)st.prefix_cache_hits, (unsigned long long)st.prefix_cache_queries,
-           (unsigned long long)st.num_preemptions, (unsigned long long)s->blocks.evictions,
-           (unsigned long long)s->ckpts.evictions);
-    CHECK(st.prefix_cache_hits > 0 && st.num_preemptions > 0 && s->blocks.evictions > 0 && s->ckpts.evictions > 0);
-    CHECKF(kv_pool_used(&s->blocks) == 0 && kv_pool_available(&s->blocks) == s->blocks.total, "blocks still held");
-    CHECKF(kv_pool_used(&s->ckpts) == 0 && kv_pool_available(&s->ckpts) == s->ckpts.total, "checkpoints still held");
-    CHECK(st.state_slots_used == 0 && st.kv_blocks_used == 0 && s->num_running == 0);
-    pthread_mutex_unlock(&on->mu);
-    vllm_engine_free(off);
-    vllm_engine_free(on);
+    char *dir = tu_fixture("nh_dense"), *m2 = mamba2_dir();
+    run_model("nh_dense", dir, 0, 100000, jobs); // checkpoints of 17 KB
+    run_model("mamba2", m2, 1, 20000, jobs);     // of 3.5 KB
+    tu_rmdir(m2);
+    free(m2);
     free(jobs);
     free(dir);
     return test_summary("prefix_pressure");
