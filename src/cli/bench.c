@@ -118,9 +118,13 @@ static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int 
     return rc;
 }
 
+struct int_flag {
+    const char *flag;
+    int *v;
+};
+
 // A --workload chat option: 1 when argv[*i] is one (*bad set on a bad value).
-static int chat_flag(int argc, char **argv, int *i, void *opts, int n, int *bad) {
-    struct { const char *flag; int *v; } *o = opts;
+static int chat_flag(int argc, char **argv, int *i, const struct int_flag *o, int n, int *bad) {
     for (int k = 0; k < n; k++)
         if (!strcmp(argv[*i], o[k].flag)) {
             const char *v = cli_value(argc, argv, i);
@@ -136,7 +140,7 @@ int cli_bench(int argc, char **argv) {
     const char *sizes = "1,8,32", *v;
     int in_len = 512, out_len = 128, json = 0, warmup = 1, chat = 0;
     struct chat_opts co = {8, 4, 2000, 100, 100};
-    struct { const char *flag; int *v; } copts[] = {{"--conversations", &co.conversations}, {"--turns", &co.turns},
+    struct int_flag copts[] = {{"--conversations", &co.conversations}, {"--turns", &co.turns},
         {"--system-len", &co.system_len}, {"--user-len", &co.user_len}, {"--reply-len", &co.reply_len}};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
