@@ -92,18 +92,18 @@ static void bench_matmul(struct backend *ref, struct backend *fast, const char *
 // A batch of S sequences of q tokens each after ctx tokens (decodes when q == 1).
 struct hb {
     struct batch b;
-    int32_t *qsl, *seq_lens, *ctx, *slots, *init, *pos, *slot_map, *btab;
+    int32_t *qsl, *seq_lens, *ctx, *slots, *src, *ck_start, *pos, *slot_map, *btab;
 };
 static void make_batch(struct hb *h, int S, int q, int ctx, int bs) {
     int T = S * q, mb = (ctx + q + bs - 1) / bs;
     h->qsl = xcalloc(S + 1, 4), h->seq_lens = xcalloc(S, 4), h->ctx = xcalloc(S, 4), h->slots = xcalloc(S, 4);
-    h->init = xcalloc(S, 4), h->pos = xcalloc(T, 4), h->slot_map = xcalloc(T, 4), h->btab = xcalloc((size_t)S * mb, 4);
+    h->src = xcalloc(S, 4), h->ck_start = xcalloc(S + 1, 4), h->pos = xcalloc(T, 4), h->slot_map = xcalloc(T, 4), h->btab = xcalloc((size_t)S * mb, 4);
     for (int s = 0; s < S; s++) {
         h->qsl[s] = s * q;
         h->ctx[s] = ctx;
         h->seq_lens[s] = ctx + q;
         h->slots[s] = s;
-        h->init[s] = ctx > 0;
+        h->src[s] = ctx > 0 ? s : -1; // continue the slot, or zeros
         for (int j = 0; j < mb; j++) h->btab[s * mb + j] = s * mb + j;
         for (int i = 0; i < q; i++) {
             h->pos[s * q + i] = ctx + i;
@@ -116,12 +116,12 @@ static void make_batch(struct hb *h, int S, int q, int ctx, int bs) {
     b->num_tokens = T, b->num_seqs = S, b->num_decodes = q == 1 ? S : 0, b->num_prefills = q == 1 ? 0 : S;
     b->max_blocks_per_seq = mb;
     b->query_start_loc = h->qsl, b->seq_lens = h->seq_lens, b->context_lens = h->ctx, b->positions = h->pos;
-    b->state_slots = h->slots, b->has_initial_state = h->init, b->slot_mapping = h->slot_map, b->block_tables = h->btab;
+    b->state_slots = h->slots, b->state_src = h->src, b->ckpt_start = h->ck_start, b->slot_mapping = h->slot_map, b->block_tables = h->btab;
     b->h_query_start_loc = h->qsl, b->h_seq_lens = h->seq_lens, b->h_context_lens = h->ctx;
-    b->h_state_slots = h->slots, b->h_has_initial_state = h->init;
+    b->h_state_slots = h->slots, b->h_state_src = h->src;
 }
 static void free_batch(struct hb *h) {
-    free(h->qsl), free(h->seq_lens), free(h->ctx), free(h->slots), free(h->init), free(h->pos), free(h->slot_map),
+    free(h->qsl), free(h->seq_lens), free(h->ctx), free(h->slots), free(h->src), free(h->ck_start), free(h->pos), free(h->slot_map),
         free(h->btab);
 }
 

@@ -72,6 +72,12 @@ struct vllm_engine_params {
     int tensor_parallel_size;   // ranks the model is split over: GPUs (default 1)
     uint64_t seed;              // dummy weights and unseeded sampling
     const char *kv_cache_dtype; // "auto" (the weights' 16-bit type on CUDA, float32 on the CPU), "float32", "bfloat16"
+    // Prefix caching: a request reuses the KV blocks and recurrent-state
+    // checkpoints of a prefix that earlier requests computed.
+    int enable_prefix_caching;     // default 0 (`vllm serve` turns it on)
+    int64_t prefix_state_bytes;    // state checkpoint pool in bytes (0: a quarter of the KV budget)
+    int state_checkpoint_interval; // tokens between state checkpoints (0: the least common multiple of
+                                   // block_size and the SSD chunk size); a multiple of that
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
@@ -94,6 +100,10 @@ struct vllm_model_info {
     int64_t kv_cache_bytes;
     int64_t state_bytes;
     int64_t weight_bytes;
+    int prefix_caching;            // enabled
+    int num_state_checkpoints;     // checkpoint pool capacity (0: no recurrent state, or caching off)
+    int state_checkpoint_interval; // tokens (0: none)
+    int64_t checkpoint_bytes;      // of the pool, over all ranks
 };
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);
@@ -110,6 +120,10 @@ struct vllm_stats {
     uint64_t requests_finished;
     uint64_t num_preemptions;
     uint64_t num_steps;
+    uint64_t prefix_cache_queries; // prompt tokens looked up in the prefix cache (recompute included)
+    uint64_t prefix_cache_hits;    // of those, tokens found there (not computed)
+    int state_checkpoints_total;
+    int state_checkpoints_used;    // holding a checkpoint or held by a request
 };
 vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
@@ -134,6 +148,8 @@ struct vllm_sampling_params {
     int include_stop_str_in_output;
     int logprobs;             // < 0: none; n >= 0: sampled + n top logprobs
     int skip_special_tokens;  // in text output (default 1)
+    const char *cache_salt;   // prefix caching: requests share cached prefixes only with the same salt
+                              // (NULL or "": the unsalted ones)
 };
 void vllm_sampling_params_default(struct vllm_sampling_params *p);
 
@@ -154,6 +170,7 @@ struct vllm_output {
     vllm_status status;        // != OK with VLLM_FINISH_ERROR
     const char *error;         // message with a status != OK
     double ttft_s;             // seconds from submit to the first token (0 before)
+    int num_cached_tokens;     // prompt tokens found in the prefix cache at the first admission
 };
 typedef void (*vllm_stream_fn)(void *user, const struct vllm_output *out);
 

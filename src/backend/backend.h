@@ -172,8 +172,10 @@ struct backend_ops {
     // Mamba2. zxbcdt: [T, ld] rows of in_proj output, z | xBC | dt.
     // Causal depthwise conv + bias + SiLU over xBC, in place, for the prefill
     // sequences [seq0, seq1) of the batch; reads each sequence's conv state
-    // (zero when !has_initial_state: the gather zeroes fresh slots) and writes
-    // the last K-1 inputs back. conv_state: [slots, K-1, conv_dim].
+    // from slot state_src (zeros for -1: the gather zeroes fresh slots and
+    // restores checkpoints), writes the last K-1 inputs to its state slot, and
+    // the K-1 inputs before each checkpoint position to that checkpoint's
+    // slot. conv_state: [slots, K-1, conv_dim].
     void (*conv1d_fwd)(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
                        float *conv_state, const struct batch *b, int seq0, int seq1,
                        const struct mamba_dims *d);
@@ -182,9 +184,10 @@ struct backend_ops {
                           float *conv_state, const struct batch *b, const struct mamba_dims *d);
     // SSD chunked scan for prefill sequences [seq0, seq1): y: [T, H*P].
     // dt = softplus(dt + dt_bias), A = -exp(A_log) given as A; chunks align to
-    // absolute positions (multiples of chunk_size); the initial state is the
-    // slot's (zero when !has_initial_state); the final state is written back.
-    // ssm_state: [slots, H, P, N] fp32.
+    // absolute positions (multiples of chunk_size); the initial state is slot
+    // state_src's (zeros for -1), the final state goes to the state slot, and
+    // the state at each checkpoint position (a chunk boundary) to that
+    // checkpoint's slot. ssm_state: [slots, H, P, N] fp32.
     void (*ssd_prefill)(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
                         const float *A, const float *D, float *ssm_state, const struct batch *b,
                         int seq0, int seq1, const struct mamba_dims *d);

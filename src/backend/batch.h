@@ -39,16 +39,24 @@ struct batch {
     int32_t *positions;         // [T]
     int32_t *slot_mapping;      // [T] KV slot (block * block_size + offset)
     int32_t *block_tables;      // [S, max_blocks_per_seq]
-    int32_t *state_slots;       // [S] recurrent-state slot
-    int32_t *has_initial_state; // [S] 0: the slot is fresh and must read as zeros
+    int32_t *state_slots;       // [S] recurrent-state slot the step writes
+    // [S] where a prefill's initial state is read: -1 zeros (a fresh slot),
+    // its own slot (a continued prompt), or a checkpoint slot (a prefix hit:
+    // the gather restores it). Decodes always continue their own slot.
+    int32_t *state_src;
+    // State checkpoints written by prefills: sequence s stores its state after
+    // position ckpt_pos[k] - 1 into slot ckpt_slot[k], k in [ckpt_start[s],
+    // ckpt_start[s+1]), ascending. Each position is in (context_lens[s],
+    // seq_lens[s]] and a multiple of chunk_size: an SSD chunk boundary.
+    int32_t *ckpt_start;        // [S+1]
+    int32_t *ckpt_pos, *ckpt_slot;
     int32_t *token_src;         // [T] token-table index of each input token
     int32_t *sample_rows;       // [num_sample] batch row whose logits are sampled
     struct sample_params *sample_params; // [num_sample]
     int32_t *input_ids;         // [T] gathered from the token table: the model reads only this
 
     // Host mirrors of the arrays above, for launch sizes and diagnostics.
-    const int32_t *h_query_start_loc, *h_seq_lens, *h_context_lens, *h_state_slots,
-        *h_has_initial_state;
+    const int32_t *h_query_start_loc, *h_seq_lens, *h_context_lens, *h_state_slots, *h_state_src;
     const struct sample_params *h_sample_params;
 };
 

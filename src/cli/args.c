@@ -23,7 +23,12 @@ const char *const cli_engine_help =
     "  --threads N                  CPU threads (default: all cores)\n"
     "  --seed N                     seed of dummy weights and unseeded sampling\n"
     "  --tensor-parallel-size N     ranks the model is split over (default 1): GPUs with\n"
-    "                               cuda; with cpu, threads that test the split\n";
+    "                               cuda; with cpu, threads that test the split\n"
+    "  --enable-prefix-caching      reuse the KV blocks and state checkpoints of shared prefixes\n"
+    "  --no-enable-prefix-caching   (on by default for serve, off for generate and bench)\n"
+    "  --prefix-state-gb X          state checkpoint pool in GiB (default: a quarter of the KV budget)\n"
+    "  --state-checkpoint-interval N  tokens between state checkpoints (default: the least common\n"
+    "                               multiple of the block size and the SSD chunk size)\n";
 
 const char *cli_value(int argc, char **argv, int *i) {
     if (*i + 1 >= argc) {
@@ -102,6 +107,10 @@ int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p)
     else if (!strcmp(f, "--threads")) { VAL(); if (cli_int(f, v, 1, 1024, &p->num_threads)) return -1; }
     else if (!strcmp(f, "--seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return -1; p->seed = (uint64_t)x; }
     else if (!strcmp(f, "--tensor-parallel-size")) { VAL(); if (cli_int(f, v, 1, 64, &p->tensor_parallel_size)) return -1; }
+    else if (!strcmp(f, "--enable-prefix-caching")) p->enable_prefix_caching = 1;
+    else if (!strcmp(f, "--no-enable-prefix-caching")) p->enable_prefix_caching = 0;
+    else if (!strcmp(f, "--prefix-state-gb")) { VAL(); if (cli_float(f, v, &g) || g <= 0) return -1; p->prefix_state_bytes = (int64_t)(g * (1 << 30)); }
+    else if (!strcmp(f, "--state-checkpoint-interval")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &p->state_checkpoint_interval)) return -1; }
     else return 0;
 #undef VAL
     return 1;

@@ -21,7 +21,10 @@ static void usage(FILE *f) {
             "  --input-len N        prompt tokens per request (default 512)\n"
             "  --output-len N       generated tokens per request (default 128)\n"
             "  --warmup N           warm-up requests before the runs (default 1)\n"
-            "  --json               print one JSON object instead of a table\n\n"
+            "  --json               print one JSON object instead of a table\n"
+            "  --workload chat      multi-turn chat instead (bench_chat.c), prefix caching off then on:\n"
+            "    --conversations N  (default 8)   --turns T (default 4)   --system-len N (default 2000)\n"
+            "    --user-len N (default 100)       --reply-len N (default 100)\n\n"
             "engine (a config-only directory works with --load-format dummy):\n%s",
             cli_engine_help);
 }
@@ -115,11 +118,30 @@ static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int 
     return rc;
 }
 
+struct int_flag {
+    const char *flag;
+    int *v;
+};
+
+// A --workload chat option: 1 when argv[*i] is one (*bad set on a bad value).
+static int chat_flag(int argc, char **argv, int *i, const struct int_flag *o, int n, int *bad) {
+    for (int k = 0; k < n; k++)
+        if (!strcmp(argv[*i], o[k].flag)) {
+            const char *v = cli_value(argc, argv, i);
+            *bad = !v || cli_int(o[k].flag, v, 1, 1 << 20, o[k].v);
+            return 1;
+        }
+    return 0;
+}
+
 int cli_bench(int argc, char **argv) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     const char *sizes = "1,8,32", *v;
-    int in_len = 512, out_len = 128, json = 0, warmup = 1;
+    int in_len = 512, out_len = 128, json = 0, warmup = 1, chat = 0;
+    struct chat_opts co = {8, 4, 2000, 100, 100};
+    struct int_flag copts[] = {{"--conversations", &co.conversations}, {"--turns", &co.turns},
+        {"--system-len", &co.system_len}, {"--user-len", &co.user_len}, {"--reply-len", &co.reply_len}};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         int r = cli_engine_flag(argc, argv, &i, &ep);
@@ -131,11 +153,24 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "--output-len")) { if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 24, &out_len)) return 2; }
         else if (!strcmp(f, "--warmup")) { if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 0, 100, &warmup)) return 2; }
         else if (!strcmp(f, "--json")) json = 1;
+        else if (!strcmp(f, "--workload")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (strcmp(v, "chat")) return fprintf(stderr, "vllm bench: unknown workload '%s' (expected chat)\n", v), 2;
+            chat = 1;
+        } else if (chat_flag(argc, argv, &i, copts, 5, &r)) {
+            if (r) return 2;
+        }
         else {
             fprintf(stderr, "vllm bench: unknown option '%s'\n", f);
             usage(stderr);
             return 2;
         }
+    }
+    if (chat) {
+        if (!ep.model) return usage(stderr), 2;
+        if (ep.max_num_seqs < co.conversations) ep.max_num_seqs = co.conversations;
+        if (!ep.max_model_len) ep.max_model_len = co.system_len + co.turns * (co.user_len + co.reply_len) + 1;
+        return bench_chat(&ep, &co, json);
     }
     int32_t *bs;
     int nb = cli_ids(sizes, &bs);

@@ -7,4 +7,12 @@ int cli_bench(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 
+#include "vllm.h"
+
+// `vllm bench --workload chat` (bench_chat.c): caching off, then on.
+struct chat_opts {
+    int conversations, turns, system_len, user_len, reply_len;
+};
+int bench_chat(const struct vllm_engine_params *base, const struct chat_opts *o, int json);
+
 #endif

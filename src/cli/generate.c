@@ -30,7 +30,11 @@ static void usage(FILE *f) {
             "  --golden-key K               compare against golden[K] (default greedy; e.g. greedy_bf16)\n"
             "  --margin-key K --min-margin X  compare each prompt only while the oracle's top-2 margin\n"
             "                               golden[K][i][step] >= X\n"
-            "  --modes-agree                run decode and fresh-prefill and also compare them to each other\n\n"
+            "  --modes-agree                run decode and fresh-prefill and also compare them to each other\n"
+            "  --warm                       run every prompt once first (uncompared), so that the compared\n"
+            "                               runs start from a warm prefix cache\n"
+            "  --require-hits               fail unless every request after a run's first found cached\n"
+            "                               prompt tokens (needs --enable-prefix-caching)\n\n"
             "engine:\n%s",
             cli_engine_help);
 }
@@ -42,6 +46,7 @@ struct job {
     int ngot;
     int done, status;
     char error[256];
+    int cached; // prompt tokens the prefix cache held
 };
 
 struct jobs {
@@ -62,6 +67,7 @@ static void job_cb(void *user, const struct vllm_output *o) {
     for (int i = 0; i < o->num_token_ids && j->ngot < j->want; i++) j->got[j->ngot++] = o->token_ids[i];
     if (o->finish_reason != VLLM_FINISH_NONE) {
         j->done = 1;
+        j->cached = o->num_cached_tokens;
         j->status = o->status;
         if (o->error) snprintf(j->error, sizeof j->error, "%s", o->error);
         ref->all->pending--;
@@ -70,9 +76,16 @@ static void job_cb(void *user, const struct vllm_output *o) {
     pthread_mutex_unlock(&ref->all->mu);
 }
 
+// Requests of a mode's run, and those after its first that found no cached
+// prompt tokens (--require-hits).
+struct hits {
+    int requests, missed;
+};
+
 // Runs jobs[0..n): all at once (stagger 0), one at a time (stagger < 0), or
 // each once the one before has `stagger` tokens.
-static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct vllm_sampling_params *base, int stagger) {
+static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct vllm_sampling_params *base, int stagger,
+                    struct hits *hc) {
     struct jobs all = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
     struct job_ref *refs = xcalloc(n, sizeof *refs);
     struct vllm_request **reqs = xcalloc(n, sizeof *reqs);
@@ -114,6 +127,7 @@ static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct
             fprintf(stderr, "vllm generate: request %d failed: %s\n", i, jobs[i].error);
             rc = jobs[i].status;
         }
+        if (jobs[i].want > 0 && hc->requests++ > 0 && jobs[i].cached == 0) hc->missed++;
     }
     free(refs);
     free(reqs);
@@ -197,11 +211,12 @@ static void free_golden(struct golden *g) {
 
 // Decode mode: each prompt is one request generating all its steps.
 static int run_decode(struct vllm_engine *e, const struct golden *g, const struct vllm_sampling_params *sp, int batch,
-                      int stagger, int32_t **got) {
+                      int stagger, int32_t **got, struct hits *hc, int *cached) {
     struct job *jobs = xcalloc(g->n, sizeof *jobs);
     for (int i = 0; i < g->n; i++)
-        jobs[i] = (struct job){g->prompts[i], g->plen[i], g->glen[i], got[i], 0, 0, 0, ""};
-    int rc = run_jobs(e, jobs, g->n, sp, batch ? 0 : stagger ? stagger : -1);
+        jobs[i] = (struct job){g->prompts[i], g->plen[i], g->glen[i], got[i], 0, 0, 0, "", 0};
+    int rc = run_jobs(e, jobs, g->n, sp, batch ? 0 : stagger ? stagger : -1, hc);
+    for (int i = 0; i < g->n && cached; i++) cached[i] = jobs[i].cached;
     free(jobs);
     return rc;
 }
@@ -209,7 +224,7 @@ static int run_decode(struct vllm_engine *e, const struct golden *g, const struc
 // Fresh-prefill mode: token j of prompt i comes from a new request whose
 // prompt is prompt i + its first j generated tokens; no decode step runs.
 static int run_fresh(struct vllm_engine *e, const struct golden *g, const struct vllm_sampling_params *sp, int batch,
-                     int32_t **got) {
+                     int32_t **got, struct hits *hc) {
     int maxg = 0, rc = 0;
     for (int i = 0; i < g->n; i++) maxg = MAX(maxg, g->glen[i]);
     struct job *jobs = xcalloc(g->n, sizeof *jobs);
@@ -223,10 +238,10 @@ static int run_fresh(struct vllm_engine *e, const struct golden *g, const struct
         int idx[g->n];
         for (int i = 0; i < g->n; i++) {
             if (j >= g->glen[i]) continue;
-            jobs[n] = (struct job){seq[i], g->plen[i] + j, 1, &got[i][j], 0, 0, 0, ""};
+            jobs[n] = (struct job){seq[i], g->plen[i] + j, 1, &got[i][j], 0, 0, 0, "", 0};
             idx[n++] = i;
         }
-        rc = run_jobs(e, jobs, n, sp, batch ? 0 : -1);
+        rc = run_jobs(e, jobs, n, sp, batch ? 0 : -1, hc);
         for (int k = 0; k < n && !rc; k++) {
             if (jobs[k].ngot != 1) rc = 1;
             else seq[idx[k]][g->plen[idx[k]] + j] = got[idx[k]][j];
@@ -255,6 +270,7 @@ struct golden_run {
     struct golden_opts o;
     int fresh, both, batch, stagger, require_preempt;
     int modes_agree; // decode and fresh-prefill must give the same tokens
+    int warm, require_hits;
 };
 
 static int run_golden(struct vllm_engine *e, const struct golden_run *gr, const struct vllm_sampling_params *base) {
@@ -267,12 +283,20 @@ static int run_golden(struct vllm_engine *e, const struct golden_run *gr, const 
     int32_t **got = xcalloc(g.n + 1, sizeof *got), **first = xcalloc(g.n + 1, sizeof *first);
     for (int i = 0; i < g.n; i++) got[i] = xcalloc(g.glen[i] + 1, sizeof(int32_t));
     for (int i = 0; i < g.n; i++) first[i] = xcalloc(g.glen[i] + 1, sizeof(int32_t));
-    int compared = 0, diverged = 0, rc = 0;
+    int compared = 0, diverged = 0, rc = 0, missed = 0, *cached = xcalloc(g.n + 1, sizeof(int));
     const char *modes[2] = {"decode", "fresh-prefill"};
+    struct vllm_stats st0;
+    if (gr->warm) { // every prompt once, one at a time: the compared runs find it all cached
+        struct hits hc = {0, 0};
+        rc = run_decode(e, &g, &sp, 0, 0, got, &hc, NULL);
+    }
+    vllm_engine_stats(e, &st0);
     for (int m = 0; m < 2 && !rc && !diverged; m++) {
         if ((m == 0 && fresh && !both) || (m == 1 && !fresh && !both)) continue;
         for (int i = 0; i < g.n; i++) memset(got[i], 0xff, sizeof(int32_t) * g.glen[i]);
-        rc = m == 0 ? run_decode(e, &g, &sp, batch, stagger, got) : run_fresh(e, &g, &sp, batch, got);
+        struct hits hc = {0, 0};
+        rc = m == 0 ? run_decode(e, &g, &sp, batch, stagger, got, &hc, cached) : run_fresh(e, &g, &sp, batch, got, &hc);
+        missed += hc.missed;
         if (!rc) diverged = compare(modes[m], &g, got, &compared);
         if (!rc && gr->modes_agree && m == 0)
             for (int i = 0; i < g.n; i++) memcpy(first[i], got[i], sizeof(int32_t) * g.glen[i]);
@@ -287,6 +311,19 @@ static int run_golden(struct vllm_engine *e, const struct golden_run *gr, const 
     printf("steps %llu, preemptions %llu, prompt tokens %llu, generated %llu\n", (unsigned long long)st.num_steps,
            (unsigned long long)st.num_preemptions, (unsigned long long)st.prompt_tokens_total,
            (unsigned long long)st.generation_tokens_total);
+    struct vllm_model_info info;
+    vllm_engine_info(e, &info);
+    if (info.prefix_caching) {
+        printf("prefix cache: %llu of %llu prompt tokens hit", (unsigned long long)(st.prefix_cache_hits - st0.prefix_cache_hits),
+               (unsigned long long)(st.prefix_cache_queries - st0.prefix_cache_queries));
+        if (!fresh || both) {
+            printf(" (decode run, per prompt:");
+            for (int i = 0; i < g.n; i++) printf(" %d", cached[i]);
+            printf(")");
+        }
+        printf("\n");
+    }
+    free(cached);
     for (int i = 0; i < g.n; i++) free(got[i]), free(first[i]);
     free(got);
     free(first);
@@ -302,6 +339,11 @@ static int run_golden(struct vllm_engine *e, const struct golden_run *gr, const 
     }
     if (gr->require_preempt && st.num_preemptions == 0) {
         printf("FAIL: --require-preemption, but no request was preempted\n");
+        return 1;
+    }
+    if (gr->require_hits && (!info.prefix_caching || missed)) {
+        printf("FAIL: --require-hits, but %d requests after the first found no cached prompt tokens%s\n", missed,
+               info.prefix_caching ? "" : " (prefix caching is off)");
         return 1;
     }
     printf("STRICT PASS %d/%d\n", compared, compared);
@@ -341,7 +383,7 @@ int cli_generate(int argc, char **argv) {
     vllm_sampling_params_default(&sp);
     sp.temperature = 0;
     const char *ids_s = NULL, *text = NULL, *v;
-    struct golden_run gr = {NULL, {"greedy", NULL, 0.0f}, 0, 0, 0, 0, 0, 0};
+    struct golden_run gr = {NULL, {"greedy", NULL, 0.0f}, 0, 0, 0, 0, 0, 0, 0, 0};
     int x;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -369,6 +411,8 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(f, "--batch")) gr.batch = 1;
         else if (!strcmp(f, "--staggered")) { VAL(); if (cli_int(f, v, 1, 1 << 20, &gr.stagger)) return 2; }
         else if (!strcmp(f, "--require-preemption")) gr.require_preempt = 1;
+        else if (!strcmp(f, "--warm")) gr.warm = 1;
+        else if (!strcmp(f, "--require-hits")) gr.require_hits = 1;
         else {
             fprintf(stderr, "vllm generate: unknown option '%s'\n", f);
             usage(stderr);
@@ -376,6 +420,8 @@ int cli_generate(int argc, char **argv) {
         }
 #undef VAL
     }
+    const char *gp = getenv("VLLM_GATE_PREFIX"); // docs/ENVIRONMENT.md: every golden gate with a warm prefix cache
+    if (gr.path && gp && !strcmp(gp, "warm")) ep.enable_prefix_caching = 1, gr.warm = 1;
     if (!ep.model || (!gr.path && !ids_s && !text)) {
         usage(stderr);
         return 2;
@@ -393,6 +439,12 @@ int cli_generate(int argc, char **argv) {
         return 2;
     }
     int rc = gr.path ? run_golden(e, &gr, &sp) : run_one(e, ids, n, text, &sp);
+    if (!gr.path && ep.enable_prefix_caching) {
+        struct vllm_stats st;
+        vllm_engine_stats(e, &st);
+        printf("prefix cache: %llu of %llu prompt tokens hit\n", (unsigned long long)st.prefix_cache_hits,
+               (unsigned long long)st.prefix_cache_queries);
+    }
     vllm_engine_free(e);
     free(ids);
     return rc;

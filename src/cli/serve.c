@@ -73,6 +73,9 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
     printf("vllm serve: KV cache %d blocks x %d tokens (%lld tokens, %.1f MB), %d state slots (%.1f MB)\n",
            in.num_kv_blocks, in.block_size, (long long)in.num_kv_blocks * in.block_size, in.kv_cache_bytes / 1e6,
            in.num_state_slots, in.state_bytes / 1e6);
+    if (in.prefix_caching)
+        printf("vllm serve: prefix caching on, %d state checkpoints every %d tokens (%.1f MB)\n",
+               in.num_state_checkpoints, in.state_checkpoint_interval, in.checkpoint_bytes / 1e6);
     printf("vllm serve: tokenizer %s, chat template %s\n", in.has_tokenizer ? "yes" : "no (token-id prompts only)",
            in.has_chat_template ? "yes" : "no (no /v1/chat/completions)");
     return VLLM_OK;
@@ -81,6 +84,7 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
 int cli_serve(int argc, char **argv) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
+    ep.enable_prefix_caching = 1; // as in vLLM; --no-enable-prefix-caching turns it off
     struct server_config sc;
     server_config_default(&sc);
     const char *v;

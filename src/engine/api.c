@@ -5,6 +5,7 @@
 #include "core/common.h"
 #include "core/json.h"
 #include "engine/engine.h"
+#include "engine/kv_cache.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAX_LOGPROBS 20
@@ -56,6 +57,8 @@ static void request_free(struct request *r) {
     free(r->stop_ids);
     free(r->tokens);
     free(r->blocks);
+    free(r->hashes);
+    free(r->pend);
     free(r);
 }
 
@@ -106,6 +109,8 @@ static struct request *request_new(struct vllm_engine *e, int32_t *ids, int n, c
     r->stop_strs = xcalloc(sp->num_stop ? sp->num_stop : 1, sizeof(char *));
     for (int i = 0; i < sp->num_stop; i++) r->stop_strs[i] = xstrdup(sp->stop[i]);
     r->sp.stop = (const char *const *)r->stop_strs;
+    r->salt = kv_hash_salt(sp->cache_salt); // the string itself is not kept
+    r->sp.cache_salt = NULL;
     r->max_tokens = MIN(sp->max_tokens, e->max_model_len - n);
     r->t_submit = now_s();
     return r;

@@ -53,7 +53,8 @@ static int check_params(const struct vllm_engine_params *p) {
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_seqs %d is out of range [1, 4096]", p->max_num_seqs);
     if (p->max_num_batched_tokens < 1)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_batched_tokens must be >= 1");
-    if (p->max_model_len < 0 || p->num_kv_blocks < 0 || p->kv_cache_bytes < 0 || p->max_queued < 0)
+    if (p->max_model_len < 0 || p->num_kv_blocks < 0 || p->kv_cache_bytes < 0 || p->max_queued < 0 ||
+        p->prefix_state_bytes < 0 || p->state_checkpoint_interval < 0)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "negative engine parameter");
     if (p->tensor_parallel_size < 0 || p->tensor_parallel_size > 64)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "tensor_parallel_size %d is out of range [1, 64]",
@@ -93,6 +94,45 @@ static int size_kv(struct vllm_engine *e, const struct model_spec *sp, int *num_
     return VLLM_OK;
 }
 
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
+// Prefix caching's recurrent side: the checkpoint interval, a multiple of
+// block_size (a checkpoint is keyed by the hash of the block that ends at it)
+// and of every state layer's alignment (the SSD chunk: the scan has the state
+// at chunk boundaries only); so any shared prefix of at least one interval
+// hits at its last multiple of the interval. The pool: prefix_state_bytes
+// (default a quarter of the KV budget) of checkpoints of every state layer
+// on every rank, at most as many as the KV pool can back (a hit needs the
+// blocks of its prefix too).
+static int size_ckpts(struct vllm_engine *e, int num_blocks, int *interval, int *num, int64_t *bytes) {
+    const struct vllm_engine_params *p = &e->params;
+    int align = 0;
+    int64_t per = 0;
+    for (int k = 0; k < e->tp; k++)
+        for (int i = 0; i < e->model[k]->spec.num_layers; i++) {
+            const struct layer_cache_spec *ls = &e->model[k]->spec.layers[i];
+            for (int j = 0; j < ls->num_states; j++) per += (int64_t)sizeof(float) * ls->states[j].floats;
+            if (ls->state_align) align = align ? align / gcd(align, ls->state_align) * ls->state_align : ls->state_align;
+        }
+    *interval = *num = 0;
+    *bytes = 0;
+    if (!p->enable_prefix_caching || !align) return VLLM_OK;
+    int base = align / gcd(align, p->block_size) * p->block_size;
+    if (p->state_checkpoint_interval && p->state_checkpoint_interval % base)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT,
+                        "state_checkpoint_interval %d is not a multiple of %d (block_size %d and the state's chunk %d)",
+                        p->state_checkpoint_interval, base, p->block_size, align);
+    *interval = p->state_checkpoint_interval ? p->state_checkpoint_interval : base;
+    int64_t budget = p->prefix_state_bytes ? p->prefix_state_bytes : (p->kv_cache_bytes ? p->kv_cache_bytes : (int64_t)2 << 30) / 4;
+    int64_t n = per ? budget / per : 0;
+    int64_t cap = num_blocks ? (int64_t)num_blocks * p->block_size / *interval
+                             : (int64_t)p->max_num_seqs * CDIV(e->max_model_len, *interval);
+    n = MIN(MIN(n, cap), 1 << 20);
+    *num = (int)n;
+    *bytes = n * per;
+    return VLLM_OK;
+}
+
 static int load_text(struct vllm_engine *e) {
     char *tj = path_join(e->model_dir, "tokenizer.json");
     int has = file_exists(tj), rc = VLLM_OK;
@@ -123,6 +163,9 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     in->kv_cache_bytes = runner_cache_bytes(e->runner, &in->state_bytes);
     in->weight_bytes = 0;
     for (int k = 0; k < e->tp; k++) in->weight_bytes += e->model[k]->spec.weight_bytes; // over all ranks
+    in->prefix_caching = e->sched.cfg.prefix_caching;
+    in->num_state_checkpoints = e->sched.ckpts.total;
+    in->state_checkpoint_interval = e->sched.cfg.ckpt_interval;
 }
 
 // Whether any cache layer keeps recurrent state (then requests take slots).
@@ -153,14 +196,21 @@ static int engine_init(struct vllm_engine *e) {
     e->max_model_len = p->max_model_len ? p->max_model_len : sp->max_position_embeddings ? sp->max_position_embeddings : 4096;
     int num_blocks;
     TRY(size_kv(e, sp, &num_blocks));
-    int slots = has_state(sp) ? p->max_num_seqs : 0;
+    int slots = has_state(sp) ? p->max_num_seqs : 0, interval, ckpts;
+    int64_t ckpt_bytes;
+    TRY(size_ckpts(e, num_blocks, &interval, &ckpts, &ckpt_bytes));
+    struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots,
+                              p->enable_prefix_caching != 0, ckpts, interval};
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
-                               p->block_size, num_blocks, slots, 20, !getenv("VLLM_NO_GRAPHS")};
+                               p->block_size, num_blocks, slots, 20, !getenv("VLLM_NO_GRAPHS"),
+                               ckpts, sched_max_ckpt_writes(&sc)};
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
-    struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots};
     sched_init(&e->sched, &sc);
     TRY(load_text(e));
     fill_info(e, num_blocks);
+    e->info.checkpoint_bytes = ckpt_bytes;
+    e->info.state_bytes -= ckpt_bytes; // the checkpoints are slots of the same buffers
+    e->stats.state_checkpoints_total = ckpts;
     e->stats.kv_blocks_total = num_blocks;
     e->stats.state_slots_total = slots;
     return VLLM_OK;
@@ -278,6 +328,7 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     o.status = status;
     o.error = error;
     o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
+    o.num_cached_tokens = MAX(r->num_cached, 0);
     r->cb(r->user, &o);
 }
 
@@ -369,9 +420,12 @@ static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
         if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
     st->num_running = e->sched.num_running;
     st->num_waiting = e->sched.num_waiting;
-    st->kv_blocks_used = id_pool_used(&e->sched.blocks);
+    st->kv_blocks_used = kv_pool_used(&e->sched.blocks);
     st->state_slots_used = id_pool_used(&e->sched.slots);
     st->num_preemptions = e->sched.num_preemptions;
+    st->prefix_cache_queries = e->sched.prefix_queries;
+    st->prefix_cache_hits = e->sched.prefix_hits;
+    st->state_checkpoints_used = kv_pool_occupied(&e->sched.ckpts);
     pthread_mutex_unlock(&e->mu);
 }
 

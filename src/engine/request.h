@@ -27,6 +27,17 @@ struct request {
     int num_blocks, cap_blocks;
     int slot;    // recurrent-state slot, -1 when none
     int row;     // token-table row in the runner, -1 when none
+    // Prefix caching (engine/kv_cache.h): the chain hash of each full block of
+    // known tokens, from the salt's root; blocks[0, num_committed) are in the
+    // block pool's table (committed by this request, or hits).
+    uint64_t salt;
+    uint64_t *hashes;
+    int num_hashed, cap_hashes, num_committed;
+    int ckpt_hit;      // state checkpoint restored at admission, held until freed; -1: none
+    int restore;       // the next step restores ckpt_hit into the slot
+    int num_cached;    // prompt tokens found in the cache at the first admission; -1 before it
+    int32_t *pend;     // pairs (position, checkpoint id) launched steps write, held until committed
+    int num_pend, cap_pend;
 
     struct vllm_sampling_params sp; // arrays below owned
     int32_t *stop_ids;

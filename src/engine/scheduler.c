@@ -7,27 +7,41 @@
 // slot and will recompute from scratch. Waiting requests are admitted in FCFS
 // order while the budget, max_num_seqs, blocks and state slots allow, and not
 // in a step that had to preempt.
+//
+// Prefix caching: at admission a request takes the longest cached prefix it
+// can use (see lookup) and only the tokens after it are scheduled. What a
+// step computes is committed to the cache at the next schedule (or when the
+// request's resources are freed), when the step has been launched: every
+// later step runs after it on the device, so a hit never reads content that
+// is not written yet, and a failed launch commits nothing.
 #include "core/common.h"
 #include "engine/scheduler.h"
 
 void sched_init(struct scheduler *s, const struct sched_config *cfg) {
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
-    id_pool_init(&s->blocks, cfg->num_blocks);
+    kv_pool_init(&s->blocks, cfg->num_blocks);
+    kv_pool_init(&s->ckpts, cfg->prefix_caching && cfg->num_slots ? cfg->num_ckpts : 0);
     id_pool_init(&s->slots, cfg->num_slots);
     id_pool_init(&s->rows, cfg->max_num_seqs);
     s->running = xcalloc(cfg->max_num_seqs, sizeof(struct request *));
     s->out.entries = xcalloc(cfg->max_num_seqs, sizeof(struct sched_entry));
     s->out.preempted = xcalloc(cfg->max_num_seqs, sizeof(struct request *));
+    int mc = MAX(sched_max_ckpt_writes(cfg), 1);
+    s->out.ckpt_pos = xcalloc(mc, sizeof(int32_t));
+    s->out.ckpt_id = xcalloc(mc, sizeof(int32_t));
 }
 
 void sched_release(struct scheduler *s) {
-    id_pool_release(&s->blocks);
+    kv_pool_release(&s->blocks);
+    kv_pool_release(&s->ckpts);
     id_pool_release(&s->slots);
     id_pool_release(&s->rows);
     free(s->running);
     free(s->out.entries);
     free(s->out.preempted);
+    free(s->out.ckpt_pos);
+    free(s->out.ckpt_id);
 }
 
 int sched_blocks_for(const struct scheduler *s, int n) { return s->cfg.num_blocks ? CDIV(n, s->cfg.block_size) : 0; }
@@ -35,6 +49,9 @@ int sched_blocks_for(const struct scheduler *s, int n) { return s->cfg.num_block
 int sched_has_work(const struct scheduler *s) { return s->num_running > 0 || s->wait_head != NULL; }
 
 void sched_add(struct scheduler *s, struct request *r) {
+    r->ckpt_hit = -1; // a request enters holding nothing
+    r->restore = r->num_pend = r->num_committed = 0;
+    r->num_cached = -1;
     r->state = REQ_WAITING;
     r->next = NULL;
     if (s->wait_tail) s->wait_tail->next = r;
@@ -65,15 +82,60 @@ static void unlink_waiting(struct scheduler *s, struct request *r) {
 static int ensure_blocks(struct scheduler *s, struct request *r, int n) {
     int need = sched_blocks_for(s, n) - r->num_blocks;
     if (need <= 0) return 1;
-    if (need > s->blocks.num_free) return 0;
+    if (need > kv_pool_available(&s->blocks)) return 0;
     xgrow((void **)&r->blocks, &r->cap_blocks, r->num_blocks + need, sizeof(int));
-    for (int i = 0; i < need; i++) r->blocks[r->num_blocks++] = id_pool_alloc(&s->blocks);
+    for (int i = 0; i < need; i++) r->blocks[r->num_blocks++] = kv_pool_alloc(&s->blocks);
     return 1;
 }
 
+// Hashes r's full blocks of known tokens (-1: a sampled id still in flight)
+// inside its first n tokens.
+static void hash_blocks(struct scheduler *s, struct request *r, int n) {
+    int bs = s->cfg.block_size, nb = n / bs;
+    if (r->num_hashed >= nb) return;
+    xgrow((void **)&r->hashes, &r->cap_hashes, nb, sizeof(uint64_t));
+    for (int j = r->num_hashed; j < nb; j++) {
+        const int32_t *t = r->tokens + (int64_t)j * bs;
+        for (int i = 0; i < bs; i++)
+            if (t[i] < 0) return;
+        r->hashes[j] = kv_hash_block(j ? r->hashes[j - 1] : r->salt, t, bs);
+        r->num_hashed = j + 1;
+    }
+}
+
+// Commits what r's launched steps computed: its full blocks of known tokens
+// (their KV is written, or will be before any later step runs), and the
+// checkpoints written at positions it has computed past. Checkpoints of a
+// step that never launched are just dropped.
+static void commit_cached(struct scheduler *s, struct request *r) {
+    if (!s->cfg.prefix_caching) return;
+    int bs = s->cfg.block_size, nb = 0;
+    hash_blocks(s, r, r->num_computed);
+    if (s->cfg.num_blocks) nb = MIN(MIN(r->num_hashed, r->num_computed / bs), r->num_blocks);
+    for (int j = r->num_committed; j < nb; j++) kv_pool_commit(&s->blocks, r->blocks[j], r->hashes[j]);
+    r->num_committed = MAX(r->num_committed, nb);
+    int keep = 0;
+    for (int k = 0; k < r->num_pend; k++) {
+        int pos = r->pend[2 * k], id = r->pend[2 * k + 1];
+        if (pos > r->num_computed) { // its step is not launched yet
+            r->pend[2 * keep] = pos, r->pend[2 * keep + 1] = id, keep++;
+            continue;
+        }
+        kv_pool_commit(&s->ckpts, id, r->hashes[pos / bs - 1]);
+        kv_pool_put(&s->ckpts, id);
+    }
+    r->num_pend = keep;
+}
+
 void sched_free_resources(struct scheduler *s, struct request *r) {
-    for (int i = 0; i < r->num_blocks; i++) id_pool_put(&s->blocks, r->blocks[i]);
-    r->num_blocks = 0;
+    commit_cached(s, r);
+    for (int k = 0; k < r->num_pend; k++) kv_pool_put(&s->ckpts, r->pend[2 * k + 1]);
+    r->num_pend = 0;
+    kv_pool_put(&s->ckpts, r->ckpt_hit);
+    r->ckpt_hit = -1;
+    r->restore = 0;
+    for (int i = 0; i < r->num_blocks; i++) kv_pool_put(&s->blocks, r->blocks[i]);
+    r->num_blocks = r->num_committed = 0;
     id_pool_put(&s->slots, r->slot);
     r->slot = -1;
     id_pool_put(&s->rows, r->row);
@@ -98,18 +160,98 @@ static void preempt_last(struct scheduler *s) {
     s->num_preemptions++;
 }
 
+// Plans the checkpoints a prefill entry of n tokens writes: at each multiple
+// of the interval in (ctx, ctx + n] whose block hash is known and not cached
+// yet, one checkpoint the request holds until the step has launched
+// (commit_cached). Decode steps write none.
+static void plan_ckpts(struct scheduler *s, struct request *r, struct sched_entry *e, int n) {
+    e->ckpt0 = s->out.num_ckpt;
+    e->num_ckpt = 0;
+    int iv = s->cfg.ckpt_interval, bs = s->cfg.block_size, ctx = r->num_computed;
+    if (!s->ckpts.total || !iv || e->is_decode) return;
+    hash_blocks(s, r, ctx + n);
+    for (int q = (ctx / iv + 1) * iv; q <= ctx + n && q / bs <= r->num_hashed; q += iv) {
+        if (kv_pool_find(&s->ckpts, r->hashes[q / bs - 1]) >= 0) continue;
+        int id = kv_pool_alloc(&s->ckpts);
+        if (id < 0) return; // every checkpoint is held: fewer hits later, nothing wrong
+        xgrow((void **)&r->pend, &r->cap_pend, 2 * (r->num_pend + 1), sizeof(int32_t));
+        r->pend[2 * r->num_pend] = q, r->pend[2 * r->num_pend + 1] = id, r->num_pend++;
+        s->out.ckpt_pos[s->out.num_ckpt] = q;
+        s->out.ckpt_id[s->out.num_ckpt++] = id;
+        e->num_ckpt++;
+    }
+}
+
 static void add_entry(struct scheduler *s, struct request *r, int n, int new_row) {
     struct sched_entry *e = &s->out.entries[s->out.num_entries++];
     e->req = r;
     e->num_tokens = n;
     e->new_row = new_row;
-    // decode: the one token left is a sampled one, and the state holds the rest
-    e->is_decode = r->num_computed > 0 && r->num_computed == r->num_tokens - 1 && r->num_tokens > r->num_prompt;
+    // decode: the one token left is a sampled one, and the state holds the
+    // rest (a request admitted this step, even with a cached prefix, prefills)
+    e->is_decode = !new_row && r->num_computed > 0 && r->num_computed == r->num_tokens - 1 &&
+                   r->num_tokens > r->num_prompt;
+    e->restore = r->restore ? r->ckpt_hit : -1;
+    r->restore = 0;
+    plan_ckpts(s, r, e, n);
     s->out.num_tokens += n;
 }
 
+// The longest cached prefix r can start from, in tokens: whole blocks found
+// in the block pool (every block of a model without attention), never the
+// last token (it must run, for logits). With recurrent state also a multiple
+// of the checkpoint interval with a checkpoint there (*ckpt; -1 for none): the
+// prefix must be covered by both. The interval is a multiple of block_size,
+// so a checkpoint's key is the hash of the block that ends at it.
+static int lookup(struct scheduler *s, struct request *r, int *ckpt) {
+    int bs = s->cfg.block_size, max = r->num_tokens - 1, iv = s->cfg.ckpt_interval;
+    *ckpt = -1;
+    hash_blocks(s, r, max);
+    int nb = MIN(r->num_hashed, max / bs);
+    if (s->cfg.num_blocks) {
+        int k = 0;
+        while (k < nb && kv_pool_find(&s->blocks, r->hashes[k]) >= 0) k++;
+        nb = k;
+    }
+    if (!s->cfg.num_slots) return nb * bs;
+    if (!s->ckpts.total || !iv) return 0;
+    for (int p = nb * bs / iv * iv; p > 0; p -= iv) {
+        int id = kv_pool_find(&s->ckpts, r->hashes[p / bs - 1]);
+        if (id >= 0) {
+            *ckpt = id;
+            return p;
+        }
+    }
+    return 0;
+}
+
+// Admits r with its cached prefix of hit tokens (blocks and checkpoint
+// referenced) and blocks for n more; 0 (holding nothing) when the pool cannot.
+static int admit_blocks(struct scheduler *s, struct request *r, int hit, int ckpt, int n) {
+    int bs = s->cfg.block_size, nh = s->cfg.num_blocks ? hit / bs : 0, idle = 0;
+    for (int j = 0; j < nh; j++) idle += s->blocks.ref[kv_pool_find(&s->blocks, r->hashes[j])] == 0;
+    // hit blocks no one holds are among the available ones: taking them leaves fewer
+    if (sched_blocks_for(s, hit + n) - nh > kv_pool_available(&s->blocks) - idle) return 0;
+    xgrow((void **)&r->blocks, &r->cap_blocks, MAX(nh, 1), sizeof(int));
+    for (int j = 0; j < nh; j++) {
+        int id = kv_pool_find(&s->blocks, r->hashes[j]);
+        kv_pool_ref(&s->blocks, id);
+        r->blocks[j] = id;
+    }
+    r->num_blocks = r->num_committed = nh;
+    if (ckpt >= 0) {
+        kv_pool_ref(&s->ckpts, ckpt);
+        r->ckpt_hit = ckpt;
+        r->restore = 1;
+    }
+    r->num_computed = hit;
+    ensure_blocks(s, r, hit + n);
+    return 1;
+}
+
 const struct sched_output *sched_schedule(struct scheduler *s) {
-    s->out.num_entries = s->out.num_tokens = s->out.num_preempted = 0;
+    s->out.num_entries = s->out.num_tokens = s->out.num_preempted = s->out.num_ckpt = 0;
+    for (int i = 0; i < s->num_running; i++) commit_cached(s, s->running[i]);
     int budget = s->cfg.max_num_batched_tokens;
     for (int i = 0; i < s->num_running && budget > 0;) {
         struct request *r = s->running[i];
@@ -132,9 +274,15 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
     if (s->out.num_preempted) return &s->out;
     while (s->wait_head && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
         struct request *r = s->wait_head;
-        int n = MIN(r->num_tokens - r->num_computed, budget);
         if ((s->cfg.num_slots && s->slots.num_free == 0) || s->rows.num_free == 0) break;
-        if (!ensure_blocks(s, r, r->num_computed + n)) break;
+        int ckpt = -1, hit = s->cfg.prefix_caching ? lookup(s, r, &ckpt) : 0;
+        int n = MIN(r->num_tokens - hit, budget);
+        if (!admit_blocks(s, r, hit, ckpt, n)) break;
+        if (s->cfg.prefix_caching) {
+            s->prefix_queries += r->num_tokens;
+            s->prefix_hits += hit;
+        }
+        if (r->num_cached < 0) r->num_cached = MIN(hit, r->num_prompt);
         unlink_waiting(s, r);
         if (s->cfg.num_slots) r->slot = id_pool_alloc(&s->slots);
         r->row = id_pool_alloc(&s->rows);

@@ -116,6 +116,7 @@ static void fill_cache_spec(const struct lm *m, const struct block *b, struct la
         s->states[0].floats = (int64_t)(d->conv_kernel - 1) * d->conv_dim;
         s->states[1].name = "ssm";
         s->states[1].floats = (int64_t)d->heads * d->head_dim * d->state;
+        s->state_align = d->chunk_size;
         break;
     }
     case BLK_MLP:

@@ -292,13 +292,13 @@ int mamba2_load(struct lm *m, struct loader *l, const char *p, const struct mamb
 }
 
 // VLLM_DIAG=1: the L2 of each sequence's SSM state as gathered (before the
-// layer) or written (after it).
+// layer: from state_src, 0 for a fresh slot) or written (after it).
 static void diag_state(struct lm *m, int cache, const struct mamba_dims *d, const struct batch *b, const float *ssm,
                        const char *when) {
     int64_t n = (int64_t)d->heads * d->head_dim * d->state;
     for (int s = 0; s < b->num_seqs; s++) {
-        int slot = b->h_state_slots[s], init = b->h_has_initial_state[s] || s < b->num_decodes;
-        double l2 = (init || when[0] == 'o') ? sqrt(m->be->ops->sum_sq(m->be, ssm + slot * n, n)) : 0.0;
+        int out = when[0] == 'o', slot = out || s < b->num_decodes ? b->h_state_slots[s] : b->h_state_src[s];
+        double l2 = slot >= 0 ? sqrt(m->be->ops->sum_sq(m->be, ssm + slot * n, n)) : 0.0;
         diag_printf("layer %d mamba seq %d slot %d %s %s l2 %.6g\n", cache, s, slot,
                     s < b->num_decodes ? "decode" : "prefill", when, l2);
     }

@@ -23,6 +23,9 @@ struct layer_cache_spec {
         const char *name;
         int64_t floats;
     } states[MAX_STATE_BUFS];
+    // Positions where the ops can checkpoint the state are multiples of this
+    // (Mamba2: chunk_size, the SSD scan's chunk boundaries); 0: no state.
+    int state_align;
 };
 
 struct model_spec {

@@ -18,7 +18,8 @@
 #include "runner/runner.h"
 
 struct meta_layout { // offsets (int32 units) into the metadata buffer
-    size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, has_init, src, srows, sparams, total;
+    size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, state_src, ckpt_start, ckpt_pos, ckpt_slot, src, srows,
+        sparams, total;
 };
 
 // Host side of one launched step (RUNNER_INFLIGHT of them, used in turn):
@@ -83,7 +84,7 @@ struct runner {
     uint64_t steps;
 };
 
-static void layout(struct meta_layout *l, int S, int T, int MB) {
+static void layout(struct meta_layout *l, int S, int T, int MB, int MC) {
     size_t o = 0;
     l->qsl = o, o += S + 1;
     l->seq_lens = o, o += S;
@@ -92,7 +93,10 @@ static void layout(struct meta_layout *l, int S, int T, int MB) {
     l->slot_map = o, o += T;
     l->btab = o, o += (size_t)S * MB;
     l->state = o, o += S;
-    l->has_init = o, o += S;
+    l->state_src = o, o += S;
+    l->ckpt_start = o, o += S + 1;
+    l->ckpt_pos = o, o += MC;
+    l->ckpt_slot = o, o += MC;
     l->src = o, o += T;
     l->srows = o, o += S;
     o = (o + 3) & ~(size_t)3; // 16-byte aligned sample params
@@ -115,11 +119,12 @@ static void *host_alloc(struct runner *r, size_t bytes, int *rc) {
 }
 
 // A rank's caches, at its shards' sizes (model spec): the pools hold the
-// same blocks and slots on every rank, each of the rank's heads; + the slot
-// that pads graph batches.
+// same blocks and slots on every rank, each of the rank's heads. State slots:
+// the live ones, the one that pads graph batches, then the checkpoints (so
+// that the ops that gather a sequence's state restore a checkpoint too).
 static int alloc_caches(struct runner *r, struct rank *k) {
-    return caches_alloc(k->be, &k->model->spec, r->cfg.num_blocks, r->cfg.block_size, r->cfg.num_slots + 1, &k->caches,
-                        &r->kv_bytes, &r->state_bytes);
+    return caches_alloc(k->be, &k->model->spec, r->cfg.num_blocks, r->cfg.block_size,
+                        r->cfg.num_slots + 1 + r->cfg.num_ckpts, &k->caches, &r->kv_bytes, &r->state_bytes);
 }
 
 int runner_create(int tp, struct backend *const *be, struct model *const *m, const struct runner_config *cfg,
@@ -133,7 +138,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
     r->pad_row = cfg->max_num_seqs;
     r->pad_slot = cfg->num_slots;
     int S = cfg->max_num_seqs, T = cfg->max_num_batched_tokens, mt = MAX(cfg->max_top_logprobs, 1), SP = S, rc = 0;
-    layout(&r->lay, S, T, r->max_blocks);
+    layout(&r->lay, S, T, r->max_blocks, MAX(cfg->max_ckpt_writes, 1));
     for (int i = 0; i < tp && !rc; i++) {
         struct rank *k = &r->rk[i];
         k->be = be[i];
@@ -276,7 +281,7 @@ static void pad_row(struct runner *r, int32_t *st, const struct meta_layout *l, 
     st[l->ctx + s] = 0;
     st[l->seq_lens + s] = 1;
     st[l->state + s] = r->pad_slot;
-    st[l->has_init + s] = 1;
+    st[l->state_src + s] = r->pad_slot;
     for (int j = 0; j < mb; j++) st[l->btab + s * mb + j] = 0;
     st[l->pos + s] = 0;
     st[l->slot_map + s] = -1;
@@ -289,6 +294,9 @@ static void pad_row(struct runner *r, int32_t *st, const struct meta_layout *l, 
     sp->num_prompt = sp->num_tokens = 1;
     sp->num_logprobs = -1;
 }
+
+// The state slot of checkpoint id: after the live slots and the pad slot.
+static int ckpt_slot(const struct runner *r, int id) { return r->cfg.num_slots + 1 + id; }
 
 // Fills the host image of the metadata in sl->staging and points b at the
 // device copy. pad > 0: a pure-decode batch padded to `pad` rows for a graph.
@@ -311,7 +319,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
     b->max_blocks_per_seq = mb;
     b->fixed_shapes = pad > 0;
     b->max_model_len = r->cfg.max_model_len;
-    int t = 0, ns = 0, bs = r->cfg.block_size, has_kv = r->cfg.num_blocks > 0;
+    int t = 0, ns = 0, nc = 0, bs = r->cfg.block_size, has_kv = r->cfg.num_blocks > 0;
     struct sample_params *sp = (struct sample_params *)(st + l->sparams);
     for (int s = 0; s < n; s++) {
         const struct sched_entry *e = &so->entries[r->order[s]];
@@ -321,7 +329,13 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
         st[l->ctx + s] = ctx;
         st[l->seq_lens + s] = ctx + e->num_tokens;
         st[l->state + s] = q->slot < 0 ? 0 : q->slot;
-        st[l->has_init + s] = ctx > 0;
+        // initial state: zeros, this request's slot, or a checkpoint it hit
+        st[l->state_src + s] = e->restore >= 0 ? ckpt_slot(r, e->restore) : ctx > 0 ? st[l->state + s] : -1;
+        st[l->ckpt_start + s] = nc;
+        for (int k = e->ckpt0; k < e->ckpt0 + e->num_ckpt; k++, nc++) {
+            st[l->ckpt_pos + nc] = so->ckpt_pos[k];
+            st[l->ckpt_slot + nc] = ckpt_slot(r, so->ckpt_id[k]);
+        }
         for (int j = 0; j < mb; j++) st[l->btab + s * mb + j] = j < q->num_blocks ? q->blocks[j] : 0;
         for (int i = 0; i < e->num_tokens; i++, t++) {
             int pos = ctx + i;
@@ -341,6 +355,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
     }
     sl->num = ns;
     for (int s = n; s < pad; s++, t++, ns++) pad_row(r, st, l, s, mb, &sp[s]);
+    for (int s = n; s <= b->num_seqs; s++) st[l->ckpt_start + s] = nc;
     st[l->qsl + b->num_seqs] = t;
     b->num_tokens = t;
     b->num_sample = ns;
@@ -348,7 +363,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
     b->h_seq_lens = st + l->seq_lens;
     b->h_context_lens = st + l->ctx;
     b->h_state_slots = st + l->state;
-    b->h_has_initial_state = st + l->has_init;
+    b->h_state_src = st + l->state_src;
     b->h_sample_params = sp;
 }
 
@@ -363,7 +378,10 @@ static void point_batch(const struct runner *r, const struct rank *k, struct bat
     b->slot_mapping = d + l->slot_map;
     b->block_tables = d + l->btab;
     b->state_slots = d + l->state;
-    b->has_initial_state = d + l->has_init;
+    b->state_src = d + l->state_src;
+    b->ckpt_start = d + l->ckpt_start;
+    b->ckpt_pos = d + l->ckpt_pos;
+    b->ckpt_slot = d + l->ckpt_slot;
     b->token_src = d + l->src;
     b->sample_rows = d + l->srows;
     b->sample_params = (struct sample_params *)(d + l->sparams);
@@ -375,8 +393,8 @@ static void diag_batch(struct runner *r, const struct sched_output *so, const st
                 b->num_tokens, b->num_decodes, b->num_prefills, b->num_sample, graph ? " (graph)" : "");
     for (int s = 0; s < so->num_entries; s++) {
         const struct request *q = so->entries[r->order[s]].req;
-        diag_printf("  seq %d req %llu %s slot %d has_initial %d tokens [%d, %d)\n", s, (unsigned long long)q->id,
-                    s < b->num_decodes ? "decode" : "prefill", b->h_state_slots[s], b->h_has_initial_state[s],
+        diag_printf("  seq %d req %llu %s slot %d state_src %d tokens [%d, %d)\n", s, (unsigned long long)q->id,
+                    s < b->num_decodes ? "decode" : "prefill", b->h_state_slots[s], b->h_state_src[s],
                     b->h_context_lens[s], b->h_seq_lens[s]);
     }
 }

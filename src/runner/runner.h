@@ -15,6 +15,8 @@ struct runner_config {
     int block_size, num_blocks, num_slots;
     int max_top_logprobs;
     int use_graphs; // record pure-decode steps into device graphs, when the backend can
+    int num_ckpts;       // state checkpoint slots, after the live slots and the pad slot
+    int max_ckpt_writes; // checkpoints one step writes, at most (sched_max_ckpt_writes)
 };
 
 #define RUNNER_INFLIGHT 2 // steps launched and not yet waited for, at most

@@ -50,6 +50,7 @@ static void events_append(struct gen_events *ev, const struct vllm_output *o, in
         ev->n += n;
     }
     ev->num_prompt = o->num_prompt_tokens;
+    ev->num_cached = o->num_cached_tokens;
     ev->num_output = num_output;
     if (o->finish_reason != VLLM_FINISH_NONE) {
         ev->done = 1;
@@ -182,8 +183,9 @@ static json_t *ids_json(const int32_t *ids, int n) {
 }
 
 static json_t *usage_json(const struct gen_events *ev) {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", ev->num_prompt, "completion_tokens", ev->num_output,
-                     "total_tokens", ev->num_prompt + ev->num_output);
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", ev->num_prompt, "completion_tokens", ev->num_output,
+                     "total_tokens", ev->num_prompt + ev->num_output, "prompt_tokens_details", "cached_tokens",
+                     ev->num_cached);
 }
 
 static json_t *logprob_json(float lp) { return json_real(isfinite(lp) ? lp : -9999.0); }

@@ -90,6 +90,14 @@ void metrics_render(struct server *s, struct evbuffer *b) {
     scalar(b, model, "counter", "vllm:generation_tokens_total", "Tokens generated.", (double)st.generation_tokens_total);
     scalar(b, model, "counter", "vllm:num_preemptions_total", "Requests preempted (recomputed later).",
            (double)st.num_preemptions);
+    scalar(b, model, "counter", "vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+           (double)st.prefix_cache_queries);
+    scalar(b, model, "counter", "vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+           (double)st.prefix_cache_hits);
+    scalar(b, model, "gauge", "vllm:state_checkpoints_used", "Recurrent-state checkpoints held or cached.",
+           st.state_checkpoints_used);
+    scalar(b, model, "gauge", "vllm:state_checkpoints_total", "Recurrent-state checkpoints in the pool.",
+           st.state_checkpoints_total);
     static const char *const reasons[4] = {"stop", "length", "abort", "error"};
     evbuffer_add_printf(b, "# HELP vllm:request_success_total Requests finished, by finish reason.\n"
                            "# TYPE vllm:request_success_total counter\n");

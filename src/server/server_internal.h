@@ -88,6 +88,7 @@ struct gen_events {
     float *top_lp;      // [n * k]
     int n, cap, k;
     int num_prompt, num_output;
+    int num_cached;     // prompt tokens the prefix cache held
     int done;           // the last event arrived
     vllm_finish_reason reason;
     int status;

@@ -57,7 +57,8 @@ static double cmp(const char *what, const float *got, const float *want, size_t 
 // A host batch of decode and prefill sequences with paged KV.
 struct hb {
     struct batch b;
-    int32_t qsl[17], seq_lens[16], ctx[16], slots[16], init[16], pos[1024], slot_map[1024], btab[16 * 64];
+    int32_t qsl[17], seq_lens[16], ctx[16], slots[16], src[16], pos[1024], slot_map[1024], btab[16 * 64];
+    int32_t ck_start[17], ck_pos[64], ck_slot[64];
 };
 
 static void make_batch(struct hb *h, int n, const int *qlen, const int *ctx, const int *init, int nd, int bs) {
@@ -68,7 +69,7 @@ static void make_batch(struct hb *h, int n, const int *qlen, const int *ctx, con
         h->ctx[s] = ctx[s];
         h->seq_lens[s] = ctx[s] + qlen[s];
         h->slots[s] = (s * 5 + 3) % 16; // scattered slots
-        h->init[s] = init[s];
+        h->src[s] = init[s] ? h->slots[s] : -1; // continue the slot, or zeros
         for (int j = 0; j < mb; j++) h->btab[s * mb + j] = (s * mb + j) * 7 % (16 * mb); // scattered blocks
         for (int i = 0; i < qlen[s]; i++, t++) {
             int p = ctx[s] + i;
@@ -88,14 +89,24 @@ static void make_batch(struct hb *h, int n, const int *qlen, const int *ctx, con
     b->context_lens = h->ctx;
     b->positions = h->pos;
     b->state_slots = h->slots;
-    b->has_initial_state = h->init;
+    b->state_src = h->src;
+    b->ckpt_start = h->ck_start;
+    b->ckpt_pos = h->ck_pos;
+    b->ckpt_slot = h->ck_slot;
     b->slot_mapping = h->slot_map;
     b->block_tables = h->btab;
     b->h_query_start_loc = h->qsl;
     b->h_seq_lens = h->seq_lens;
     b->h_context_lens = h->ctx;
     b->h_state_slots = h->slots;
-    b->h_has_initial_state = h->init;
+    b->h_state_src = h->src;
+}
+
+// Sequence s (the last one with checkpoints so far) writes n checkpoints.
+static void add_ckpts(struct hb *h, int s, int n, const int *pos, const int *slot) {
+    int k = h->ck_start[h->b.num_seqs];
+    for (int j = 0; j < n; j++) h->ck_pos[k + j] = pos[j], h->ck_slot[k + j] = slot[j];
+    for (int q = s + 1; q <= h->b.num_seqs; q++) h->ck_start[q] += n;
 }
 
 static void test_matmul(void) {
@@ -219,6 +230,13 @@ static void test_mamba(void) {
     int qlen[] = {1, 1, 21, 13, 1, 30}, ctx[] = {5, 9, 0, 6, 11, 3}, init[] = {1, 1, 0, 1, 1, 1}, S = 6, nd = 2;
     struct hb h;
     make_batch(&h, S, qlen, ctx, init, nd, 4);
+    // prefix caching: seq 2 (fresh) and seq 5 write checkpoints at chunk
+    // boundaries, seq 3 restores one (slot 0) and writes two, the first
+    // closer to its start than the conv window
+    h.src[3] = 0;
+    add_ckpts(&h, 2, 2, (int[]){8, 16}, (int[]){9, 10});
+    add_ckpts(&h, 3, 2, (int[]){8, 16}, (int[]){14, 15});
+    add_ckpts(&h, 5, 4, (int[]){8, 16, 24, 32}, (int[]){1, 4, 5, 6});
     int T = h.b.num_tokens;
     size_t csn = (size_t)16 * (K - 1) * C, ssn = (size_t)16 * H * P * N;
     float *zx = rnd((size_t)T * ld, 1), *zx2 = dup(zx, (size_t)T * ld), *cw = rnd((size_t)C * K, 0.5f), *cb = rnd(C, 0.3f);

@@ -61,13 +61,20 @@ struct tb {
     struct pair arr;
     int32_t *h;
 };
-enum { QSL, SEQ, CTX, POS, SLOT_MAP, BTAB, STATE, INIT, NARR };
+enum { QSL, SEQ, CTX, POS, SLOT_MAP, BTAB, STATE, SRC, CK_START, CK_POS, CK_SLOT, NARR };
+
+// Prefix caching's part of a batch: per sequence its state_src (-2: its own
+// slot when init, else -1) and checkpoint writes.
+struct tb_ckpt {
+    int src[8], num[8], pos[16], slot[16];
+};
 
 static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const int *init, int nd, int block_size,
-                    int mbps) {
-    int T = 0;
-    for (int s = 0; s < n; s++) T += qlen[s];
-    size_t sz[NARR] = {(size_t)n + 1, (size_t)n, (size_t)n, (size_t)T, (size_t)T, (size_t)n * mbps, (size_t)n, (size_t)n};
+                    int mbps, const struct tb_ckpt *ck) {
+    int T = 0, nck = 0;
+    for (int s = 0; s < n; s++) T += qlen[s], nck += ck ? ck->num[s] : 0;
+    size_t sz[NARR] = {(size_t)n + 1, (size_t)n, (size_t)n, (size_t)T, (size_t)T, (size_t)n * mbps, (size_t)n, (size_t)n,
+                       (size_t)n + 1, (size_t)nck + 1, (size_t)nck + 1};
     size_t off[NARR], tot = 0;
     for (int i = 0; i < NARR; i++) off[i] = tot, tot += sz[i];
     int32_t *h = t->h = xcalloc(tot, sizeof(int32_t));
@@ -76,7 +83,8 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         h[off[CTX] + s] = ctx[s];
         h[off[SEQ] + s] = ctx[s] + qlen[s];
         h[off[STATE] + s] = (s * 5 + 3) % 16; // scattered slots
-        h[off[INIT] + s] = init[s];
+        h[off[SRC] + s] = ck && ck->src[s] != -2 ? ck->src[s] : init[s] ? h[off[STATE] + s] : -1;
+        h[off[CK_START] + s + 1] = h[off[CK_START] + s] + (ck ? ck->num[s] : 0);
         for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (s * mbps + j) * 7 % (n * mbps);
         for (int i = 0; i < qlen[s]; i++, tk++) {
             int p = ctx[s] + i;
@@ -85,6 +93,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         }
     }
     h[off[QSL] + n] = T;
+    for (int k = 0; k < nck; k++) h[off[CK_POS] + k] = ck->pos[k], h[off[CK_SLOT] + k] = ck->slot[k];
     t->arr = up(h, tot * sizeof(int32_t));
     struct batch *bs[2] = {&t->c, &t->g};
     for (int k = 0; k < 2; k++) {
@@ -95,9 +104,10 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         b->max_blocks_per_seq = mbps;
         b->query_start_loc = d + off[QSL], b->seq_lens = d + off[SEQ], b->context_lens = d + off[CTX];
         b->positions = d + off[POS], b->slot_mapping = d + off[SLOT_MAP], b->block_tables = d + off[BTAB];
-        b->state_slots = d + off[STATE], b->has_initial_state = d + off[INIT];
+        b->state_slots = d + off[STATE], b->state_src = d + off[SRC];
+        b->ckpt_start = d + off[CK_START], b->ckpt_pos = d + off[CK_POS], b->ckpt_slot = d + off[CK_SLOT];
         b->h_query_start_loc = h + off[QSL], b->h_seq_lens = h + off[SEQ], b->h_context_lens = h + off[CTX];
-        b->h_state_slots = h + off[STATE], b->h_has_initial_state = h + off[INIT];
+        b->h_state_slots = h + off[STATE], b->h_state_src = h + off[SRC];
     }
 }
 static void free_tb(struct tb *t) {
@@ -203,10 +213,14 @@ static void test_mamba(void) {
     int H = d.heads, P = d.head_dim, G = d.groups, N = d.state, I = H * P;
     d.conv_dim = I + 2 * G * N;
     int C = d.conv_dim, K = d.conv_kernel, ld = I + C + H, slots = 16;
-    // 3 decodes, then prefills: fresh, continuing mid-chunk, a 1-token prefill
-    int qlen[] = {1, 1, 1, 300, 77, 1}, ctx[] = {40, 9, 500, 0, 150, 0}, init[] = {1, 1, 1, 0, 1, 0};
+    // 3 decodes, then prefills: fresh, continuing mid-chunk, a 1-token
+    // prefill. Prefix caching: the fresh one checkpoints at 128 and 256 (into
+    // slots 15, 14), the continuing one restores slot 9 and checkpoints at
+    // 256 (slot 10); the live slots are 3, 8, 13, 2, 7, 12.
+    int qlen[] = {1, 1, 1, 300, 140, 1}, ctx[] = {40, 9, 500, 0, 128, 0}, init[] = {1, 1, 1, 0, 1, 0};
+    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {128, 256, 256}, {15, 14, 10}};
     struct tb t;
-    make_tb(&t, 6, qlen, ctx, init, 3, 16, 40);
+    make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
     int T = t.c.num_tokens;
     float *zx = rnd((size_t)T * ld, 1), *cw = rnd((size_t)C * K, 0.5f), *cb = rnd(C, 0.2f);
     float *cs = rnd((size_t)slots * (K - 1) * C, 1), *ss = rnd((size_t)slots * H * P * N, 0.5f);
@@ -243,7 +257,7 @@ static void test_attention(enum dtype kv, double tol) {
     int qlen[] = {1, 1, 200, 5, 1}, ctx[] = {1100, 30, 0, 700, 0}, init[] = {1, 1, 0, 1, 0};
     int mbps = 80; // 1280 tokens
     struct tb t;
-    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps);
+    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps, NULL);
     int T = t.c.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
     size_t cn = (size_t)5 * mbps * 16 * kvd;
     float *kc = rnd(cn, 1), *vc = rnd(cn, 1), *qkv = rnd((size_t)T * ld, 1);
@@ -255,7 +269,7 @@ static void test_attention(enum dtype kv, double tol) {
     int cq[5], zero[5] = {0};
     for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
     struct tb full;
-    make_tb(&full, 5, cq, zero, init, 0, 16, mbps);
+    make_tb(&full, 5, cq, zero, init, 0, 16, mbps, NULL);
     int TF = full.c.num_tokens;
     float *fq = rnd((size_t)TF * ld, 1);
     struct pair pfq = up(fq, sizeof(float) * TF * ld);

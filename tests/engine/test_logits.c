@@ -4,6 +4,11 @@
 // Two passes per fixture: (a) each prompt + its greedy tokens as one prompt
 // (all positions in prefill, possibly chunked); (b) each prompt decoding its
 // greedy tokens (positions after the prompt come from decode steps).
+//
+// Prefix caching: the shared-prefix sets (fixture/prefix) run with caching
+// on, one request after another. Every request after the first must find
+// cached tokens (the second pass finds them all warm), and the rows it did
+// compute (not the cached ones) are held to the same bound.
 #include <math.h>
 #include <pthread.h>
 
@@ -40,11 +45,12 @@ static void hook(void *user, int rows, int vocab, const float *logits, struct re
     }
 }
 
-static int run_fixture(const char *fx, int budget) {
+static int run_fixture(const char *fx, int budget, int prefix) {
     char rel[128];
-    snprintf(rel, sizeof rel, "%s/golden.json", fx);
+    const char *sub = prefix ? "/prefix" : "";
+    snprintf(rel, sizeof rel, "%s%s/golden.json", fx, sub);
     char *gpath = tu_fixture(rel), *dir = tu_fixture(fx);
-    snprintf(rel, sizeof rel, "%s/logits.safetensors", fx);
+    snprintf(rel, sizeof rel, "%s%s/logits.safetensors", fx, sub);
     char *lpath = tu_fixture(rel);
     json_t *g = NULL;
     struct ctx c = {0};
@@ -55,13 +61,14 @@ static int run_fixture(const char *fx, int budget) {
     ep.model = dir;
     ep.num_threads = 1;
     ep.max_num_batched_tokens = budget;
+    ep.enable_prefix_caching = prefix;
     ep.tensor_parallel_size = getenv("VLLM_TEST_TP_SIZE") ? atoi(getenv("VLLM_TEST_TP_SIZE")) : 1; // tests/tp.cmake
     struct vllm_engine *e = NULL;
     CHECKF(vllm_engine_load(&ep, &e) == 0, "%s", vllm_last_error());
     if (!e || !g || !c.ref) return 1;
     engine_set_logits_hook(e, hook, &c);
     json_t *prompts = json_object_get(g, "prompts"), *greedy = json_object_get(g, "greedy");
-    long expect_rows = 0;
+    long expect_rows = 0, hits = 0, missed = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < json_array_size(prompts); i++) {
             json_t *p = json_array_get(prompts, i), *q = json_array_get(greedy, i);
@@ -83,18 +90,29 @@ static int run_fixture(const char *fx, int budget) {
             pthread_mutex_unlock(&e->mu);
             int32_t *out = NULL;
             int nout = 0;
+            struct vllm_stats s0, s1;
+            vllm_engine_stats(e, &s0);
             CHECK(vllm_complete_tokens(e, seq, plen, &sp, &out, &nout, NULL) == 0);
+            vllm_engine_stats(e, &s1);
+            long hit = (long)(s1.prefix_cache_hits - s0.prefix_cache_hits); // one request, never preempted
+            hits += hit;
+            missed += prefix && (pass || i) && hit == 0;
             if (pass == 1) {
                 int same = nout == nq;
                 for (int k = 0; same && k < nq; k++) same = out[k] == seq[np + k];
                 CHECKF(same, "%s prompt %zu: decode diverged from the oracle's greedy tokens", fx, i);
             }
-            expect_rows += pass == 0 ? np + nq : np + nq - 1;
+            expect_rows += (pass == 0 ? np + nq : np + nq - 1) - hit; // cached positions are not computed
             vllm_free(out);
             free(seq);
         }
     }
-    printf("%s budget %d: %ld logit rows compared, max abs error %.3g (gate %.0e)\n", fx, budget, c.rows, c.max_err, GATE);
+    printf("%s%s budget %d: %ld logit rows compared, max abs error %.3g (gate %.0e)", fx, sub, budget, c.rows, c.max_err,
+           GATE);
+    if (prefix) printf(", %ld prompt tokens from the prefix cache", hits);
+    printf("\n");
+    CHECKF(!missed, "%s%s: %ld requests after the first found nothing cached", fx, sub, missed);
+    CHECKF(!prefix || hits > 0, "%s%s: no prefix cache hits", fx, sub);
     CHECKF(c.rows == expect_rows, "%s: compared %ld rows, expected %ld", fx, c.rows, expect_rows);
     CHECKF(c.max_err <= GATE, "%s: max abs logit error %.3g over %.0e", fx, c.max_err, GATE);
     vllm_engine_free(e);
@@ -111,8 +129,18 @@ int main(void) {
     int n = tu_fixture_list("VLLM_GATE_FIXTURES", &fx);
     CHECKF(n > 0, "no fixtures in VLLM_GATE_FIXTURES");
     for (int i = 0; i < n; i++) {
-        run_fixture(fx[i], 2048);
-        run_fixture(fx[i], 5); // chunked prefill: chunk boundaries cut across the SSD chunks
+        run_fixture(fx[i], 2048, 0);
+        run_fixture(fx[i], 5, 0); // chunked prefill: chunk boundaries cut across the SSD chunks
+    }
+    for (int i = 0; i < n; i++) { // the fixtures with a shared-prefix set
+        char rel[160];
+        snprintf(rel, sizeof rel, "%s/prefix/golden.json", fx[i]);
+        char *path = tu_fixture(rel);
+        if (file_exists(path)) {
+            run_fixture(fx[i], 2048, 1);
+            run_fixture(fx[i], 5, 1);
+        }
+        free(path);
     }
     tu_list_free(fx, n);
     return test_summary("logits");

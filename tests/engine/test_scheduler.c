@@ -1,7 +1,9 @@
 // test_scheduler.c - the scheduler alone, with requests whose model steps we
 // play by hand: budget, FCFS, max_num_seqs, chunked prefill, decode
-// classification from request state, and preemption by recompute.
+// classification from request state, preemption by recompute, and prefix
+// caching (hits at admission, commits after launch, checkpoints).
 #include "core/common.h"
+#include "engine/kv_cache.h"
 #include "engine/scheduler.h"
 #include "test.h"
 
@@ -18,6 +20,8 @@ static struct request *mk(int id, int n) {
 static void rfree(struct request *r) {
     free(r->tokens);
     free(r->blocks);
+    free(r->hashes);
+    free(r->pend);
     free(r);
 }
 
@@ -42,9 +46,104 @@ static const struct sched_entry *find(const struct sched_output *o, const struct
     return NULL;
 }
 
-int main(void) {
+// A prompt of n tokens: base + i.
+static struct request *mkp(int id, int n, int base) {
+    struct request *r = mk(id, n);
+    for (int i = 0; i < n; i++) r->tokens[i] = base + i;
+    return r;
+}
+
+static void test_prefix_attention(void) {
     struct scheduler s;
-    struct sched_config cfg = {2, 8, 4, 100, 2}; // 2 seqs, 8 tokens/step, blocks of 4
+    struct sched_config cfg = {4, 64, 4, 32, 0, 1, 0, 0};
+    sched_init(&s, &cfg);
+    struct request *a = mkp(1, 20, 100), *b = mkp(2, 20, 100), *c = mkp(3, 12, 100), *d = mkp(4, 20, 100);
+    for (int i = 8; i < 12; i++) c->tokens[i] = 7; // c shares a's first 8 tokens
+    d->salt = kv_hash_salt("another tenant");
+    sched_add(&s, a);
+    const struct sched_output *o = sched_schedule(&s);
+    CHECK(find(o, a) && find(o, a)->num_tokens == 20 && a->num_cached == 0);
+    advance(o);
+    int ablocks[5];
+    memcpy(ablocks, a->blocks, sizeof ablocks);
+    sched_remove(&s, a); // its 5 full blocks are committed and cached
+    CHECK(kv_pool_used(&s.blocks) == 0 && kv_pool_occupied(&s.blocks) == 5);
+    sched_add(&s, b);
+    sched_add(&s, c);
+    sched_add(&s, d);
+    o = sched_schedule(&s);
+    // b: 4 blocks (the last token runs); c: the 2 shared blocks; d: salted, nothing
+    CHECK(find(o, b) && find(o, b)->num_tokens == 4 && !find(o, b)->is_decode && b->num_cached == 16);
+    CHECK(b->num_blocks == 5 && !memcmp(b->blocks, ablocks, sizeof(int) * 4) && b->blocks[4] != ablocks[4]);
+    CHECK(find(o, c) && find(o, c)->num_tokens == 4 && c->num_cached == 8 && c->blocks[1] == ablocks[1]);
+    CHECK(find(o, d) && find(o, d)->num_tokens == 20 && d->num_cached == 0);
+    CHECK(s.prefix_queries == 72 && s.prefix_hits == 24);
+    CHECK(s.blocks.ref[ablocks[0]] == 2 && s.blocks.ref[ablocks[3]] == 1);
+    advance(o);
+    sched_remove(&s, b);
+    sched_remove(&s, c);
+    sched_remove(&s, d);
+    CHECK(kv_pool_used(&s.blocks) == 0);
+    // a block-aligned prompt of 16 cached tokens recomputes its last block
+    struct request *e = mkp(5, 16, 100);
+    sched_add(&s, e);
+    o = sched_schedule(&s);
+    CHECK(find(o, e) && find(o, e)->num_tokens == 4 && e->num_cached == 12);
+    advance(o);
+    sched_remove(&s, e);
+    CHECK(kv_pool_used(&s.blocks) == 0);
+    sched_release(&s);
+    rfree(a), rfree(b), rfree(c), rfree(d), rfree(e);
+}
+
+// Hybrid: checkpoints every 8 tokens (blocks of 4), a budget of 10 tokens.
+static void test_prefix_hybrid(void) {
+    struct scheduler s;
+    struct sched_config cfg = {4, 10, 4, 32, 4, 1, 8, 8};
+    sched_init(&s, &cfg);
+    struct request *a = mkp(1, 20, 100), *b = mkp(2, 20, 100), *c = mkp(3, 14, 100), *f = mkp(4, 20, 300);
+    sched_add(&s, a);
+    const struct sched_output *o = sched_schedule(&s);
+    const struct sched_entry *e = find(o, a);
+    CHECK(e && e->num_tokens == 10 && e->restore == -1 && e->num_ckpt == 1 && o->ckpt_pos[e->ckpt0] == 8);
+    int ck8 = o->ckpt_id[e->ckpt0];
+    advance(o);
+    o = sched_schedule(&s); // commits the checkpoint at 8; plans 16
+    e = find(o, a);
+    CHECK(e && e->num_tokens == 10 && e->num_ckpt == 1 && o->ckpt_pos[e->ckpt0] == 16);
+    int ck16 = o->ckpt_id[e->ckpt0];
+    CHECK(kv_pool_occupied(&s.ckpts) == 2 && kv_pool_used(&s.ckpts) == 1); // 8 cached, 16 held until launched
+    advance(o);
+    sched_remove(&s, a);
+    CHECK(kv_pool_used(&s.ckpts) == 0 && kv_pool_occupied(&s.ckpts) == 2);
+    sched_add(&s, b);
+    sched_add(&s, c);
+    o = sched_schedule(&s);
+    e = find(o, b); // the prefix of 16 is covered by blocks and a checkpoint: restored into b's slot
+    CHECK(e && e->num_tokens == 4 && e->restore == ck16 && b->ckpt_hit == ck16 && b->num_cached == 16);
+    e = find(o, c); // 13 tokens may hit: 3 blocks, and a checkpoint at 8 only
+    CHECK(e && e->num_tokens == 6 && e->restore == ck8 && c->num_cached == 8);
+    CHECK(s.ckpts.ref[ck16] == 1 && s.ckpts.ref[ck8] == 1);
+    advance(o);
+    o = sched_schedule(&s); // decodes restore nothing and write no checkpoint
+    CHECK(find(o, b) && find(o, b)->is_decode && find(o, b)->restore == -1 && find(o, b)->num_ckpt == 0);
+    sched_remove(&s, b);
+    sched_remove(&s, c);
+    // a step that never launched commits nothing: f's checkpoint at 8 is dropped
+    sched_add(&s, f);
+    o = sched_schedule(&s);
+    CHECK(find(o, f) && find(o, f)->num_ckpt == 1);
+    sched_remove(&s, f); // as after a failed launch: num_computed did not advance
+    CHECK(kv_pool_used(&s.ckpts) == 0 && kv_pool_occupied(&s.ckpts) == 2 && kv_pool_used(&s.blocks) == 0);
+    sched_release(&s);
+    rfree(a), rfree(b), rfree(c), rfree(f);
+}
+
+int main(void) {
+    test_prefix_attention();
+    test_prefix_hybrid();
+    struct scheduler s;
+    struct sched_config cfg = {2, 8, 4, 100, 2, 0, 0, 0}; // 2 seqs, 8 tokens/step, blocks of 4
     sched_init(&s, &cfg);
     struct request *a = mk(1, 1), *b = mk(2, 13), *c = mk(3, 5);
     sched_add(&s, a);
@@ -75,7 +174,7 @@ int main(void) {
     sched_release(&s);
 
     // preemption: 6 blocks of 4 = 24 tokens for two sequences growing past it
-    struct sched_config small = {4, 64, 4, 6, 4};
+    struct sched_config small = {4, 64, 4, 6, 4, 0, 0, 0};
     sched_init(&s, &small);
     struct request *x = mk(4, 10), *y = mk(5, 10);
     sched_add(&s, x);

@@ -1,7 +1,10 @@
 // test_ops.c - the CPU reference ops against independent naive versions:
 //   chunked SSD scan == sequential recurrence (with and without an initial
 //   state, chunks at absolute positions), == repeated decode updates;
-//   conv forward == repeated conv updates; paged attention == dense attention;
+//   conv forward == repeated conv updates; state checkpoints written inside a
+//   prefill == the state of a prefill that ends there, and a prefill from a
+//   restored checkpoint (state_src) == the same tokens in one prefill;
+//   paged attention == dense attention;
 //   grouped top-k routing; the sampler.
 #include <math.h>
 
@@ -30,7 +33,8 @@ static double max_rel(const float *a, const float *b, size_t n) {
 // A host batch of prefill (or decode) sequences.
 struct hbatch {
     struct batch b;
-    int32_t qsl[16], seq_lens[16], ctx[16], slots[16], init[16], pos[256], slot_map[256], btab[256];
+    int32_t qsl[16], seq_lens[16], ctx[16], slots[16], src[16], pos[256], slot_map[256], btab[256];
+    int32_t ck_start[17], ck_pos[16], ck_slot[16];
 };
 
 static void make_batch(struct hbatch *h, int n, const int *qlen, const int *ctx, const int *slot, const int *init,
@@ -42,7 +46,7 @@ static void make_batch(struct hbatch *h, int n, const int *qlen, const int *ctx,
         h->ctx[s] = ctx[s];
         h->seq_lens[s] = ctx[s] + qlen[s];
         h->slots[s] = slot[s];
-        h->init[s] = init[s];
+        h->src[s] = init[s] ? slot[s] : -1; // continue the slot, or zeros
         for (int i = 0; i < qlen[s]; i++) h->pos[t++] = ctx[s] + i;
     }
     h->qsl[n] = t;
@@ -56,14 +60,17 @@ static void make_batch(struct hbatch *h, int n, const int *qlen, const int *ctx,
     b->context_lens = h->ctx;
     b->positions = h->pos;
     b->state_slots = h->slots;
-    b->has_initial_state = h->init;
+    b->state_src = h->src;
+    b->ckpt_start = h->ck_start;
+    b->ckpt_pos = h->ck_pos;
+    b->ckpt_slot = h->ck_slot;
     b->slot_mapping = h->slot_map;
     b->block_tables = h->btab;
     b->h_query_start_loc = h->qsl;
     b->h_seq_lens = h->seq_lens;
     b->h_context_lens = h->ctx;
     b->h_state_slots = h->slots;
-    b->h_has_initial_state = h->init;
+    b->h_state_src = h->src;
 }
 
 static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
@@ -82,7 +89,7 @@ static void test_ssd(struct backend *be) {
     float *st = xmalloc(sizeof(float) * sn), *st0 = xmalloc(sizeof(float) * sn), *st2 = xmalloc(sizeof(float) * sn);
     float A[4], D[4], dtb[4];
     fill(x, (size_t)T * ld, 1.0f);
-    fill(st0, sn, 1.0f); // slot 2 holds garbage that has_initial_state=0 must hide
+    fill(st0, sn, 1.0f); // slot 2 holds garbage that state_src = -1 must hide
     for (int h = 0; h < H; h++) A[h] = -expf(0.5f * frand()), D[h] = 1 + 0.5f * frand(), dtb[h] = 0.5f * frand();
     memcpy(st, st0, sizeof(float) * sn);
     be->ops->ssd_prefill(be, y, x, ld, dtb, A, D, st, &hb.b, 0, S, &d);
@@ -167,6 +174,65 @@ static void test_conv(struct backend *be) {
     printf("conv forward vs repeated updates: out rel err %.2e, state rel err %.2e\n", e1, e2);
     CHECK(e1 < 1e-6 && e2 < 1e-6);
     free(x), free(x2), free(st), free(st2);
+}
+
+// Prefix caching's state ops. One prefill of 11 tokens (chunk 4) behind a
+// 3-token distractor writes checkpoints at 4 and 8 (slots 4, 5): each must
+// equal the final state of a prefill of that prefix alone, and a prefill of
+// tokens [8, 11) restoring slot 5 (state_src) must give the last rows and the
+// final state of the one prefill. Slots start as garbage (zeros: src -1).
+static void test_ckpt(struct backend *be) {
+    struct mamba_dims d = {4, 3, 2, 5, 4, 4, 0, 0.0f, INFINITY};
+    int H = d.heads, P = d.head_dim, N = d.state, G = d.groups, I = H * P;
+    d.conv_dim = I + 2 * G * N;
+    int C = d.conv_dim, K = d.conv_kernel, ld = I + C + H, L = 11, slots = 6;
+    size_t cs = (size_t)(K - 1) * C, ss = (size_t)H * P * N;
+    float *x = xmalloc(sizeof(float) * (3 + L) * ld), A[4], D[4], dtb[4];
+    fill(x, (size_t)(3 + L) * ld, 1.0f);
+    for (int h = 0; h < H; h++) A[h] = -expf(0.5f * frand()), D[h] = 1 + 0.5f * frand(), dtb[h] = 0.5f * frand();
+    float *cw = xmalloc(sizeof(float) * C * K), *cb = xmalloc(sizeof(float) * C);
+    fill(cw, (size_t)C * K, 1.0f);
+    fill(cb, C, 0.5f);
+    // run r: the prefix [0, n) (r 0: all, with checkpoints; r 1, 2: [0, 4), [0, 8));
+    // r 3: [8, 11) from checkpoint slot 5 of run 0. Outputs: conv rows, y, states.
+    float *xo[4], *y[4], *cst[4], *sst[4];
+    for (int r = 0; r < 4; r++) {
+        int q0 = r == 3 ? 8 : 0, n = r == 0 || r == 3 ? L - q0 : 4 * r;
+        int qlen[] = {3, n}, ctx[] = {0, q0}, slot[] = {1, 2}, init[] = {0, 0};
+        struct hbatch hb;
+        make_batch(&hb, 2, qlen, ctx, slot, init, 0);
+        if (r == 0) { // sequence 1 checkpoints at 4 and 8
+            hb.ck_start[2] = 2;
+            hb.ck_pos[0] = 4, hb.ck_slot[0] = 4, hb.ck_pos[1] = 8, hb.ck_slot[1] = 5;
+        }
+        if (r == 3) hb.src[1] = 5;
+        xo[r] = xmalloc(sizeof(float) * (3 + n) * ld);
+        memcpy(xo[r], x, sizeof(float) * 3 * ld);                                  // the distractor
+        memcpy(xo[r] + (size_t)3 * ld, x + (size_t)(3 + q0) * ld, sizeof(float) * n * ld); // the subject's tokens
+        y[r] = xcalloc((size_t)(3 + n) * I, sizeof(float));
+        cst[r] = xmalloc(sizeof(float) * slots * cs);
+        sst[r] = xmalloc(sizeof(float) * slots * ss);
+        fill(cst[r], slots * cs, 1.0f);
+        fill(sst[r], slots * ss, 1.0f);
+        if (r == 3) { // the checkpoint restored: run 0's
+            memcpy(cst[3] + 5 * cs, cst[0] + 5 * cs, sizeof(float) * cs);
+            memcpy(sst[3] + 5 * ss, sst[0] + 5 * ss, sizeof(float) * ss);
+        }
+        be->ops->conv1d_fwd(be, xo[r], ld, cw, cb, cst[r], &hb.b, 0, 2, &d);
+        be->ops->ssd_prefill(be, y[r], xo[r], ld, dtb, A, D, sst[r], &hb.b, 0, 2, &d);
+    }
+    for (int r = 1; r <= 2; r++) { // checkpoint slot 3 + r of run 0 == final state of run r
+        double ec = max_rel(cst[0] + (3 + r) * cs, cst[r] + 2 * cs, cs), es = max_rel(sst[0] + (3 + r) * ss, sst[r] + 2 * ss, ss);
+        printf("checkpoint at %d vs a prefill ending there: conv state rel err %.2e, ssm state %.2e\n", 4 * r, ec, es);
+        CHECK(ec < 1e-6 && es < 1e-5);
+    }
+    double ex = max_rel(xo[3] + (size_t)3 * ld, xo[0] + (size_t)(3 + 8) * ld, (size_t)3 * ld);
+    double ey = max_rel(y[3] + (size_t)3 * I, y[0] + (size_t)(3 + 8) * I, (size_t)3 * I);
+    double ec = max_rel(cst[3] + 2 * cs, cst[0] + 2 * cs, cs), es = max_rel(sst[3] + 2 * ss, sst[0] + 2 * ss, ss);
+    printf("prefill from a restored checkpoint vs one prefill: conv %.2e, y %.2e, states %.2e %.2e\n", ex, ey, ec, es);
+    CHECK(ex < 1e-6 && ey < 1e-5 && ec < 1e-6 && es < 1e-5);
+    for (int r = 0; r < 4; r++) free(xo[r]), free(y[r]), free(cst[r]), free(sst[r]);
+    free(x), free(cw), free(cb);
 }
 
 static void test_attention(struct backend *be) {
@@ -348,6 +414,7 @@ int main(void) {
     if (backend_cpu_create(2, DT_F32, &be)) return 1;
     test_ssd(be);
     test_conv(be);
+    test_ckpt(be);
     test_attention(be);
     test_route(be);
     test_rope(be);

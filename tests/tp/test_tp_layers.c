@@ -107,7 +107,7 @@ static void forward_rank(void *arg, int k) {
 
 struct hbatch {
     struct batch b;
-    int32_t qsl[NSLOT + 1], seq_lens[NSLOT], ctx[NSLOT], slots[NSLOT], init[NSLOT], btab[NSLOT * MB];
+    int32_t qsl[NSLOT + 1], seq_lens[NSLOT], ctx[NSLOT], slots[NSLOT], src[NSLOT], ck_start[NSLOT + 1], btab[NSLOT * MB];
     int32_t pos[MAXT], slot_map[MAXT], ids[MAXT];
 };
 
@@ -120,7 +120,7 @@ static void make_step(struct hbatch *h, int n, int nd, const int *slot, const in
         h->ctx[s] = ctx[s];
         h->seq_lens[s] = ctx[s] + qlen[s];
         h->slots[s] = slot[s];
-        h->init[s] = ctx[s] > 0;
+        h->src[s] = ctx[s] > 0 ? slot[s] : -1; // continue the slot, or zeros
         for (int j = 0; j < MB; j++) h->btab[s * MB + j] = slot[s] * MB + j;
         for (int i = 0; i < qlen[s]; i++, t++) {
             int p = ctx[s] + i;
@@ -137,9 +137,9 @@ static void make_step(struct hbatch *h, int n, int nd, const int *slot, const in
     b->max_model_len = MB * BS;
     b->query_start_loc = h->qsl, b->seq_lens = h->seq_lens, b->context_lens = h->ctx, b->positions = h->pos;
     b->slot_mapping = h->slot_map, b->block_tables = h->btab, b->state_slots = h->slots;
-    b->has_initial_state = h->init, b->input_ids = h->ids;
+    b->state_src = h->src, b->ckpt_start = h->ck_start, b->input_ids = h->ids;
     b->h_query_start_loc = h->qsl, b->h_seq_lens = h->seq_lens, b->h_context_lens = h->ctx;
-    b->h_state_slots = h->slots, b->h_has_initial_state = h->init;
+    b->h_state_slots = h->slots, b->h_state_src = h->src;
 }
 
 static double worst = 0; // largest relative error seen, for the log

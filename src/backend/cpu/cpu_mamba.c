@@ -7,13 +7,17 @@
 #include "backend/cpu/cpu.h"
 #include "core/common.h"
 
-// Conv over one sequence of L tokens starting at row t0. The state holds the
-// K-1 inputs before t0 ([K-1, C], oldest first); init=0 reads it as zeros.
-static void conv_seq(float *zxbcdt, int ld, const float *w, const float *bias, float *state, int t0, int L,
-                     int init, const struct mamba_dims *d, float *buf) {
+// Conv over one sequence of L tokens starting at row t0. init: the K-1
+// inputs before t0 ([K-1, C], oldest first; NULL: zeros); the last K-1 inputs
+// go to out, and for each checkpoint k in [k0, k1) of the batch the K-1
+// before position ckpt_pos[k] to its slot of conv_state (p0: the position of
+// row t0).
+static void conv_seq(float *zxbcdt, int ld, const float *w, const float *bias, const float *init, float *out,
+                     int t0, int L, int p0, const struct batch *b, int k0, int k1, float *conv_state,
+                     const struct mamba_dims *d, float *buf) {
     int C = d->conv_dim, K = d->conv_kernel, I = d->heads * d->head_dim;
-    // buf: [K-1+L, C] = state rows, then this sequence's inputs
-    if (init) memcpy(buf, state, sizeof(float) * (K - 1) * C);
+    // buf: [K-1+L, C] = initial state rows, then this sequence's inputs
+    if (init) memcpy(buf, init, sizeof(float) * (K - 1) * C);
     else memset(buf, 0, sizeof(float) * (K - 1) * C);
     for (int t = 0; t < L; t++) memcpy(buf + (int64_t)(K - 1 + t) * C, zxbcdt + (int64_t)(t0 + t) * ld + I, sizeof(float) * C);
     for (int t = 0; t < L; t++) {
@@ -24,7 +28,12 @@ static void conv_seq(float *zxbcdt, int ld, const float *w, const float *bias, f
             o[c] = silu(acc);
         }
     }
-    memcpy(state, buf + (int64_t)L * C, sizeof(float) * (K - 1) * C);
+    for (int k = k0; k < k1; k++) {
+        int rel = b->ckpt_pos[k] - p0; // inputs [rel - K + 1, rel) are buf rows [rel, rel + K - 1)
+        memcpy(conv_state + (int64_t)b->ckpt_slot[k] * (K - 1) * C, buf + (int64_t)rel * C,
+               sizeof(float) * (K - 1) * C);
+    }
+    memcpy(out, buf + (int64_t)L * C, sizeof(float) * (K - 1) * C);
 }
 
 struct conv_ctx {
@@ -43,10 +52,13 @@ static void conv_one(void *ctx, int i, int thread) {
     const struct batch *b = c->b;
     int s = c->seq0 + i, K = c->d->conv_kernel, C = c->d->conv_dim;
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
-    float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C;
+    int64_t per = (int64_t)(K - 1) * C;
+    // a decode continues its own slot and writes no checkpoint
+    int src = c->decode ? b->state_slots[s] : b->state_src[s];
+    int k0 = c->decode ? 0 : b->ckpt_start[s], k1 = c->decode ? 0 : b->ckpt_start[s + 1];
     float *buf = cpu_scratch(c->be, thread, sizeof(float) * (size_t)(K - 1 + L) * C);
-    int init = c->decode ? 1 : b->has_initial_state[s];
-    conv_seq(c->zxbcdt, c->ld, c->w, c->bias, state, t0, L, init, c->d, buf);
+    conv_seq(c->zxbcdt, c->ld, c->w, c->bias, src >= 0 ? c->conv_state + src * per : NULL,
+             c->conv_state + b->state_slots[s] * per, t0, L, b->context_lens[s], b, k0, k1, c->conv_state, c->d, buf);
 }
 
 void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
@@ -84,8 +96,11 @@ static void ssd_prefill_one(void *ctx, int task, int thread) {
     int s = c->seq0 + task / H, h = task % H, g = h / (H / G);
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, p0 = b->context_lens[s];
     int xoff = I + h * P, boff = I + I + g * N, coff = I + I + G * N + g * N, dtoff = I + d->conv_dim;
-    float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h) * P * N; // [P, N]
-    if (!b->has_initial_state[s]) memset(st, 0, sizeof(float) * P * N); // a fresh slot reads as zeros
+    int64_t hs = (int64_t)P * N;                           // one head's state
+    float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h) * hs; // [P, N]
+    int src = b->state_src[s], k = b->ckpt_start[s];
+    if (src < 0) memset(st, 0, sizeof(float) * hs); // a fresh slot reads as zeros
+    else if (src != b->state_slots[s]) memcpy(st, c->ssm_state + ((int64_t)src * H + h) * hs, sizeof(float) * hs);
     int cs = d->chunk_size;
     float *dt = cpu_scratch(c->be, thread, sizeof(float) * 2 * cs), *acum = dt + cs;
     float A = c->A[h], Dh = c->D[h];
@@ -125,6 +140,9 @@ static void ssd_prefill_one(void *ctx, int task, int thread) {
                 for (int n = 0; n < N; n++) st[p * N + n] += xp * rj[boff + n];
             }
         }
+        for (; k < b->ckpt_start[s + 1] && b->ckpt_pos[k] <= p0 + i1; k++) // a checkpoint at this chunk's end
+            if (b->ckpt_pos[k] == p0 + i1)
+                memcpy(c->ssm_state + ((int64_t)b->ckpt_slot[k] * H + h) * hs, st, sizeof(float) * hs);
         i0 = i1;
     }
 }

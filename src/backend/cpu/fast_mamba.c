@@ -30,8 +30,12 @@ static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
     const struct batch *b = c->b;
     int C = c->d->conv_dim, K = c->d->conv_kernel, I = c->d->heads * c->d->head_dim;
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
-    float *state = c->conv_state + (int64_t)b->state_slots[s] * (K - 1) * C + c0;
-    int init = c->decode ? 1 : b->has_initial_state[s];
+    int64_t per = (int64_t)(K - 1) * C;
+    float *state = c->conv_state + b->state_slots[s] * per + c0;
+    // a decode continues its own slot and writes no checkpoint; a prefill
+    // reads slot state_src (-1: zeros)
+    int src = c->decode ? b->state_slots[s] : b->state_src[s], init = src >= 0;
+    int k0 = c->decode ? 0 : b->ckpt_start[s], k1 = c->decode ? 0 : b->ckpt_start[s + 1];
     // K <= 8 (checked by the caller); whole CB_CH-wide vectors, zero padded
     float old[7][CB_CH], keep[7][CB_CH], wt[8][CB_CH], bias[CB_CH], pad[8][CB_CH];
     memset(old, 0, sizeof old);
@@ -40,8 +44,18 @@ static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
     for (int k = 0; k < K; k++)
         for (int i = 0; i < nc; i++) wt[k][i] = c->w[(int64_t)(c0 + i) * K + k];
     for (int i = 0; i < nc && c->bias; i++) bias[i] = c->bias[c0 + i];
-    for (int k = 0; k < K - 1 && init; k++) memcpy(old[k], state + (int64_t)k * C, sizeof(float) * nc);
+    for (int k = 0; k < K - 1 && init; k++)
+        memcpy(old[k], c->conv_state + src * per + c0 + (int64_t)k * C, sizeof(float) * nc);
     float *row0 = c->zxbcdt + (int64_t)t0 * c->ld + I + c0;
+    for (int k = k0; k < k1; k++) { // checkpoints: the K-1 inputs before their positions, before any is overwritten
+        int rel = b->ckpt_pos[k] - b->context_lens[s];
+        float *dst = c->conv_state + b->ckpt_slot[k] * per + c0;
+        for (int j = 0; j < K - 1; j++) {
+            int src_t = rel - (K - 1) + j;
+            const float *in = src_t >= 0 ? row0 + (int64_t)src_t * c->ld : old[K - 1 + src_t];
+            memcpy(dst + (int64_t)j * C, in, sizeof(float) * nc);
+        }
+    }
     for (int j = 0; j < K - 1; j++) { // input L-(K-1)+j: a row, or an old state entry
         int src = L - (K - 1) + j;
         memcpy(keep[j], src >= 0 ? row0 + (int64_t)src * c->ld : old[K - 1 + src], sizeof(float) * nc);
@@ -137,7 +151,10 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
     int s = c->seq0 + task / G, g = task % G, h0 = g * hg, W = hg * P, ld = c->ld;
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, p0 = b->context_lens[s];
     float *st = c->ssm_state + ((int64_t)b->state_slots[s] * H + h0) * P * N; // [W, N]
-    if (!b->has_initial_state[s]) memset(st, 0, sizeof(float) * W * N); // a fresh slot reads as zeros
+    int src = b->state_src[s], kc = b->ckpt_start[s];
+    if (src < 0) memset(st, 0, sizeof(float) * W * N); // a fresh slot reads as zeros
+    else if (src != b->state_slots[s]) // a checkpoint restored
+        memcpy(st, c->ssm_state + ((int64_t)src * H + h0) * P * N, sizeof(float) * W * N);
     size_t pb1 = fast_sgemm_b_floats(cs, N), pb2 = fast_sgemm_b_floats(W, N), pb3 = fast_sgemm_b_floats(P, cs);
     size_t pb4 = fast_sgemm_b_floats(N, cs), pa = fast_sgemm_a_floats(MAX(cs, W), MAX(N, cs));
     int lx = W + 2 * N; // a local row: the group's x | B | C
@@ -207,6 +224,9 @@ static void ssd_prefill_task(void *ctx, int task, int thread) {
         fast_sgemm_prep_b(be, &bn, N, lc, B, lx, 0, sp4);
         fast_sgemm_b(be, W, N, lc, 1.0f, xs, W, 1, &bn, 1.0f, st, N, apack);
         i0 += lc;
+        for (; kc < b->ckpt_start[s + 1] && b->ckpt_pos[kc] <= p0 + i0; kc++) // a checkpoint at this chunk's end
+            if (b->ckpt_pos[kc] == p0 + i0)
+                memcpy(c->ssm_state + ((int64_t)b->ckpt_slot[kc] * H + h0) * P * N, st, sizeof(float) * W * N);
     }
 }
 

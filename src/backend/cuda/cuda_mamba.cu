@@ -9,19 +9,26 @@
 #include "backend/cuda/cuda_common.cuh"
 
 // One thread per (sequence, channel) walks the sequence's tokens with a
-// register window of the K-1 previous inputs. force_init: decode rows, whose
-// state always exists.
+// register window of the K-1 previous inputs. decode: decode rows, which
+// continue their own slot and write no checkpoint; a prefill reads slot
+// state_src (-1: zeros) and stores the window at each checkpoint position.
+struct conv_meta {
+    const int32_t *qsl, *ctx, *slots, *src, *ck_start, *ck_pos, *ck_slot;
+};
+
 template <int K>
 __global__ void k_conv1d(float *zxbcdt, int ld, int I, int C, const float *w, const float *bias, float *conv_state,
-                         const int32_t *qsl, const int32_t *slots, const int32_t *has_init, int seq0, int force_init) {
+                         conv_meta m, int seq0, int decode) {
     int s = seq0 + blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    int t0 = qsl[s], L = qsl[s + 1] - t0;
-    int init = force_init || has_init[s];
-    float *st = conv_state + (int64_t)slots[s] * (K - 1) * C + c;
+    int t0 = m.qsl[s], L = m.qsl[s + 1] - t0;
+    int src = decode ? m.slots[s] : m.src[s];
+    int k = decode ? 0 : m.ck_start[s], k1 = decode ? 0 : m.ck_start[s + 1], p0 = m.ctx[s];
+    float *st = conv_state + (int64_t)m.slots[s] * (K - 1) * C + c;
+    const float *sst = conv_state + (int64_t)max(src, 0) * (K - 1) * C + c;
     float win[K - 1], wc[K];
 #pragma unroll
-    for (int j = 0; j < K - 1; j++) win[j] = init ? st[(int64_t)j * C] : 0.0f; // a fresh slot reads as zeros
+    for (int j = 0; j < K - 1; j++) win[j] = src >= 0 ? sst[(int64_t)j * C] : 0.0f; // a fresh slot reads as zeros
 #pragma unroll
     for (int j = 0; j < K; j++) wc[j] = w[(int64_t)c * K + j];
     float b = bias ? bias[c] : 0.0f;
@@ -35,21 +42,26 @@ __global__ void k_conv1d(float *zxbcdt, int ld, int I, int C, const float *w, co
 #pragma unroll
         for (int j = 0; j < K - 2; j++) win[j] = win[j + 1];
         win[K - 2] = xin;
+        if (k < k1 && m.ck_pos[k] == p0 + t + 1) { // the K-1 inputs before a checkpoint position
+            float *ck = conv_state + (int64_t)m.ck_slot[k++] * (K - 1) * C + c;
+#pragma unroll
+            for (int j = 0; j < K - 1; j++) ck[(int64_t)j * C] = win[j];
+        }
     }
 #pragma unroll
     for (int j = 0; j < K - 1; j++) st[(int64_t)j * C] = win[j];
 }
 
 static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
-                        const struct batch *b, int seq0, int seq1, int force_init, const struct mamba_dims *d) {
+                        const struct batch *b, int seq0, int seq1, int decode, const struct mamba_dims *d) {
     int n = seq1 - seq0;
     if (n <= 0) return;
     int I = d->heads * d->head_dim, C = d->conv_dim;
     dim3 grid(cdiv(C, 128), n);
     cudaStream_t s = cu(be)->stream;
-#define CONV(KK)                                                                                                  \
-    k_conv1d<KK><<<grid, 128, 0, s>>>(zxbcdt, ld, I, C, w, bias, conv_state, b->query_start_loc, b->state_slots, \
-                                      b->has_initial_state, seq0, force_init)
+    conv_meta m = {b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
+                   b->ckpt_slot};
+#define CONV(KK) k_conv1d<KK><<<grid, 128, 0, s>>>(zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, decode)
     switch (d->conv_kernel) {
     case 2: CONV(2); break;
     case 3: CONV(3); break;
@@ -78,7 +90,8 @@ struct ssd_args {
     int ld, H, P, G, N, chunk, I, conv_dim;
     const float *dt_bias, *A, *D;
     float *ssm;
-    const int32_t *qsl, *ctx, *slots, *has_init;
+    const int32_t *qsl, *ctx, *slots, *src; // src: state_src (prefill)
+    const int32_t *ck_start, *ck_pos, *ck_slot; // checkpoint writes (prefill)
     int seq0;
     float dt_min, dt_max;
 };
@@ -156,20 +169,26 @@ __global__ void k_ssd_mask(ssd_args a, const ssd_chunk *ch, const float *cb, con
     }
 }
 
-// states entering each chunk, sequentially over a sequence's chunks; the
-// slot's state (zero when !has_initial_state) enters the first, the last
-// chunk's exit state goes back to the slot
+// states entering each chunk, sequentially over a sequence's chunks; slot
+// state_src's state (zeros for -1) enters the first, a chunk's exit state
+// goes to each checkpoint at its end, and the last one's to the state slot
 __global__ void k_ssd_pass(ssd_args a, const ssd_chunk *ch, const int32_t *first, const float *sc, const float *ac,
                            float *sin) {
     int s = a.seq0 + blockIdx.x, h = blockIdx.y, PN = a.P * a.N, L = a.chunk;
     float *gst = a.ssm + ((int64_t)a.slots[s] * a.H + h) * PN;
-    int init = a.has_init[s], c0 = first[blockIdx.x], c1 = first[blockIdx.x + 1];
+    const float *sst = a.ssm + ((int64_t)max(a.src[s], 0) * a.H + h) * PN;
+    int init = a.src[s] >= 0, c0 = first[blockIdx.x], c1 = first[blockIdx.x + 1];
+    int k1 = a.ck_start[s + 1], pos0 = a.ctx[s] - a.qsl[s]; // position of token row t: pos0 + t
     for (int k = threadIdx.x; k < PN; k += blockDim.x) {
-        float v = init ? gst[k] : 0.0f; // a fresh slot reads as zeros
+        float v = init ? sst[k] : 0.0f; // a fresh slot reads as zeros
+        int q = a.ck_start[s];
         for (int c = c0; c < c1; c++) {
             int64_t o = ((int64_t)c * a.H + h) * PN + k;
             sin[o] = v;
             v = expf(ac[((int64_t)c * a.H + h) * L + ch[c].len - 1]) * v + sc[o];
+            int end = pos0 + ch[c].t + ch[c].len;
+            for (; q < k1 && a.ck_pos[q] <= end; q++)
+                if (a.ck_pos[q] == end) a.ssm[((int64_t)a.ck_slot[q] * a.H + h) * PN + k] = v;
         }
         gst[k] = v;
     }
@@ -288,7 +307,8 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     CUDA_CHECK(cudaMemcpyAsync(s.chunks, ch.data(), sizeof(ssd_chunk) * nc, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(s.first, first.data(), 4 * (ns + 1), cudaMemcpyHostToDevice, st));
     ssd_args a = {y, zxbcdt, ld, H, P, G, N, L, HP, d->conv_dim, dt_bias, A, D, ssm_state,
-                  b->query_start_loc, b->context_lens, b->state_slots, b->has_initial_state, seq0, d->dt_min, d->dt_max};
+                  b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
+                  b->ckpt_slot, seq0, d->dt_min, d->dt_max};
     k_ssd_gather<<<dim3(nc, L), 256, 0, st>>>(a, s.chunks, s.xp, s.bp, s.cp);
     k_ssd_dt<<<cdiv(nbh, 128), 128, 0, st>>>(a, s.chunks, nc, s.dt, s.ac);
     LAUNCH_CHECK();
@@ -360,7 +380,7 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
     if (b->num_decodes <= 0) return;
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
-                  b->has_initial_state, 0, d->dt_min, d->dt_max};
+                  NULL, NULL, NULL, NULL, 0, d->dt_min, d->dt_max}; // a decode continues its own slot
     k_ssd_decode<<<dim3(b->num_decodes, d->heads), 256, 0, cu(be)->stream>>>(a);
     LAUNCH_CHECK();
 }

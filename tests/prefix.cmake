@@ -1,0 +1,78 @@
+# Prefix caching (issue 13). The shared-prefix sets (tests/fixtures/*/prefix:
+# a prefix P, P plus tails, P again, P cut mid-block) with caching on:
+# token-exact against the oracle, and where requests run one after another
+# every one after the first must find cached tokens (--require-hits). Then
+# the oracle gates of the same fixtures (hybrid, hybrid with latent MoE,
+# attention-only), in every scheduling mode, with caching on and a cache made
+# warm by a first pass over the same prompts (--warm). All the gate fixtures
+# run that way with VLLM_GATE_PREFIX=warm ctest -R '^gate_' (docs/ENVIRONMENT.md).
+set(VLLM_PREFIX_MODES
+  "decode|--require-hits"
+  "fresh|--fresh-prefill --require-hits"
+  "chunk3|--max-num-batched-tokens 3 --require-hits"
+  "chunk7_batch|--both-modes --max-num-batched-tokens 7 --batch"
+  "preempt_chunk|--both-modes --batch --num-blocks 34 --block-size 4 --max-num-batched-tokens 5 --require-preemption"
+  "staggered|--staggered 3")
+set(VLLM_PREFIX_FIXTURES nh_dense nh_latent qwen3)
+foreach(fx ${VLLM_PREFIX_FIXTURES})
+  foreach(mode ${VLLM_PREFIX_MODES})
+    vllm_gate_mode("${mode}" mname parts)
+    add_test(NAME gate_prefix_${fx}_${mname}
+             COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/${fx} --golden ${VLLM_FIXTURES}/${fx}/prefix/golden.json
+                     --threads 1 --enable-prefix-caching ${parts})
+    set_tests_properties(gate_prefix_${fx}_${mname} PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
+                         FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
+  endforeach()
+endforeach()
+foreach(fx ${VLLM_PREFIX_FIXTURES})
+  foreach(mode ${VLLM_GATE_MODES})
+    vllm_gate_mode("${mode}" mname parts)
+    add_test(NAME gate_warm_${fx}_${mname}
+             COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/${fx} --golden ${VLLM_FIXTURES}/${fx}/golden.json
+                     --threads 1 --enable-prefix-caching --warm ${parts})
+    set_tests_properties(gate_warm_${fx}_${mname} PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
+                         FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
+  endforeach()
+endforeach()
+# the checkpoints of every rank's shards: two CPU ranks
+foreach(fx ${VLLM_PREFIX_FIXTURES})
+  add_test(NAME tp2_gate_prefix_${fx}
+           COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/${fx} --golden ${VLLM_FIXTURES}/${fx}/prefix/golden.json
+                   --threads 2 --tensor-parallel-size 2 --enable-prefix-caching --both-modes --require-hits)
+  set_tests_properties(tp2_gate_prefix_${fx} PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
+                       FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
+endforeach()
+# On the GPU in fp32 (skipped without one): the same, token-exact.
+if(VLLM_CUDA)
+  foreach(fx ${VLLM_PREFIX_FIXTURES})
+    foreach(mode ${VLLM_PREFIX_MODES})
+      vllm_gate_mode("${mode}" mname parts)
+      add_test(NAME gpu_gate_prefix_fp32_${fx}_${mname}
+               COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh $<TARGET_FILE:vllm_cli> generate
+                       --model ${VLLM_FIXTURES}/${fx} --golden ${VLLM_FIXTURES}/${fx}/prefix/golden.json
+                       --device cuda --dtype float32 --enable-prefix-caching ${parts})
+    endforeach()
+  endforeach()
+  foreach(fx ${VLLM_PREFIX_FIXTURES})
+    foreach(mode ${VLLM_GATE_MODES})
+      vllm_gate_mode("${mode}" mname parts)
+      add_test(NAME gpu_gate_warm_fp32_${fx}_${mname}
+               COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh $<TARGET_FILE:vllm_cli> generate
+                       --model ${VLLM_FIXTURES}/${fx} --golden ${VLLM_FIXTURES}/${fx}/golden.json
+                       --device cuda --dtype float32 --enable-prefix-caching --warm ${parts})
+    endforeach()
+  endforeach()
+  get_property(prefix_tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${prefix_tests})
+    if(t MATCHES "^gpu_gate_(prefix|warm)_")
+      set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77 ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}"
+                           PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]" FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
+    endif()
+  endforeach()
+endif()
+# `vllm bench --workload chat` end to end on a tiny fixture: caching off and
+# on give the same conversations, and the later turns hit
+add_test(NAME bench_chat_smoke
+         COMMAND vllm_cli bench --workload chat --model ${VLLM_FIXTURES}/nh_dense --threads 1 --conversations 3
+                 --turns 3 --system-len 200 --user-len 20 --reply-len 20)
+set_tests_properties(bench_chat_smoke PROPERTIES PASS_REGULAR_EXPRESSION "\non +[0-9.]+ +[0-9]+ +[1-9][0-9]*/[0-9]+.*outputs identical")
