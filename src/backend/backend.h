@@ -235,6 +235,10 @@ struct backend_ops {
     // out: [rows, out_cols]. Rank r's in: [rows, in_cols] fills columns
     // [r*in_cols, (r+1)*in_cols), cut at out_cols (a last shard may be padded).
     void (*all_gather)(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);
+    // The device's limits, measured now (vllm bench's roofline; NULL where
+    // not measured): bytes per second of a large copy (read + write) and
+    // FLOP/s of a large 16-bit matrix product.
+    int (*peaks)(struct backend *be, double *bytes_per_s, double *flops_per_s);
     // Makes be the calling thread's device (CUDA's current device is per
     // thread); a thread calls it before it issues ops of a group's backend.
     void (*bind)(struct backend *be);

@@ -5,6 +5,7 @@
 // ignored). Prefill tok/s counts prompt tokens until the last request has its
 // first token; decode tok/s counts the remaining tokens over the time after
 // that; TTFT and TPOT are means over requests.
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "core/common.h"
+#include "engine/engine.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -64,7 +66,25 @@ static void bench_cb(void *user, const struct vllm_output *o) {
 struct result {
     int batch;
     double prefill_tps, decode_tps, ttft_ms, tpot_ms, wall_s;
+    double decode_bytes, decode_frac, prefill_flops, prefill_frac; // the roofline (frac < 0: limits not measured)
 };
+
+// The roofline of a run (struct model_cost): a decode step reads the dense
+// weights once, each expert its tokens route to once (expected distinct
+// experts of B tokens picking k of E: E (1 - (1 - k/E)^B)), every sequence's
+// KV at the mean decode context and its state (read and written); a prefill
+// token costs its weights' FLOPs and attention over half its prompt.
+static void roofline(struct result *r, const struct model_cost *c, int kv_es, int in_len, int out_len, double bw,
+                     double fl) {
+    double B = r->batch, touched = 0;
+    if (c->moe_layers) touched = c->experts * (1 - pow(1 - (double)c->top_k / c->experts, B));
+    double ctx = in_len + out_len / 2.0;
+    r->decode_bytes = c->dense_bytes + c->moe_layers * touched * c->expert_bytes +
+                      B * (ctx * c->kv_elems_per_token * kv_es + 2.0 * c->state_bytes_per_seq);
+    r->prefill_flops = c->dense_flops + c->moe_layers * c->top_k * c->expert_flops + c->attn_flops_per_ctx * in_len / 2.0;
+    r->decode_frac = bw > 0 && r->tpot_ms > 0 ? r->decode_bytes / (r->tpot_ms * 1e-3) / bw : -1;
+    r->prefill_frac = fl > 0 ? r->prefill_tps * r->prefill_flops / fl : -1;
+}
 
 static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int vocab, uint64_t seed, struct result *res) {
     struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B};
@@ -199,27 +219,38 @@ int cli_bench(int argc, char **argv) {
         rc = run_batch(e, warmup, MIN(in_len, 64), MIN(out_len, 4), info.vocab_size, 7, &w);
     }
     for (int i = 0; i < nb && !rc; i++) rc = run_batch(e, bs[i], in_len, out_len, info.vocab_size, 1000 + i, &res[i]);
+    double bw = 0, fl = 0; // measured in this run, after the timed ones
+    if (!rc && engine_peaks(e, &bw, &fl)) bw = fl = 0;
+    struct model_cost cost;
+    int kv_es;
+    engine_cost(e, &cost, &kv_es);
+    for (int i = 0; i < nb && !rc; i++) roofline(&res[i], &cost, kv_es, in_len, out_len, bw, fl);
     if (rc) fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
     else if (json) {
         printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, "
                "\"tensor_parallel_size\": %d, \"load_format\": \"%s\", \"weight_bytes\": %lld, \"load_s\": %.3f, "
-               "\"input_len\": %d, \"output_len\": %d, \"results\": [",
+               "\"input_len\": %d, \"output_len\": %d, \"device_bytes_per_s\": %.4g, \"device_flops_per_s\": %.4g, "
+               "\"results\": [",
                info.model_name, info.architecture, ep.device, ep.dtype, ep.num_threads, MAX(ep.tensor_parallel_size, 1),
-               ep.load_format, (long long)info.weight_bytes, tl, in_len, out_len);
+               ep.load_format, (long long)info.weight_bytes, tl, in_len, out_len, bw, fl);
         for (int i = 0; i < nb; i++)
             printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
-                   "\"tpot_ms\": %.3f, \"wall_s\": %.3f}",
+                   "\"tpot_ms\": %.3f, \"wall_s\": %.3f, \"decode_bytes_per_step\": %.0f, \"decode_roofline_frac\": %.4f, "
+                   "\"prefill_flops_per_token\": %.0f, \"prefill_peak_frac\": %.4f}",
                    i ? ", " : "", res[i].batch, res[i].prefill_tps, res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms,
-                   res[i].wall_s);
+                   res[i].wall_s, res[i].decode_bytes, res[i].decode_frac, res[i].prefill_flops, res[i].prefill_frac);
         printf("]}\n");
     } else {
         printf("model %s (%s), device %s x %d, dtype %s, weights %.1f MB, loaded in %.2f s\n", info.model_name,
                info.architecture, ep.device, MAX(ep.tensor_parallel_size, 1), ep.dtype, info.weight_bytes / 1e6, tl);
-        printf("input %d, output %d tokens per request\n", in_len, out_len);
-        printf("%6s %14s %14s %10s %10s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms", "TPOT ms");
+        printf("input %d, output %d tokens per request; device limits measured now: %.3g GB/s copy, %.3g TFLOP/s "
+               "16-bit GEMM\n", in_len, out_len, bw / 1e9, fl / 1e12);
+        printf("%6s %14s %14s %10s %10s %10s %8s %12s %8s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms",
+               "TPOT ms", "MB/step", "of BW", "GFLOP/tok", "of peak");
         for (int i = 0; i < nb; i++)
-            printf("%6d %14.1f %14.1f %10.1f %10.2f\n", res[i].batch, res[i].prefill_tps, res[i].decode_tps,
-                   res[i].ttft_ms, res[i].tpot_ms);
+            printf("%6d %14.1f %14.1f %10.1f %10.2f %10.1f %7.1f%% %12.2f %7.1f%%\n", res[i].batch, res[i].prefill_tps,
+                   res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms, res[i].decode_bytes / 1e6, 100 * res[i].decode_frac,
+                   res[i].prefill_flops / 1e9, 100 * res[i].prefill_frac);
     }
     vllm_engine_free(e);
     free(res);

@@ -299,6 +299,21 @@ vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out) {
     return VLLM_OK;
 }
 
+void engine_cost(const struct vllm_engine *e, struct model_cost *c, int *kv_elem_bytes) {
+    *c = e->model[0]->spec.cost;
+    *kv_elem_bytes = (int)dtype_size(e->be[0]->kv_dtype);
+}
+
+int engine_peaks(struct vllm_engine *e, double *bytes_per_s, double *flops_per_s) {
+    struct backend *be = e->be[0];
+    if (!be->ops->peaks) return vllm_err(VLLM_ERR_UNSUPPORTED, "backend %s does not measure its limits", be->ops->name);
+    pthread_mutex_lock(&e->mu); // between steps: the engine thread waits for work
+    backend_bind(be);
+    int rc = be->ops->peaks(be, bytes_per_s, flops_per_s);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 void engine_set_logits_hook(struct vllm_engine *e, runner_logits_hook fn, void *user) {
     pthread_mutex_lock(&e->mu);
     runner_set_logits_hook(e->runner, fn, user);

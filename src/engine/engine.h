@@ -40,6 +40,12 @@ struct vllm_engine {
     struct vllm_stats stats;
 };
 
+// The model's cost (rank 0's shards) and the KV element size, for vllm
+// bench's roofline; the device's limits measured now (VLLM_ERR_UNSUPPORTED
+// when the backend does not measure them).
+void engine_cost(const struct vllm_engine *e, struct model_cost *c, int *kv_elem_bytes);
+int engine_peaks(struct vllm_engine *e, double *bytes_per_s, double *flops_per_s);
+
 // Internal hooks for tests (not part of the ABI).
 void engine_set_logits_hook(struct vllm_engine *e, runner_logits_hook fn, void *user);
 void request_release(struct vllm_engine *e, struct request *r); // drops one reference (under e->mu)

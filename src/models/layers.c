@@ -180,6 +180,50 @@ static int alloc_ws(struct lm *m) {
     return VLLM_OK;
 }
 
+static int64_t wbytes(const struct weight *w) { return w->data ? w->rows * w->cols * (int64_t)wfmt_size(w->fmt) : 0; }
+
+// The roofline's inputs (struct model_cost), this rank's shards.
+static void fill_cost(struct lm *m) {
+    struct model_cost *c = &m->base.spec.cost;
+    memset(c, 0, sizeof *c);
+    int64_t dense = wbytes(&m->lm_head) + (int64_t)m->hidden * 4; // one embedding row
+    double flops = 2.0 * m->lm_head.rows * m->lm_head.cols;
+    for (int i = 0; i < m->num_blocks; i++) {
+        const struct block *b = &m->blocks[i];
+        const struct weight *ws[4] = {NULL, NULL, NULL, NULL};
+        switch (b->kind) {
+        case BLK_ATTN:
+            ws[0] = &b->a.qkv, ws[1] = &b->a.o;
+            c->attn_flops_per_ctx += 4.0 * b->a.d.heads * b->a.d.head_dim;
+            c->kv_elems_per_token += 2LL * b->a.d.kv_heads * b->a.d.head_dim;
+            break;
+        case BLK_MLP: ws[0] = &b->f.up, ws[1] = &b->f.down; break;
+        case BLK_MAMBA2: {
+            const struct mamba_dims *d = &b->m.d;
+            ws[0] = &b->m.in_proj, ws[1] = &b->m.out_proj;
+            c->state_bytes_per_seq += 4LL * ((int64_t)(d->conv_kernel - 1) * d->conv_dim + (int64_t)d->heads * d->head_dim * d->state);
+            break;
+        }
+        case BLK_MOE: {
+            const struct moe_layer *e = &b->e;
+            ws[0] = &e->gate, ws[1] = &e->shared.up, ws[2] = &e->shared.down, ws[3] = e->latent ? &e->fc1 : NULL;
+            if (e->latent) dense += wbytes(&e->fc2), flops += 2.0 * e->fc2.rows * e->fc2.cols;
+            int64_t eb = (wbytes(&e->experts.up) + wbytes(&e->experts.down)) / e->experts.num_experts;
+            c->expert_bytes = MAX(c->expert_bytes, eb);
+            c->expert_flops = MAX(c->expert_flops, 2.0 * (e->experts.up.rows * e->experts.up.cols + e->experts.down.rows *
+                                                          e->experts.down.cols) / e->experts.num_experts);
+            c->moe_layers++;
+            c->experts = e->route.num_experts, c->top_k = e->route.top_k;
+            break;
+        }
+        }
+        for (int k = 0; k < 4; k++)
+            if (ws[k] && ws[k]->data) dense += wbytes(ws[k]), flops += 2.0 * ws[k]->rows * ws[k]->cols;
+    }
+    c->dense_bytes = dense;
+    c->dense_flops = flops;
+}
+
 int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *eos, int num_eos, int64_t weight_bytes) {
     struct model_spec *s = &m->base.spec;
     s->arch = arch;
@@ -193,6 +237,7 @@ int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *e
     s->layers = xcalloc(MAX(m->num_caches, 1), sizeof *s->layers);
     for (int i = 0; i < m->num_blocks; i++)
         if (m->blocks[i].cache >= 0) fill_cache_spec(m, &m->blocks[i], &s->layers[m->blocks[i].cache]);
+    fill_cost(m);
     plan_ws(m);
     return alloc_ws(m);
 }

@@ -28,6 +28,21 @@ struct layer_cache_spec {
     int state_align;
 };
 
+// What a step costs, from the shapes (vllm bench's roofline): bytes of
+// weights every token reads, and per MoE layer the bytes of one expert (a
+// step reads each expert its tokens route to once); FLOPs per token; per
+// token of context, the KV bytes (K + V over all layers) and attention FLOPs.
+struct model_cost {
+    int64_t dense_bytes;         // weights read whatever the routing (this rank's)
+    int64_t expert_bytes;        // one routed expert of one MoE layer
+    int moe_layers, experts, top_k;
+    double dense_flops;          // per token: 2 x the dense weights' elements
+    double expert_flops;         // per token per routed expert
+    int64_t kv_elems_per_token;  // K + V elements over all layers
+    int64_t state_bytes_per_seq; // recurrent state, read and written once a step
+    double attn_flops_per_ctx;   // per query token per context token (QK^T and PV)
+};
+
 struct model_spec {
     const char *arch;
     int vocab_size;
@@ -38,6 +53,7 @@ struct model_spec {
     int32_t eos_ids[8];
     struct layer_cache_spec *layers; // [num_layers]
     int64_t weight_bytes;            // on the device
+    struct model_cost cost;
 };
 
 // Caches addressed by cache layer (NULL where a layer has none).

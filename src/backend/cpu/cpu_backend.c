@@ -364,6 +364,7 @@ static const struct backend_ops cpu_ops = {
 static void fast_ops_init(struct backend_ops *o) {
     *o = cpu_ops;
     o->supports = fast_supports;
+    o->peaks = fast_peaks;
     o->weight_alloc = fast_weight_alloc;
     o->weight_upload_raw = fast_weight_upload_raw;
     o->weight_random = fast_weight_random;

@@ -155,6 +155,7 @@ void fast_matmul(struct backend *be, float *y, const float *x, const struct weig
 void fast_act(struct backend *be, enum act kind, float *x, int64_t n);
 void fast_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter);
 int fast_supports(struct backend *be, const struct op_query *q);
+int fast_peaks(struct backend *be, double *bytes_per_s, double *flops_per_s);
 void fast_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
                const int32_t *positions);
 void fast_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w, float eps);

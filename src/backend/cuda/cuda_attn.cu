@@ -140,6 +140,7 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
 
 void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d) {
+    if (cuda_flash_prefill(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d)) return; // tensor cores (cuda_flash.cu)
     launch_attn(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d, SPLIT_PREFILL);
 }
 

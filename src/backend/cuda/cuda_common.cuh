@@ -165,6 +165,10 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k);
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
+// Prefill attention on tensor cores for a bf16 KV cache and head_dim 64 /
+// 128 (cuda_flash.cu); 0 when the shape is not one it runs.
+int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                       const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
 // tensor parallelism, in cuda_nccl.cu (the collectives exist only with NCCL)
 void cuda_all_reduce(struct backend *be, float *x, int64_t n);
 void cuda_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);

@@ -1,0 +1,193 @@
+// cuda_flash.cu - prefill attention on tensor cores (flash attention):
+// the attn_prefill op for a 16-bit KV cache and head_dim 64 or 128; its
+// CPU reference is cpu_attn_prefill (same name), other shapes take the
+// split-KV kernel of cuda_attn.cu.
+//
+// A block takes 64 queries of one sequence and one query head: Q [64, D]
+// rounded to the cache's 16-bit type, then for each tile of 64 cached keys
+// (paged: each key row found through the block table) S = Q K^T, the causal
+// mask, an online softmax in fp32, O += P V, all with mma.sync m16n8k16 and
+// fp32 accumulation. 4 warps, 16 query rows each; K / V tiles by cp.async,
+// rows padded by 8 elements so that ldmatrix is conflict-free.
+#include "backend/cuda/cuda_common.cuh"
+
+#define FQ 64 // queries per block
+#define FK 64 // keys per tile
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *(uint32_t *)&h;
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *(uint32_t *)&h;
+}
+
+struct flash_args {
+    float *out;         // [T, H*D]
+    const float *qkv;   // [T, ld]
+    int ld, H, Hkv, bs, mbps, seq0, seq1;
+    float scale;
+    const int32_t *qsl, *ctx, *btab;
+};
+
+// The sequence and first query of block x: sequences in order, ceil(L/64)
+// blocks each; -1 past the last.
+__device__ __forceinline__ int find_tile(const flash_args &a, int x, int *q0) {
+    for (int s = a.seq0; s < a.seq1; s++) {
+        int n = (a.qsl[s + 1] - a.qsl[s] + FQ - 1) / FQ;
+        if (x < n) {
+            *q0 = x * FQ;
+            return s;
+        }
+        x -= n;
+    }
+    return -1;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128) k_flash(flash_args a, const T *kc, const T *vc) {
+    constexpr int P = D + 8; // padded row
+    extern __shared__ __align__(16) unsigned char fsm[];
+    T *Qs = (T *)fsm, *Ks = Qs + FQ * P, *Vs = Ks + FK * P;
+    int q0, s = find_tile(a, blockIdx.x, &q0), h = blockIdx.y;
+    if (s < 0) return;
+    int t0 = a.qsl[s], L = a.qsl[s + 1] - t0, ctx0 = a.ctx[s], nq = min(FQ, L - q0);
+    int kvh = h / (a.H / a.Hkv), kvd = a.Hkv * D, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int32_t *bt = a.btab + (int64_t)s * a.mbps;
+    // Q tile: fp32 rows of qkv -> 16 bits (pad rows zero)
+    for (int i = tid; i < FQ * D; i += 128) {
+        int r = i / D, c = i % D;
+        float v = r < nq ? a.qkv[(int64_t)(t0 + q0 + r) * a.ld + h * D + c] : 0.0f;
+        Qs[r * P + c] = (T)v;
+    }
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < D / 8; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) o[j][q] = 0;
+    int last = ctx0 + q0 + nq - 1; // the last key any query of the tile sees
+    int row_pos[2] = {ctx0 + q0 + warp * 16 + (lane >> 2), ctx0 + q0 + warp * 16 + (lane >> 2) + 8};
+    for (int k0 = 0; k0 <= last; k0 += FK) {
+        __syncthreads(); // the previous tile's K / V are no longer read
+        for (int i = tid; i < FK * (D / 8); i += 128) {
+            int r = i / (D / 8), c = (i % (D / 8)) * 8, key = k0 + r;
+            bool ok = key <= last;
+            int64_t slot = ok ? (int64_t)bt[key / a.bs] * a.bs + key % a.bs : 0;
+            cp_async16(Ks + r * P + c, kc + slot * kvd + kvh * D + c, ok);
+            cp_async16(Vs + r * P + c, vc + slot * kvd + kvh * D + c, ok);
+        }
+        asm volatile("cp.async.commit_group;\n");
+        asm volatile("cp.async.wait_group 0;\n");
+        __syncthreads();
+        // S [16 rows of this warp, 64 keys] = Q K^T
+        float sc[FK / 8][4];
+#pragma unroll
+        for (int j = 0; j < FK / 8; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) sc[j][q] = 0;
+#pragma unroll
+        for (int kk = 0; kk < D; kk += 16) {
+            uint32_t af[4];
+            ldsm_x4(af, Qs + (warp * 16 + (lane & 15)) * P + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < FK / 8; j += 2) {
+                uint32_t r[4], b0[2], b1[2];
+                ldsm_x4(r, Ks + (j * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk + ((lane >> 3) & 1) * 8);
+                b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+                mma16<T>::run(sc[j], af, b0);
+                mma16<T>::run(sc[j + 1], af, b1);
+            }
+        }
+        // scale, causal mask, online softmax (a row's 4 threads: lanes of one quad)
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < FK / 8; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int key = k0 + j * 8 + (lane & 3) * 2 + (q & 1), hr = q >> 1;
+                float v = key <= row_pos[hr] ? sc[j][q] * a.scale : -INFINITY;
+                sc[j][q] = v;
+                mx[hr] = fmaxf(mx[hr], v);
+            }
+        float corr[2], rs[2] = {0, 0};
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            corr[hr] = mx[hr] == -INFINITY ? 1.0f : expf(m[hr] - mx[hr]);
+            m[hr] = mx[hr];
+        }
+#pragma unroll
+        for (int j = 0; j < FK / 8; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int hr = q >> 1;
+                float p = sc[j][q] == -INFINITY ? 0.0f : expf(sc[j][q] - m[hr]);
+                sc[j][q] = p;
+                rs[hr] += p;
+            }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 1);
+            rs[hr] += __shfl_xor_sync(0xffffffffu, rs[hr], 2);
+            l[hr] = l[hr] * corr[hr] + rs[hr];
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+        // O += P V: P's accumulators become the A fragments of 16-key steps
+#pragma unroll
+        for (int kc16 = 0; kc16 < FK / 16; kc16++) {
+            uint32_t pa[4] = {pack2<T>(sc[2 * kc16][0], sc[2 * kc16][1]), pack2<T>(sc[2 * kc16][2], sc[2 * kc16][3]),
+                              pack2<T>(sc[2 * kc16 + 1][0], sc[2 * kc16 + 1][1]),
+                              pack2<T>(sc[2 * kc16 + 1][2], sc[2 * kc16 + 1][3])};
+#pragma unroll
+            for (int j = 0; j < D / 8; j += 2) {
+                uint32_t r[4], b0[2], b1[2];
+                ldsm_x4_trans(r, Vs + (kc16 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + j * 8 + (lane >> 4) * 8);
+                b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+                mma16<T>::run(o[j], pa, b0);
+                mma16<T>::run(o[j + 1], pa, b1);
+            }
+        }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        int r = warp * 16 + (lane >> 2) + hr * 8;
+        if (r >= nq) continue;
+        float inv = l[hr] > 0 ? 1.0f / l[hr] : 0.0f;
+        float *op = a.out + (int64_t)(t0 + q0 + r) * a.H * D + h * D;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            int c = j * 8 + (lane & 3) * 2;
+            *(float2 *)(op + c) = make_float2(o[j][hr * 2] * inv, o[j][hr * 2 + 1] * inv);
+        }
+    }
+}
+
+template <typename T, int D>
+static void launch(struct backend *be, const flash_args &a, const void *kc, const void *vc, int blocks) {
+    size_t sm = sizeof(T) * (size_t)(FQ + 2 * FK) * (D + 8);
+    CUDA_CHECK(cudaFuncSetAttribute(k_flash<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_flash<T, D><<<dim3(blocks, a.H), 128, sm, cu(be)->stream>>>(a, (const T *)kc, (const T *)vc);
+    LAUNCH_CHECK();
+}
+
+// Runs prefill attention here when the shape allows it; 0 when not (the
+// caller takes the split-KV kernel).
+int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
+                                    const void *v_cache, const struct batch *b, int seq0, int seq1,
+                                    const struct attn_dims *d) {
+    int D = d->head_dim;
+    if (be->kv_dtype != DT_BF16 || (D != 64 && D != 128) || b->fixed_shapes) return 0;
+    int blocks = 0;
+    for (int s = seq0; s < seq1; s++) blocks += cdiv(b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], FQ);
+    if (!blocks) return 1;
+    flash_args a = {out, qkv, ld, d->heads, d->kv_heads, d->block_size, b->max_blocks_per_seq, seq0, seq1, d->scale,
+                    b->query_start_loc, b->context_lens, b->block_tables};
+    if (D == 64) launch<__nv_bfloat16, 64>(be, a, k_cache, v_cache, blocks);
+    else launch<__nv_bfloat16, 128>(be, a, k_cache, v_cache, blocks);
+    return 1;
+}
