@@ -137,8 +137,8 @@ def make_model(cfg_cls, model_cls, kw, seed):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.05 * torch.randn(b.shape, generator=g))
-    if hasattr(cfg, "time_step_min"):
-        cfg.time_step_min = 0.0
+    if hasattr(cfg, "time_step_min") and not isinstance(cfg, transformers.Mamba2Config):
+        cfg.time_step_min = 0.0  # (Mamba2's init takes log(time_step_min) again on reload; its clamp is time_step_limit)
     no_dt_clamp(model)
     return model
 
