@@ -2,52 +2,27 @@
 //
 // Key names changed over time; each value is read from the first alias
 // present. A key the layers present need is an error when missing: a silent
-// default would load a different model than the checkpoint's.
+// default would load a different model than the checkpoint's. Every value is
+// range-checked here, and every size the model derives from them is checked
+// in 64 bits against the limits of models/config_reader.h, so that loading
+// never computes an overflowing size.
+#include <float.h>
 #include <math.h>
 
 #include "core/common.h"
 #include "core/json.h"
+#include "models/config_reader.h"
 #include "models/nemotron_h.h"
 
-struct reader {
-    const json_t *j;
-    const char *what;
-};
+#define KEYS CFG_KEYS
 
-static int get_int(struct reader *r, const char *const *keys, int min, int *out) {
-    json_t *v = json_get_alias(r->j, keys);
-    if (!v) return vllm_err(VLLM_ERR_FORMAT, "%s: missing required key \"%s\"", r->what, keys[0]);
-    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > (1 << 30))
-        return vllm_err(VLLM_ERR_FORMAT, "%s: \"%s\" must be an integer >= %d", r->what, keys[0], min);
-    *out = (int)json_integer_value(v);
-    return VLLM_OK;
-}
-
-static int get_float(struct reader *r, const char *const *keys, float *out) {
-    json_t *v = json_get_alias(r->j, keys);
-    double d;
-    if (!v) return vllm_err(VLLM_ERR_FORMAT, "%s: missing required key \"%s\"", r->what, keys[0]);
-    if (json_as_double(v, &d)) return vllm_err(VLLM_ERR_FORMAT, "%s: \"%s\" must be a number", r->what, keys[0]);
-    *out = (float)d;
-    return VLLM_OK;
-}
-
-static int get_bool(struct reader *r, const char *const *keys, int *out) {
-    json_t *v = json_get_alias(r->j, keys);
-    if (!v) return vllm_err(VLLM_ERR_FORMAT, "%s: missing required key \"%s\"", r->what, keys[0]);
-    if (!json_is_boolean(v)) return vllm_err(VLLM_ERR_FORMAT, "%s: \"%s\" must be true or false", r->what, keys[0]);
-    *out = json_is_true(v);
-    return VLLM_OK;
-}
-
-#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-static int parse_layers(struct reader *r, struct nh_config *c) {
-    json_t *list = json_object_get(r->j, "layers_block_type");
-    json_t *pat = json_object_get(r->j, "hybrid_override_pattern");
+static int parse_layers(const struct cfg_reader *r, struct nh_config *c) {
+    const json_t *list = cfg_get(r, KEYS("layers_block_type"));
+    const json_t *pat = cfg_get(r, KEYS("hybrid_override_pattern"));
     if (list && !json_is_null(list)) {
-        if (!json_is_array(list) || json_array_size(list) == 0)
-            return vllm_err(VLLM_ERR_FORMAT, "%s: \"layers_block_type\" must be a non-empty list", r->what);
+        if (!json_is_array(list) || json_array_size(list) == 0 || json_array_size(list) > CFG_MAX_LAYERS)
+            return vllm_err(VLLM_ERR_FORMAT, "%s: \"layers_block_type\" must be a list of 1 to %d layer types",
+                            r->what, CFG_MAX_LAYERS);
         c->num_layers = (int)json_array_size(list);
         c->kinds = xcalloc(c->num_layers, sizeof *c->kinds);
         for (int i = 0; i < c->num_layers; i++) {
@@ -57,12 +32,15 @@ static int parse_layers(struct reader *r, struct nh_config *c) {
             else if (!strcmp(s, "attention") || !strcmp(s, "full_attention")) c->kinds[i] = NH_ATTN;
             else if (!strcmp(s, "mlp")) c->kinds[i] = NH_MLP;
             else if (!strcmp(s, "moe")) c->kinds[i] = NH_MOE;
-            else return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: layers_block_type[%d] = \"%s\" is not mamba, "
+            else return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: layers_block_type[%d] = \"%.64s\" is not mamba, "
                                  "linear_attention, attention, full_attention, mlp or moe", r->what, i, s);
         }
     } else if (pat && json_is_string(pat) && json_string_length(pat) > 0) {
         const char *s = json_string_value(pat);
-        c->num_layers = (int)strlen(s);
+        if (json_string_length(pat) > CFG_MAX_LAYERS)
+            return vllm_err(VLLM_ERR_FORMAT, "%s: \"hybrid_override_pattern\" has %zu layers, more than %d", r->what,
+                            json_string_length(pat), CFG_MAX_LAYERS);
+        c->num_layers = (int)json_string_length(pat);
         c->kinds = xcalloc(c->num_layers, sizeof *c->kinds);
         for (int i = 0; i < c->num_layers; i++) {
             switch (s[i]) {
@@ -71,15 +49,15 @@ static int parse_layers(struct reader *r, struct nh_config *c) {
             case '-': c->kinds[i] = NH_MLP; break;
             case 'E': c->kinds[i] = NH_MOE; break;
             default:
-                return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: hybrid_override_pattern[%d] = '%c' is not M, *, - or E",
-                                r->what, i, s[i]);
+                return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: hybrid_override_pattern[%d] = 0x%02x is not M, *, - or E",
+                                r->what, i, (unsigned char)s[i]);
             }
         }
     } else {
         return vllm_err(VLLM_ERR_FORMAT, "%s: missing required key \"layers_block_type\" (or \"hybrid_override_pattern\")",
                         r->what);
     }
-    json_t *nl = json_object_get(r->j, "num_hidden_layers");
+    const json_t *nl = cfg_get(r, KEYS("num_hidden_layers"));
     if (json_is_integer(nl) && json_integer_value(nl) != c->num_layers)
         fprintf(stderr, "vllm: warning: %s: num_hidden_layers (%lld) differs from the %d layer types; using the types\n",
                 r->what, (long long)json_integer_value(nl), c->num_layers);
@@ -92,114 +70,139 @@ static int has_kind(const struct nh_config *c, enum nh_kind k) {
     return 0;
 }
 
-static int check_act(struct reader *r, const char *key, const char *want) {
-    json_t *v = json_object_get(r->j, key);
-    if (v && !json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), want)))
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: \"%s\" must be \"%s\"", r->what, key, want);
+static int check_act(const struct cfg_reader *r, const char *key, const char *want) {
+    const char *s;
+    TRY(cfg_str_opt(r, (const char *const[]){key, NULL}, &s));
+    if (s && strcmp(s, want))
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: \"%s\" = \"%.64s\" must be \"%s\"", r->what, key, s, want);
     return VLLM_OK;
 }
 
-static int parse_mamba(struct reader *r, struct nh_config *c) {
-    TRY(get_int(r, KEYS("mamba_num_heads", "mamba_n_heads"), 1, &c->m_heads));
-    TRY(get_int(r, KEYS("mamba_head_dim"), 1, &c->m_head_dim));
-    TRY(get_int(r, KEYS("ssm_state_size", "mamba_d_state"), 1, &c->m_state));
-    TRY(get_int(r, KEYS("n_groups", "mamba_n_groups"), 1, &c->m_groups));
-    TRY(get_int(r, KEYS("conv_kernel", "mamba_d_conv"), 1, &c->m_conv));
-    TRY(get_int(r, KEYS("chunk_size", "mamba_chunk_size"), 1, &c->chunk));
-    TRY(get_bool(r, KEYS("use_conv_bias", "mamba_conv_bias"), &c->conv_bias));
+// time_step_limit: [lo, hi] with 0 <= lo <= hi; hi may be +inf (no clamp).
+static int parse_dt_limit(const struct cfg_reader *r, struct nh_config *c) {
+    c->dt_min = 0.0f;
+    c->dt_max = INFINITY;
+    const json_t *lim = cfg_get(r, KEYS("time_step_limit", "mamba_dt_limit"));
+    if (!lim || json_is_null(lim)) return VLLM_OK;
+    char b[64];
+    if (!json_is_array(lim) || json_array_size(lim) != 2)
+        return vllm_err(VLLM_ERR_FORMAT, "%s: \"time_step_limit\" = %s must be [min, max]", r->what,
+                        cfg_show(lim, b, sizeof b));
+    double lo, hi;
+    TRY(cfg_number(r, "time_step_limit[0]", json_array_get(lim, 0), CFG_CLOSED(0, FLT_MAX), &lo));
+    TRY(cfg_number(r, "time_step_limit[1]", json_array_get(lim, 1), CFG_CLOSED(0, INFINITY), &hi));
+    if (lo > hi)
+        return vllm_err(VLLM_ERR_FORMAT, "%s: \"time_step_limit\" = [%g, %g]: min exceeds max", r->what, lo, hi);
+    c->dt_min = (float)lo;
+    c->dt_max = (float)hi;
+    return VLLM_OK;
+}
+
+static int parse_mamba(const struct cfg_reader *r, struct nh_config *c) {
+    TRY(cfg_int(r, KEYS("mamba_num_heads", "mamba_n_heads"), 1, CFG_MAX_HEADS, &c->m_heads));
+    TRY(cfg_int(r, KEYS("mamba_head_dim"), 1, CFG_MAX_HEAD_DIM, &c->m_head_dim));
+    TRY(cfg_int(r, KEYS("ssm_state_size", "mamba_d_state"), 1, CFG_MAX_HEAD_DIM, &c->m_state));
+    TRY(cfg_int(r, KEYS("n_groups", "mamba_n_groups"), 1, CFG_MAX_HEADS, &c->m_groups));
+    TRY(cfg_int(r, KEYS("conv_kernel", "mamba_d_conv"), 1, CFG_MAX_CONV, &c->m_conv));
+    TRY(cfg_int(r, KEYS("chunk_size", "mamba_chunk_size"), 1, CFG_MAX_CHUNK, &c->chunk));
+    TRY(cfg_bool(r, KEYS("use_conv_bias", "mamba_conv_bias"), &c->conv_bias));
     int bias;
-    TRY(get_bool(r, KEYS("use_bias", "mamba_proj_bias"), &bias));
+    TRY(cfg_bool(r, KEYS("use_bias", "mamba_proj_bias"), &bias));
     if (bias) return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: Mamba projections with bias (use_bias) are not supported", r->what);
     TRY(check_act(r, "mamba_hidden_act", "silu"));
     if (c->m_heads % c->m_groups)
         return vllm_err(VLLM_ERR_FORMAT, "%s: mamba_num_heads (%d) is not a multiple of n_groups (%d)", r->what,
                         c->m_heads, c->m_groups);
-    if (c->m_heads * c->m_head_dim % c->m_groups)
+    int64_t I = cfg_mul(c->m_heads, c->m_head_dim), GN = cfg_mul(c->m_groups, c->m_state);
+    int64_t width = cfg_add(cfg_add(cfg_mul(2, I), cfg_mul(2, GN)), c->m_heads);
+    TRY(cfg_limit(r, "the Mamba in_proj width 2*mamba_num_heads*mamba_head_dim + 2*n_groups*ssm_state_size + "
+                  "mamba_num_heads", width, CFG_MAX_WIDTH));
+    TRY(cfg_limit(r, "the Mamba in_proj size (its width * hidden_size)", cfg_mul(width, c->hidden), CFG_MAX_MATRIX));
+    TRY(cfg_limit(r, "the SSM state per sequence mamba_num_heads*mamba_head_dim*ssm_state_size",
+                  cfg_mul(I, c->m_state), CFG_MAX_STATE));
+    if (I % c->m_groups)
         return vllm_err(VLLM_ERR_FORMAT, "%s: the Mamba width is not a multiple of n_groups", r->what);
-    c->dt_min = 0.0f;
-    c->dt_max = INFINITY;
-    json_t *lim = json_get_alias(r->j, KEYS("time_step_limit", "mamba_dt_limit"));
-    if (lim && !json_is_null(lim)) {
-        double lo, hi;
-        if (!json_is_array(lim) || json_array_size(lim) != 2 || json_as_double(json_array_get(lim, 0), &lo) ||
-            json_as_double(json_array_get(lim, 1), &hi))
-            return vllm_err(VLLM_ERR_FORMAT, "%s: \"time_step_limit\" must be [min, max]", r->what);
-        c->dt_min = (float)lo;
-        c->dt_max = (float)hi;
-    }
-    return VLLM_OK;
+    return parse_dt_limit(r, c);
 }
 
-static int parse_moe(struct reader *r, struct nh_config *c) {
-    TRY(get_int(r, KEYS("n_routed_experts", "num_local_experts"), 1, &c->experts));
-    TRY(get_int(r, KEYS("num_experts_per_tok"), 1, &c->top_k));
-    TRY(get_int(r, KEYS("moe_intermediate_size"), 1, &c->moe_inter));
-    TRY(get_int(r, KEYS("moe_shared_expert_intermediate_size"), 1, &c->shared_inter));
-    TRY(get_int(r, KEYS("n_group"), 1, &c->n_group));
-    TRY(get_int(r, KEYS("topk_group"), 1, &c->topk_group));
-    TRY(get_bool(r, KEYS("norm_topk_prob"), &c->norm_topk));
-    TRY(get_float(r, KEYS("routed_scaling_factor"), &c->routed_scale));
+static int parse_attn(const struct cfg_reader *r, struct nh_config *c) {
+    TRY(cfg_int(r, KEYS("num_attention_heads"), 1, CFG_MAX_HEADS, &c->heads));
+    TRY(cfg_int(r, KEYS("num_key_value_heads"), 1, CFG_MAX_HEADS, &c->kv_heads));
+    TRY(cfg_int(r, KEYS("head_dim", "attention_head_dim"), 1, CFG_MAX_HEAD_DIM, &c->head_dim));
+    if (c->heads % c->kv_heads)
+        return vllm_err(VLLM_ERR_FORMAT, "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
+                        r->what, c->heads, c->kv_heads);
+    int64_t qkv = cfg_mul(cfg_add(c->heads, 2 * (int64_t)c->kv_heads), c->head_dim);
+    TRY(cfg_limit(r, "the attention width (num_attention_heads + 2*num_key_value_heads)*head_dim", qkv,
+                  CFG_MAX_WIDTH));
+    return cfg_limit(r, "the attention qkv size (its width * hidden_size)", cfg_mul(qkv, c->hidden), CFG_MAX_MATRIX);
+}
+
+// An MLP width (intermediate size) and its [inter, cols] matrices.
+static int check_inter(const struct cfg_reader *r, const char *key, int inter, int64_t cols) {
+    char d[128];
+    snprintf(d, sizeof d, "%s * the width it projects from", key);
+    return cfg_limit(r, d, cfg_mul(inter, cols), CFG_MAX_MATRIX);
+}
+
+static int parse_moe(const struct cfg_reader *r, struct nh_config *c) {
+    TRY(cfg_int(r, KEYS("n_routed_experts", "num_local_experts"), 1, CFG_MAX_EXPERTS, &c->experts));
+    TRY(cfg_int(r, KEYS("num_experts_per_tok"), 1, c->experts, &c->top_k));
+    TRY(cfg_int(r, KEYS("moe_intermediate_size"), 1, CFG_MAX_WIDTH, &c->moe_inter));
+    TRY(cfg_int(r, KEYS("moe_shared_expert_intermediate_size"), 1, CFG_MAX_WIDTH, &c->shared_inter));
+    TRY(cfg_int(r, KEYS("n_group"), 1, c->experts, &c->n_group));
+    TRY(cfg_int(r, KEYS("topk_group"), 1, c->n_group, &c->topk_group));
+    TRY(cfg_bool(r, KEYS("norm_topk_prob"), &c->norm_topk));
+    TRY(cfg_float(r, KEYS("routed_scaling_factor"), CFG_POSITIVE(1e4), &c->routed_scale));
     TRY(check_act(r, "mlp_hidden_act", "relu2"));
-    json_t *lat = json_object_get(r->j, "moe_latent_size");
-    c->latent = 0; // absent or null: experts work at hidden_size
-    if (lat && !json_is_null(lat)) TRY(get_int(r, KEYS("moe_latent_size"), 1, &c->latent));
-    if (c->experts > 1024) return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: more than 1024 experts", r->what);
-    if (c->experts % c->n_group || c->topk_group > c->n_group || c->experts / c->n_group < 2)
+    // absent or null: experts work at hidden_size
+    TRY(cfg_int_opt(r, KEYS("moe_latent_size"), 1, CFG_MAX_HIDDEN, 0, &c->latent));
+    if (c->experts % c->n_group || c->experts / c->n_group < 2)
         return vllm_err(VLLM_ERR_FORMAT, "%s: n_routed_experts (%d) must split into n_group (%d) groups of >= 2 "
                         "with topk_group (%d) <= n_group", r->what, c->experts, c->n_group, c->topk_group);
     if (c->top_k > c->topk_group * (c->experts / c->n_group))
         return vllm_err(VLLM_ERR_FORMAT, "%s: num_experts_per_tok (%d) exceeds the experts of topk_group groups",
                         r->what, c->top_k);
-    return VLLM_OK;
+    int64_t L = c->latent ? c->latent : c->hidden;
+    TRY(check_inter(r, "moe_intermediate_size", c->moe_inter, L));
+    TRY(check_inter(r, "moe_shared_expert_intermediate_size", c->shared_inter, c->hidden));
+    return cfg_limit(r, "the experts of one layer n_routed_experts*moe_intermediate_size*(moe_latent_size or "
+                     "hidden_size)", cfg_mul(c->experts, cfg_mul(c->moe_inter, L)), CFG_MAX_LAYER_PARAMS);
 }
 
-static int parse_eos(struct reader *r, struct nh_config *c) {
-    json_t *v = json_object_get(r->j, "eos_token_id");
-    c->num_eos = 0;
-    if (json_is_integer(v)) c->eos[c->num_eos++] = (int)json_integer_value(v);
-    else if (json_is_array(v)) {
-        size_t i;
-        json_t *e;
-        json_array_foreach(v, i, e) {
-            if (json_is_integer(e) && c->num_eos < 8) c->eos[c->num_eos++] = (int)json_integer_value(e);
-        }
+static int parse_parts(const struct cfg_reader *r, struct nh_config *c) {
+    TRY(parse_layers(r, c));
+    TRY(cfg_int(r, KEYS("vocab_size"), 1, CFG_MAX_VOCAB, &c->vocab));
+    TRY(cfg_int(r, KEYS("hidden_size"), 1, CFG_MAX_HIDDEN, &c->hidden));
+    TRY(cfg_limit(r, "the embedding size vocab_size*hidden_size", cfg_mul(c->vocab, c->hidden), CFG_MAX_MATRIX));
+    TRY(cfg_float(r, KEYS("layer_norm_epsilon", "rms_norm_eps"), CFG_POSITIVE(1), &c->eps));
+    if (has_kind(c, NH_MAMBA)) TRY(parse_mamba(r, c));
+    if (has_kind(c, NH_ATTN)) TRY(parse_attn(r, c));
+    if (has_kind(c, NH_MLP) || has_kind(c, NH_MOE)) {
+        int bias;
+        TRY(cfg_bool(r, KEYS("mlp_bias"), &bias));
+        if (bias) return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: MLP layers with bias (mlp_bias) are not supported", r->what);
     }
+    if (has_kind(c, NH_MLP)) {
+        TRY(cfg_int(r, KEYS("intermediate_size"), 1, CFG_MAX_WIDTH, &c->mlp_inter));
+        TRY(check_inter(r, "intermediate_size", c->mlp_inter, c->hidden));
+        TRY(check_act(r, "mlp_hidden_act", "relu2"));
+    }
+    if (has_kind(c, NH_MOE)) TRY(parse_moe(r, c));
+    TRY(cfg_bool_opt(r, KEYS("tie_word_embeddings"), 0, &c->tie_embeddings));
+    // absent or null: unknown (the engine picks a length)
+    TRY(cfg_int_opt(r, KEYS("max_position_embeddings"), 1, CFG_MAX_POSITION, 0, &c->max_position));
+    int32_t eos[8];
+    TRY(cfg_eos(r, c->vocab, (int)(sizeof c->eos / sizeof c->eos[0]), eos, &c->num_eos));
+    for (int i = 0; i < c->num_eos; i++) c->eos[i] = eos[i];
     return VLLM_OK;
 }
 
 int nh_config_parse(const json_t *j, const char *what, struct nh_config *c) {
     memset(c, 0, sizeof *c);
-    struct reader r = {j, what};
-    int rc = parse_layers(&r, c);
-    if (!rc) rc = get_int(&r, KEYS("vocab_size"), 1, &c->vocab);
-    if (!rc) rc = get_int(&r, KEYS("hidden_size"), 1, &c->hidden);
-    if (!rc) rc = get_float(&r, KEYS("layer_norm_epsilon", "rms_norm_eps"), &c->eps);
-    if (!rc && has_kind(c, NH_MAMBA)) rc = parse_mamba(&r, c);
-    if (!rc && has_kind(c, NH_ATTN)) {
-        rc = get_int(&r, KEYS("num_attention_heads"), 1, &c->heads);
-        if (!rc) rc = get_int(&r, KEYS("num_key_value_heads"), 1, &c->kv_heads);
-        if (!rc) rc = get_int(&r, KEYS("head_dim", "attention_head_dim"), 1, &c->head_dim);
-        if (!rc && c->heads % c->kv_heads)
-            rc = vllm_err(VLLM_ERR_FORMAT, "%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)",
-                          what, c->heads, c->kv_heads);
-    }
-    if (!rc && (has_kind(c, NH_MLP) || has_kind(c, NH_MOE))) {
-        int bias;
-        rc = get_bool(&r, KEYS("mlp_bias"), &bias);
-        if (!rc && bias) rc = vllm_err(VLLM_ERR_UNSUPPORTED, "%s: MLP layers with bias (mlp_bias) are not supported", what);
-    }
-    if (!rc && has_kind(c, NH_MLP)) {
-        rc = get_int(&r, KEYS("intermediate_size"), 1, &c->mlp_inter);
-        if (!rc) rc = check_act(&r, "mlp_hidden_act", "relu2");
-    }
-    if (!rc && has_kind(c, NH_MOE)) rc = parse_moe(&r, c);
-    if (!rc) {
-        json_t *t = json_object_get(j, "tie_word_embeddings");
-        c->tie_embeddings = json_is_true(t);
-        json_t *mp = json_object_get(j, "max_position_embeddings");
-        c->max_position = json_is_integer(mp) ? (int)json_integer_value(mp) : 0;
-        rc = parse_eos(&r, c);
-    }
+    if (!json_is_object(j)) return vllm_err(VLLM_ERR_FORMAT, "%s: not a JSON object", what);
+    struct cfg_reader r = {j, what};
+    int rc = parse_parts(&r, c);
     if (rc) nh_config_free(c);
     return rc;
 }
