@@ -157,6 +157,7 @@ static int parse_entry(struct st_set *s, int file, const char *name, json_t *v, 
     t.name = xstrdup(name);
     t.nbytes = end - begin;
     t.file = file;
+    t.path = path;
     t.offset = begin; // data is set once the data region's start is known
     xgrow((void **)&s->tensors, &s->cap_tensors, s->num_tensors + 1, sizeof *s->tensors);
     s->tensors[s->num_tensors] = t;
@@ -420,6 +421,7 @@ int st_read_f32(const struct st_tensor *t, float *dst) {
         return VLLM_OK;
     }
     default:
-        return vllm_err(VLLM_ERR_FORMAT, "tensor %s: dtype %s is not a float type", t->name, st_dtype_name(t->dtype));
+        return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s: dtype %s is not a float type", t->path ? t->path : "?", t->name,
+                        st_dtype_name(t->dtype));
     }
 }

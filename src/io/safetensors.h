@@ -18,6 +18,7 @@ struct st_tensor {
     size_t nbytes;
     uint64_t offset;  // of data in the file's data region
     int file;         // index into st_set.files
+    const char *path; // that file's path (for messages)
 };
 
 struct st_set;
