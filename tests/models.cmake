@@ -2,3 +2,7 @@
 vllm_test_exe(test_config_values models/test_config_values.c)
 add_test(NAME config_values COMMAND test_config_values)
 set_tests_properties(config_values PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+# `vllm generate` on a few hundred malformed model directories made from nh_dense.
+vllm_test_exe(test_hostile_dirs models/test_hostile_dirs.c proc.c)
+add_test(NAME hostile_dirs COMMAND test_hostile_dirs $<TARGET_FILE:vllm_cli> ${VLLM_FIXTURES}/nh_dense)
+set_tests_properties(hostile_dirs PROPERTIES TIMEOUT 600)

@@ -1,5 +1,6 @@
 // args.c - parsing of the engine flags every subcommand takes.
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,11 +39,17 @@ const char *cli_value(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
+// Digits only, optionally signed: no spaces, hex, or trailing junk.
+static int plain_number(const char *v) {
+    if (*v == '-' || *v == '+') v++;
+    return *v >= '0' && *v <= '9';
+}
+
 int cli_int(const char *flag, const char *v, long min, long max, int *out) {
     char *end;
     errno = 0;
     long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < min || x > max) {
+    if (!plain_number(v) || errno || *end || x < min || x > max) {
         fprintf(stderr, "vllm: %s: '%s' is not an integer in [%ld, %ld]\n", flag, v, min, max);
         return -1;
     }
@@ -50,15 +57,26 @@ int cli_int(const char *flag, const char *v, long min, long max, int *out) {
     return 0;
 }
 
-int cli_float(const char *flag, const char *v, float *out) {
+int cli_number(const char *flag, const char *v, double min, double max, int min_open, double *out) {
     char *end;
     errno = 0;
-    float x = strtof(v, &end);
-    if (errno || *end || end == v) {
-        fprintf(stderr, "vllm: %s: '%s' is not a number\n", flag, v);
+    double x = strtod(v, &end);
+    // strtod also reads " 1", "nan", "inf" and hex: a flag takes a finite decimal
+    const char *d = v + (*v == '-' || *v == '+');
+    int ok = ((*d >= '0' && *d <= '9') || *d == '.') && !strpbrk(v, "xX") && !errno && !*end && isfinite(x) &&
+             (min_open ? x > min : x >= min) && x <= max;
+    if (!ok) {
+        fprintf(stderr, "vllm: %s: '%s' is not a number in %c%g, %g]\n", flag, v, min_open ? '(' : '[', min, max);
         return -1;
     }
     *out = x;
+    return 0;
+}
+
+int cli_float(const char *flag, const char *v, double min, double max, float *out) {
+    double x;
+    if (cli_number(flag, v, min, max, 0, &x)) return -1;
+    *out = (float)x;
     return 0;
 }
 
@@ -70,7 +88,7 @@ int cli_ids(const char *s, int32_t **ids) {
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
-        if (errno || end == p || x < -2147483647L || x > 2147483647L) {
+        if (!plain_number(p) || errno || end == p || x < -2147483647L || x > 2147483647L) {
             free(*ids);
             *ids = NULL;
             return -1;
@@ -78,7 +96,7 @@ int cli_ids(const char *s, int32_t **ids) {
         xgrow((void **)ids, &cap, n + 1, sizeof(int32_t));
         (*ids)[n++] = (int32_t)x;
         p = end;
-        if (*p == ',') p++;
+        if (*p == ',' && p[1]) p++;
         else if (*p) {
             free(*ids);
             *ids = NULL;
@@ -91,7 +109,7 @@ int cli_ids(const char *s, int32_t **ids) {
 int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p) {
     const char *f = argv[*i], *v;
     int x;
-    float g;
+    double g;
 #define VAL() if (!(v = cli_value(argc, argv, i))) return -1
     if (!strcmp(f, "--model")) { VAL(); p->model = v; }
     else if (!strcmp(f, "--device")) { VAL(); p->device = v; }
@@ -103,13 +121,13 @@ int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p)
     else if (!strcmp(f, "--max-model-len")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &p->max_model_len)) return -1; }
     else if (!strcmp(f, "--block-size")) { VAL(); if (cli_int(f, v, 1, 1024, &p->block_size)) return -1; }
     else if (!strcmp(f, "--num-blocks")) { VAL(); if (cli_int(f, v, 1, 1 << 30, &p->num_kv_blocks)) return -1; }
-    else if (!strcmp(f, "--kv-cache-gb")) { VAL(); if (cli_float(f, v, &g) || g <= 0) return -1; p->kv_cache_bytes = (int64_t)(g * (1 << 30)); }
+    else if (!strcmp(f, "--kv-cache-gb")) { VAL(); if (cli_number(f, v, 0.001, 65536, 0, &g)) return -1; p->kv_cache_bytes = (int64_t)(g * (1 << 30)); }
     else if (!strcmp(f, "--threads")) { VAL(); if (cli_int(f, v, 1, 1024, &p->num_threads)) return -1; }
     else if (!strcmp(f, "--seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return -1; p->seed = (uint64_t)x; }
     else if (!strcmp(f, "--tensor-parallel-size")) { VAL(); if (cli_int(f, v, 1, 64, &p->tensor_parallel_size)) return -1; }
     else if (!strcmp(f, "--enable-prefix-caching")) p->enable_prefix_caching = 1;
     else if (!strcmp(f, "--no-enable-prefix-caching")) p->enable_prefix_caching = 0;
-    else if (!strcmp(f, "--prefix-state-gb")) { VAL(); if (cli_float(f, v, &g) || g <= 0) return -1; p->prefix_state_bytes = (int64_t)(g * (1 << 30)); }
+    else if (!strcmp(f, "--prefix-state-gb")) { VAL(); if (cli_number(f, v, 0.001, 65536, 0, &g)) return -1; p->prefix_state_bytes = (int64_t)(g * (1 << 30)); }
     else if (!strcmp(f, "--state-checkpoint-interval")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &p->state_checkpoint_interval)) return -1; }
     else return 0;
 #undef VAL

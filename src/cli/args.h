@@ -13,8 +13,12 @@ extern const char *const cli_engine_help;
 
 // The value of flag argv[*i] (advancing *i), or NULL after printing an error.
 const char *cli_value(int argc, char **argv, int *i);
+// A flag's value in a range, or -1 after printing a message naming the flag
+// and the range: decimal only (no spaces, hex, nan, inf or trailing junk).
 int cli_int(const char *flag, const char *v, long min, long max, int *out);
-int cli_float(const char *flag, const char *v, float *out);
+// [min, max], or (min, max] with min_open.
+int cli_number(const char *flag, const char *v, double min, double max, int min_open, double *out);
+int cli_float(const char *flag, const char *v, double min, double max, float *out); // [min, max]
 // "1,2,3" -> ids (malloc'd). Returns the count, -1 on a bad list.
 int cli_ids(const char *s, int32_t **ids);
 

@@ -193,8 +193,14 @@ int cli_bench(int argc, char **argv) {
         return bench_chat(&ep, &co, json);
     }
     int32_t *bs;
-    int nb = cli_ids(sizes, &bs);
-    if (!ep.model || nb <= 0) {
+    int nb = cli_ids(sizes, &bs), bad = nb <= 0;
+    for (int i = 0; i < nb; i++) bad |= bs[i] < 1 || bs[i] > 4096;
+    if (bad) {
+        fprintf(stderr, "vllm bench: --batch-sizes: '%s' is not a comma-separated list of sizes in [1, 4096]\n", sizes);
+        free(bs);
+        return 2;
+    }
+    if (!ep.model) {
         usage(stderr);
         return 2;
     }

@@ -395,15 +395,15 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(f, "--golden")) { VAL(); gr.path = v; }
         else if (!strcmp(f, "--golden-key")) { VAL(); gr.o.key = v; }
         else if (!strcmp(f, "--margin-key")) { VAL(); gr.o.margin_key = v; }
-        else if (!strcmp(f, "--min-margin")) { VAL(); if (cli_float(f, v, &gr.o.min_margin)) return 2; }
+        else if (!strcmp(f, "--min-margin")) { VAL(); if (cli_float(f, v, 0, 1e30, &gr.o.min_margin)) return 2; }
         else if (!strcmp(f, "--modes-agree")) gr.modes_agree = 1;
         else if (!strcmp(f, "--prompt-ids")) { VAL(); ids_s = v; }
         else if (!strcmp(f, "--prompt")) { VAL(); text = v; }
         else if (!strcmp(f, "--max-tokens")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &sp.max_tokens)) return 2; }
-        else if (!strcmp(f, "--temperature")) { VAL(); if (cli_float(f, v, &sp.temperature)) return 2; }
-        else if (!strcmp(f, "--top-p")) { VAL(); if (cli_float(f, v, &sp.top_p)) return 2; }
+        else if (!strcmp(f, "--temperature")) { VAL(); if (cli_float(f, v, 0, 1e4, &sp.temperature)) return 2; }
+        else if (!strcmp(f, "--top-p")) { VAL(); double d; if (cli_number(f, v, 0, 1, 1, &d)) return 2; sp.top_p = (float)d; }
         else if (!strcmp(f, "--top-k")) { VAL(); if (cli_int(f, v, -1, 1 << 30, &sp.top_k)) return 2; }
-        else if (!strcmp(f, "--min-p")) { VAL(); if (cli_float(f, v, &sp.min_p)) return 2; }
+        else if (!strcmp(f, "--min-p")) { VAL(); if (cli_float(f, v, 0, 1, &sp.min_p)) return 2; }
         else if (!strcmp(f, "--sampling-seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return 2; sp.seed = x; }
         else if (!strcmp(f, "--ignore-eos")) sp.ignore_eos = 1;
         else if (!strcmp(f, "--fresh-prefill")) gr.fresh = 1;

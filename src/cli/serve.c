@@ -1,5 +1,6 @@
 // serve.c - `vllm serve`: loads the model and runs the OpenAI-compatible
 // HTTP server (src/server) until SIGINT / SIGTERM.
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,11 +19,16 @@ static void usage(FILE *f) {
             "/tokenize, /detokenize, /health, /version, /metrics.\n\n"
             "  --host ADDR                  address to listen on (default 127.0.0.1)\n"
             "  --port N                     port (default 8000; 0: any free port)\n"
-            "  --api-key KEY                require 'Authorization: Bearer KEY' on /v1/*\n"
-            "  --served-model-name NAME     the model's name in the API (default: the --model path)\n"
+            "  --api-key-file PATH          require 'Authorization: Bearer KEY' on every route but\n"
+            "                               /health, /ping and /version; KEY is the file's first line\n"
+            "                               (also: $VLLM_API_KEY, or --api-key KEY, which ps shows)\n"
+            "  --metrics-no-auth            /metrics without the key\n"
+            "  --served-model-name NAME     the model's name in the API (default: the --model directory's\n"
+            "                               name; the path is accepted as \"model\" too)\n"
             "  --max-queued N               waiting requests at most; more get 429 (default 0: no limit)\n"
             "  --max-body-bytes N           larger request bodies get 413 (default 32 MiB)\n"
-            "  --timeout-s N                idle connections and stalled writes are closed (default 60)\n\n"
+            "  --timeout-s N                idle connections, stalled writes and requests not read whole\n"
+            "                               in N s are closed (default 60)\n\n"
             "engine:\n%s",
             cli_engine_help);
 }
@@ -81,13 +87,49 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
     return VLLM_OK;
 }
 
+// An API key: printable ASCII, no spaces (it is compared with what follows
+// "Bearer " in the Authorization header).
+static int key_ok(const char *k, const char *from) {
+    int ok = *k != 0;
+    for (const char *p = k; *p && ok; p++) ok = *p > 0x20 && *p < 0x7f;
+    if (!ok) fprintf(stderr, "vllm serve: the API key from %s is empty or holds spaces or non-ASCII bytes\n", from);
+    return ok;
+}
+
+// The key from --api-key-file: its first line.
+static char *key_from_file(const char *path) {
+    char *data = NULL;
+    if (read_file(path, &data, NULL)) {
+        fprintf(stderr, "vllm serve: --api-key-file: %s\n", vllm_last_error());
+        return NULL;
+    }
+    data[strcspn(data, "\r\n")] = 0;
+    if (!key_ok(data, path)) {
+        free(data);
+        return NULL;
+    }
+    return data;
+}
+
+// The directory's name: what clients send as "model" by default.
+static char *default_name(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    char *name = xmalloc(n - b + 1);
+    memcpy(name, path + b, n - b);
+    name[n - b] = 0;
+    return name;
+}
+
 int cli_serve(int argc, char **argv) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     ep.enable_prefix_caching = 1; // as in vLLM; --no-enable-prefix-caching turns it off
     struct server_config sc;
     server_config_default(&sc);
-    const char *v;
+    const char *v, *key_file = NULL;
     int x;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -99,6 +141,8 @@ int cli_serve(int argc, char **argv) {
         else if (!strcmp(f, "--host")) { VAL(); sc.host = v; }
         else if (!strcmp(f, "--port")) { VAL(); if (cli_int(f, v, 0, 65535, &sc.port)) return 2; }
         else if (!strcmp(f, "--api-key")) { VAL(); sc.api_key = v; }
+        else if (!strcmp(f, "--api-key-file")) { VAL(); key_file = v; }
+        else if (!strcmp(f, "--metrics-no-auth")) sc.metrics_no_auth = 1;
         else if (!strcmp(f, "--served-model-name")) { VAL(); sc.served_model_name = v; }
         else if (!strcmp(f, "--max-queued")) { VAL(); if (cli_int(f, v, 0, 1 << 30, &ep.max_queued)) return 2; }
         else if (!strcmp(f, "--max-body-bytes")) { VAL(); if (cli_int(f, v, 1024, 1 << 30, &x)) return 2; sc.max_body_bytes = (size_t)x; }
@@ -114,25 +158,42 @@ int cli_serve(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (sc.api_key && !*sc.api_key) {
-        fprintf(stderr, "vllm serve: --api-key is empty\n");
-        return 2;
+    char *key = NULL, *name = NULL;
+    const char *env = getenv("VLLM_API_KEY");
+    if (sc.api_key) {
+        if (!key_ok(sc.api_key, "--api-key")) return 2;
+        fprintf(stderr, "vllm serve: note: --api-key shows in the process list; --api-key-file or VLLM_API_KEY "
+                        "do not\n");
+    } else if (key_file) {
+        if (!(key = key_from_file(key_file))) return 2;
+        sc.api_key = key;
+    } else if (env && *env) {
+        if (!key_ok(env, "VLLM_API_KEY")) return 2;
+        sc.api_key = env;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    // Request bodies of up to --max-body-bytes come and go: blocks of 1 MiB
+    // and more are mmapped, so that they go back to the system when freed
+    // (glibc's default threshold rises past a 30 MB block once one was
+    // freed, and a worker thread's arena then keeps the next one resident).
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    mallopt(M_TRIM_THRESHOLD, 4 << 20);
     signal(SIGPIPE, SIG_IGN); // a client that left is noticed by the server, not by a signal
     sc.model_path = ep.model;
-    if (!sc.served_model_name) sc.served_model_name = ep.model;
+    if (!sc.served_model_name) sc.served_model_name = name = default_name(ep.model);
     struct vllm_engine *e;
-    if (load(&ep, &e)) return 1;
-    struct server *s;
-    if (server_create(e, &sc, &s)) {
-        fprintf(stderr, "vllm serve: %s\n", vllm_last_error());
+    struct server *s = NULL;
+    int rc = load(&ep, &e);
+    if (!rc && (rc = server_create(e, &sc, &s))) fprintf(stderr, "vllm serve: %s\n", vllm_last_error());
+    if (rc) {
+        free(key), free(name);
         return 1;
     }
     printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", sc.served_model_name, sc.host,
            server_port(s));
-    int rc = server_run(s);
+    rc = server_run(s);
     server_free(s);
+    free(key), free(name);
     printf("vllm serve: stopped\n");
     return rc ? 1 : 0;
 }

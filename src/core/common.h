@@ -26,7 +26,10 @@ char *xstrdup(const char *s);
 // Grows *p (of *cap elements of elt bytes) to hold at least need elements.
 void xgrow(void **p, int *cap, int need, size_t elt);
 
-// Reads a whole file. Returns VLLM_OK or VLLM_ERR_IO with the path in the error.
+// Reads a whole regular file (at most VLLM_MAX_READ_FILE bytes), never
+// blocking on a FIFO or device. Returns VLLM_OK or VLLM_ERR_IO with the path
+// in the error.
+#define VLLM_MAX_READ_FILE (256 << 20)
 int read_file(const char *path, char **data, size_t *len);
 int file_exists(const char *path);
 char *path_join(const char *dir, const char *name);

@@ -1,4 +1,6 @@
 // error.c - the thread-local last error behind vllm_last_error().
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <time.h>
@@ -109,26 +111,37 @@ void xgrow(void **p, int *cap, int need, size_t elt) {
     *cap = c;
 }
 
+// Only regular files are read: a FIFO or device named config.json would
+// block or never end. O_NONBLOCK makes the open itself return for a FIFO.
 int read_file(const char *path, char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return vllm_err(VLLM_ERR_IO, "cannot open %s", path);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return vllm_err(VLLM_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return vllm_err(VLLM_ERR_IO, "%s is not a regular file", path);
+    }
+    if (st.st_size > VLLM_MAX_READ_FILE) {
+        close(fd);
+        return vllm_err(VLLM_ERR_IO, "%s: %lld bytes is more than the %d MiB a config, tokenizer or template file "
+                        "may have", path, (long long)st.st_size, VLLM_MAX_READ_FILE >> 20);
+    }
+    size_t cap = (size_t)st.st_size + 2, n = 0; // one spare byte: a file that grows is noticed
+    char *buf = xmalloc(cap);
     for (;;) {
-        if (n + 65536 + 1 > cap) {
-            cap = cap ? cap * 2 : 65536 * 2;
-            buf = xrealloc(buf, cap);
+        if (n + 1 == cap) buf = xrealloc(buf, cap *= 2);
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 || n + (size_t)MAX(r, 0) > VLLM_MAX_READ_FILE) {
+            int e = r < 0 ? errno : EFBIG;
+            close(fd);
+            free(buf);
+            return vllm_err(VLLM_ERR_IO, "error reading %s: %s", path, strerror(e));
         }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
         if (r == 0) break;
+        n += (size_t)r;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return vllm_err(VLLM_ERR_IO, "error reading %s", path);
-    }
+    close(fd);
     buf[n] = 0;
     *data = buf;
     if (len) *len = n;

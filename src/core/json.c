@@ -56,10 +56,14 @@ static char *quote_python_floats(const char *s, size_t len, size_t *out_len) {
 }
 
 int json_parse_python(const char *text, size_t len, const char *what, json_t **out) {
+    return json_parse_python_flags(text, len, 0, what, out);
+}
+
+int json_parse_python_flags(const char *text, size_t len, size_t flags, const char *what, json_t **out) {
     size_t n;
     char *q = quote_python_floats(text, len, &n);
     json_error_t e;
-    json_t *j = json_loadb(q, n, JSON_ALLOW_NUL, &e);
+    json_t *j = json_loadb(q, n, JSON_ALLOW_NUL | flags, &e);
     free(q);
     if (!j) return vllm_err(VLLM_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", what, e.line, e.column, e.text);
     *out = j;

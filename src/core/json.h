@@ -10,6 +10,8 @@
 // Parses text (Python-flavoured JSON). On error: VLLM_ERR_FORMAT naming `what`
 // and the line/column.
 int json_parse_python(const char *text, size_t len, const char *what, json_t **out);
+// The same with jansson decoding flags (e.g. JSON_REJECT_DUPLICATES).
+int json_parse_python_flags(const char *text, size_t len, size_t flags, const char *what, json_t **out);
 int json_load_path(const char *path, json_t **out);
 
 // A number in any of the forms above. Returns 0 on success.

@@ -18,16 +18,22 @@ struct st_tensor {
     size_t nbytes;
     uint64_t offset;  // of data in the file's data region
     int file;         // index into st_set.files
+    const char *path; // that file's path (for messages)
 };
 
 struct st_set;
 
 // Opens every tensor of a model directory: model.safetensors.index.json if
-// present, else every *.safetensors file. VLLM_ERR_IO when none exists;
-// VLLM_ERR_FORMAT, naming the file and tensor, for any header violation.
+// present, else every *.safetensors file. VLLM_ERR_IO when none exists or
+// one is not a regular file; VLLM_ERR_FORMAT, naming the file and tensor, for
+// any header violation (dtype size * shape != byte span, overlaps, a tensor
+// twice) and for an index that lists a tensor its file does not hold.
 int st_open_dir(const char *dir, struct st_set **out);
 // Opens one file (for tests and tools).
 int st_open_file(const char *path, struct st_set **out);
+// Parses a file image in memory, which must outlive the set (for fuzzing);
+// `name` stands for the path in messages.
+int st_open_buffer(const void *data, size_t len, const char *name, struct st_set **out);
 void st_close(struct st_set *s);
 
 const struct st_tensor *st_find(const struct st_set *s, const char *name);

@@ -19,7 +19,9 @@
 // (Llama-3-405B: hidden 16384, vocab 128256, 128 heads, intermediate 53248;
 // Nemotron-H 56B: in_proj width ~37k; Qwen3-235B: 128 experts), and with
 // every factor bounded, every product a model derives from them is computed
-// in int64 without overflow and every row width fits an int.
+// in int64 without overflow and every row width fits an int. CFG_MAX_MATRIX
+// is 2^32 elements (16 GiB as fp32): the largest real matrix is about 2.1e9
+// (Llama-3-405B's embedding).
 #define CFG_MAX_HIDDEN (1 << 20)      // hidden_size, moe_latent_size
 #define CFG_MAX_VOCAB (1 << 24)       // vocab_size
 #define CFG_MAX_HEADS (1 << 14)       // attention / KV / Mamba heads, Mamba groups
@@ -30,7 +32,7 @@
 #define CFG_MAX_EXPERTS 1024          // routed experts (the router's limit)
 #define CFG_MAX_POSITION (1 << 24)    // max_position_embeddings
 #define CFG_MAX_WIDTH (1 << 24)       // any row width: intermediate sizes, in_proj, conv_dim, heads*head_dim
-#define CFG_MAX_MATRIX ((int64_t)1 << 34) // elements of one weight matrix (vocab*hidden, in_proj, qkv, ...)
+#define CFG_MAX_MATRIX ((int64_t)1 << 32) // elements of one weight matrix (vocab*hidden, in_proj, qkv, ...)
 #define CFG_MAX_STATE ((int64_t)1 << 28)  // floats of one layer's recurrent state per sequence
 #define CFG_MAX_LAYER_PARAMS ((int64_t)1 << 40) // elements of one layer (experts*moe_inter*hidden)
 

@@ -4,7 +4,8 @@
 // buffer under server.mu, queues the gen and wakes the loop; the loop thread
 // swaps `pend` with `work` and turns the events into SSE chunks or into the
 // final JSON. A client that leaves (the connection's close callback, or for a
-// non-streaming request a watch on its socket) cancels the engine request.
+// non-streaming request a watch on its socket) cancels the engine request;
+// a client that only half-closed its side gets the whole answer (conn.c).
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -123,7 +124,7 @@ static void gen_maybe_free(struct gen *g) {
 static struct evhttp_request *gen_detach(struct gen *g) {
     struct evhttp_request *req = g->req;
     if (g->watch) event_free(g->watch);
-    if (g->evcon) evhttp_connection_set_closecb(g->evcon, NULL, NULL);
+    if (g->evcon) client_set_closecb(g->srv, g->evcon, NULL, NULL);
     g->watch = NULL;
     g->evcon = NULL;
     g->req = NULL;
@@ -146,28 +147,31 @@ static void on_close(struct evhttp_connection *evcon, void *arg) {
 }
 
 // Non-streaming: libevent does not read the socket while the answer is
-// pending, so a client that leaves is noticed here.
+// pending, so a client that leaves is noticed here. A FIN is a half-close
+// (the client may still read): the answer goes out, then the connection
+// closes. Only an error (a reset) is a disconnect.
 static void on_watch(evutil_socket_t fd, short what, void *arg) {
     (void)what;
     struct gen *g = arg;
     char c;
     ssize_t r = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (r > 0) return; // a pipelined request: stop watching, it waits its turn
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    if (r == 0) return; // stop watching: the answer's write tells whether the client is still there
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
         event_add(g->watch, NULL);
         return;
     }
     evhttp_connection_free(g->evcon); // calls on_close
 }
 
-// While a stream runs, libevent reads the socket only to notice a close:
-// no read timeout (the client is silent), and at most 64 KB of whatever the
-// client sends meanwhile is buffered. Both are restored for the next request.
+// While a stream runs the socket is not read (conn.c holds evhttp's reads
+// until the answer is out): no read timeout either, the client is silent.
+// Restored for the next request. A client that left is noticed when a
+// write fails.
 static void set_streaming(struct gen *g, int on) {
     struct bufferevent *bev = evhttp_connection_get_bufferevent(g->evcon);
     struct timeval tv = {g->srv->cfg.io_timeout_s, 0};
     bufferevent_set_timeouts(bev, on ? NULL : &tv, &tv);
-    bufferevent_setwatermark(bev, EV_READ, 0, on ? 64 << 10 : 0);
 }
 
 // -------------------------------------------------------------- JSON --
@@ -457,7 +461,7 @@ void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *
     }
     g->req = req;
     g->evcon = evhttp_request_get_connection(req);
-    evhttp_connection_set_closecb(g->evcon, on_close, g);
+    client_set_closecb(s, g->evcon, on_close, g);
     if (g->p.stream) {
         stream_start(g);
     } else {

@@ -106,6 +106,18 @@ void metrics_render(struct server *s, struct evbuffer *b) {
         label(b, model);
         evbuffer_add_printf(b, ",finished_reason=\"%s\"} %llu\n", reasons[i], (unsigned long long)m.finished[i]);
     }
+    // the HTTP side: what is open and in flight (0 and 1 on an idle server
+    // polled by one client), and what was refused
+    scalar(b, model, "gauge", "vllm:http_connections_open", "Client connections open.", s->num_clients);
+    scalar(b, model, "gauge", "vllm:http_requests_in_flight", "Generation requests not yet answered.", s->num_live);
+    scalar(b, model, "gauge", "vllm:http_jobs_in_flight", "Request bodies being parsed or tokenized.", s->num_jobs);
+    scalar(b, model, "gauge", "vllm:http_replies_sending", "Replies not yet written out.", s->num_sending);
+    scalar(b, model, "counter", "vllm:http_framing_refused_total",
+           "Requests refused for ambiguous framing (RFC 9112), before they were read.", (double)s->framing_refused);
+    scalar(b, model, "counter", "vllm:http_request_timeouts_total",
+           "Requests not read whole within --timeout-s (408).", (double)s->request_timeouts);
+    scalar(b, model, "counter", "vllm:http_accept_errors_total", "accept() failures (e.g. at the fd limit).",
+           (double)s->accept_errors);
     histogram(b, model, "vllm:time_to_first_token_seconds", "Time from the HTTP request to its first token.", &m.ttft);
     histogram(b, model, "vllm:inter_token_latency_seconds", "Time between successive tokens of a request.", &m.itl);
     histogram(b, model, "vllm:e2e_request_latency_seconds", "Time from the HTTP request to its last token.", &m.e2e);

@@ -58,7 +58,8 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
     json_t *m = field(body, "model");
     if (!m) return 0;
     if (!json_is_string(m)) return api_fail(err, 400, "model", "'model' must be a string");
-    if (strcmp(json_string_value(m), s->cfg.served_model_name))
+    const char *name = json_string_value(m);
+    if (strcmp(name, s->cfg.served_model_name) && (!*s->cfg.model_path || strcmp(name, s->cfg.model_path)))
         return api_fail(err, 404, "model", "The model `%.200s` does not exist.", json_string_value(m));
     return 0;
 }
@@ -156,10 +157,26 @@ static int get_stream(const json_t *body, struct gen_params *gp, struct api_erro
     return so ? get_bool(so, "include_usage", &gp->include_usage, err) : 0;
 }
 
+// A text longer than this holds more than max_model_len tokens: no token
+// stands for more than max_token_bytes of text (x4: normalizers that shrink
+// text, such as NFKC). It is refused before it is tokenized.
+static size_t max_text_bytes(const struct server *s) {
+    return (size_t)s->info.max_model_len * (size_t)MAX(s->max_token_bytes, 1) * 4;
+}
+
+static int check_text_len(const struct server *s, size_t len, const char *param, struct api_error *err) {
+    if (len <= max_text_bytes(s)) return 0;
+    return api_fail(err, 400, param,
+                    "This model's maximum context length is %d tokens. However, your %s has %zu bytes of text, more "
+                    "than %d tokens can hold (a token is at most %d bytes). Please reduce the length of the %s.",
+                    s->info.max_model_len, param, len, s->info.max_model_len, s->max_token_bytes, param);
+}
+
 static int tokenize_text(struct server *s, const char *text, size_t len, int add_special, int32_t **ids, int *n,
                          struct api_error *err) {
     if (!s->info.has_tokenizer)
         return api_fail(err, 400, "prompt", "the model has no tokenizer.json: send the prompt as token ids");
+    if (check_text_len(s, len, "prompt", err)) return -1;
     if (vllm_tokenize(s->engine, text, len, add_special, ids, n))
         return api_fail(err, 400, "prompt", "tokenizing the prompt: %s", vllm_last_error());
     return 0;
@@ -216,13 +233,81 @@ static json_t *message_content(const json_t *c, size_t i, struct api_error *err)
     return r;
 }
 
-// The chat template's input: {"messages", "add_generation_prompt", ...}.
-static json_t *template_request(const json_t *body, struct api_error *err) {
+// "tools" and "tool_choice" against OpenAI's schema: a list of
+// {"type": "function", "function": {"name", "description"?, "parameters"?,
+// "strict"?}}, and "none" | "auto" (what vllm.c honours: "required" and a
+// named function need guided decoding, which it does not have).
+static int check_tools(const json_t *body, struct api_error *err) {
+    json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice"), *t;
+    int par = 0;
+    if (get_bool(body, "parallel_tool_calls", &par, err)) return -1;
+    if (tools && !json_is_array(tools)) return api_fail(err, 400, "tools", "'tools' must be a list of tools");
+    size_t i;
+    json_array_foreach(tools, i, t) {
+        json_t *type = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function"))
+            return api_fail(err, 400, "tools", "tools[%zu] must be an object with \"type\": \"function\"", i);
+        if (!json_is_object(fn)) return api_fail(err, 400, "tools", "tools[%zu].function must be an object", i);
+        json_t *name = json_object_get(fn, "name"), *desc = field(fn, "description"), *params = field(fn, "parameters");
+        const char *nm = json_string_value(name);
+        size_t len = nm ? strlen(nm) : 0;
+        int ok = len > 0 && len <= 64 && len == json_string_length(name);
+        for (size_t k = 0; ok && k < len; k++)
+            ok = (nm[k] >= 'a' && nm[k] <= 'z') || (nm[k] >= 'A' && nm[k] <= 'Z') || (nm[k] >= '0' && nm[k] <= '9') ||
+                 nm[k] == '_' || nm[k] == '-';
+        if (!ok)
+            return api_fail(err, 400, "tools", "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
+        if (desc && !json_is_string(desc))
+            return api_fail(err, 400, "tools", "tools[%zu].function.description must be a string", i);
+        if (params && !json_is_object(params))
+            return api_fail(err, 400, "tools", "tools[%zu].function.parameters must be a JSON Schema object", i);
+        if (field(fn, "strict") && !json_is_boolean(field(fn, "strict")))
+            return api_fail(err, 400, "tools", "tools[%zu].function.strict must be a boolean", i);
+    }
+    if (!choice) return 0;
+    const char *c = json_string_value(choice);
+    if (c && (!strcmp(c, "none") || !strcmp(c, "auto"))) return 0;
+    if (c && !strcmp(c, "required"))
+        return api_fail(err, 400, "tool_choice", "'tool_choice': \"required\" is not supported (it needs guided decoding)");
+    if (json_is_object(choice)) {
+        json_t *type = json_object_get(choice, "type"), *fn = json_object_get(choice, "function");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_object(fn) ||
+            !json_is_string(json_object_get(fn, "name")))
+            return api_fail(err, 400, "tool_choice",
+                            "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return api_fail(err, 400, "tool_choice", "a named 'tool_choice' is not supported (it needs guided decoding)");
+    }
+    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", ...}");
+}
+
+// Names the server sets in the template's variables: chat_template_kwargs
+// may not replace them (the validated messages would not be what renders).
+static const char *const reserved_kwargs[] = {"messages", "tools", "add_generation_prompt", "continue_final_message",
+                                              "bos_token", "eos_token", NULL};
+
+static int check_kwargs(const json_t *kw, struct api_error *err) {
+    if (!kw) return 0;
+    if (!json_is_object(kw)) return api_fail(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (int i = 0; reserved_kwargs[i]; i++)
+        if (json_object_get(kw, reserved_kwargs[i]))
+            return api_fail(err, 400, "chat_template_kwargs",
+                            "'chat_template_kwargs' may not set '%s': the server sets it from the request",
+                            reserved_kwargs[i]);
+    return 0;
+}
+
+json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_error *err) {
     json_t *msgs = field(body, "messages"), *m;
+    *text_bytes = 0;
     if (!json_is_array(msgs) || !json_array_size(msgs)) {
         api_fail(err, 400, "messages", "'messages' must be a non-empty list");
         return NULL;
     }
+    json_t *kw = field(body, "chat_template_kwargs"), *tools = field(body, "tools");
+    int gen_prompt = 1, cont = 0;
+    if (check_kwargs(kw, err) || check_tools(body, err) || get_bool(body, "add_generation_prompt", &gen_prompt, err) ||
+        get_bool(body, "continue_final_message", &cont, err))
+        return NULL;
     json_t *req = json_object(), *norm = json_array();
     json_object_set_new(req, "messages", norm);
     size_t i;
@@ -231,19 +316,12 @@ static json_t *template_request(const json_t *body, struct api_error *err) {
         if (!json_is_object(m) || !json_is_string(json_object_get(m, "role"))) {
             api_fail(err, 400, "messages", "messages[%zu] must be an object with a string 'role'", i);
         } else if ((content = message_content(field(m, "content"), i, err))) {
+            *text_bytes += json_string_length(content);
             json_t *c = json_deep_copy(m);
             json_object_set_new(c, "content", content);
             json_array_append_new(norm, c);
             continue;
         }
-        json_decref(req);
-        return NULL;
-    }
-    int gen_prompt = 1, cont = 0;
-    json_t *kw = field(body, "chat_template_kwargs"), *tools = field(body, "tools");
-    if (get_bool(body, "add_generation_prompt", &gen_prompt, err) ||
-        get_bool(body, "continue_final_message", &cont, err) || (kw && !json_is_object(kw))) {
-        api_fail(err, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
         json_decref(req);
         return NULL;
     }
@@ -259,14 +337,17 @@ static int chat_prompt(struct server *s, const json_t *body, int32_t **ids, int 
     if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
     if (!s->info.has_chat_template)
         return api_fail(err, 400, "messages", "the model has no chat template (tokenizer_config.json chat_template)");
-    json_t *req = template_request(body, err);
+    size_t text_bytes;
+    json_t *req = chat_template_input(body, &text_bytes, err);
     if (!req) return -1;
+    if (check_text_len(s, text_bytes, "messages", err)) return json_decref(req), -1;
     char *js = json_dumps(req, JSON_COMPACT), *text = NULL;
     json_decref(req);
     int rc = vllm_apply_chat_template(s->engine, js, &text);
     free(js);
     if (rc) return api_fail(err, 400, "messages", "applying the chat template: %s", vllm_last_error());
-    rc = tokenize_text(s, text, strlen(text), add_special, ids, n, err);
+    rc = check_text_len(s, strlen(text), "messages", err) ||
+         tokenize_text(s, text, strlen(text), add_special, ids, n, err);
     vllm_free(text);
     return rc;
 }
@@ -344,4 +425,36 @@ void gen_params_free(struct gen_params *gp) {
     free(gp->stop_ids);
     free(gp->prompt_ids);
     memset(gp, 0, sizeof *gp);
+}
+
+// ------------------------------------------------ /tokenize, /detokenize --
+
+json_t *tokenize_reply(struct server *s, const json_t *body, struct api_error *err) {
+    int32_t *ids = NULL;
+    int n = 0;
+    if (tokenize_body(s, body, &ids, &n, err)) {
+        free(ids);
+        return NULL;
+    }
+    json_t *toks = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
+    free(ids);
+    return json_pack("{s:i,s:i,s:o,s:n}", "count", n, "max_model_len", s->info.max_model_len, "tokens", toks,
+                     "token_strs");
+}
+
+json_t *detokenize_reply(struct server *s, const json_t *body, struct api_error *err) {
+    json_t *toks = json_object_get(body, "tokens");
+    if (!json_is_array(toks)) return api_fail(err, 400, "tokens", "'tokens' must be a list of token ids"), NULL;
+    if (!s->info.has_tokenizer) return api_fail(err, 400, NULL, "the model has no tokenizer"), NULL;
+    int32_t *ids;
+    int n;
+    if (get_ids(s, toks, "tokens", &ids, &n, err)) return free(ids), NULL;
+    char *text = NULL;
+    json_t *r = NULL;
+    if (vllm_detokenize(s->engine, ids, n, 0, &text)) api_fail(err, 400, "tokens", "%s", vllm_last_error());
+    else r = json_pack("{s:o}", "prompt", json_text(text, strlen(text)));
+    vllm_free(text);
+    free(ids);
+    return r;
 }

@@ -57,7 +57,10 @@ static const char *error_type(int status) {
     case 401: return "AuthenticationError";
     case 404: return "NotFoundError";
     case 405: return "MethodNotAllowedError";
+    case 408: return "RequestTimeoutError";
     case 413: return "RequestEntityTooLargeError";
+    case 431: return "RequestHeaderFieldsTooLargeError";
+    case 501: return "NotImplementedError";
     case 429: return "RateLimitError";
     case 503: return "ServiceUnavailableError";
     default: return "InternalServerError";
@@ -75,14 +78,17 @@ json_t *api_error_json(const struct api_error *err) {
     return o;
 }
 
-static const char *reason_phrase(int status) {
+const char *http_reason(int status) {
     switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 501: return "Not Implemented";
     case 429: return "Too Many Requests";
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
@@ -91,7 +97,8 @@ static const char *reason_phrase(int status) {
 
 static void on_sent(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
-    evhttp_connection_set_closecb(evhttp_request_get_connection(req), NULL, NULL);
+    client_reply_done(s, req);
+    client_set_closecb(s, evhttp_request_get_connection(req), NULL, NULL);
     s->num_sending--;
     server_maybe_exit(s);
 }
@@ -109,7 +116,7 @@ void server_track_reply(struct server *s, struct evhttp_request *req) {
     s->num_sending++;
     // Exactly one of the two runs: on_sent clears the close callback.
     evhttp_request_set_on_complete_cb(req, on_sent, s);
-    evhttp_connection_set_closecb(evcon, on_sent_close, s);
+    client_set_closecb(s, evcon, on_sent_close, s);
 }
 
 void send_json(struct server *srv, struct evhttp_request *req, int status, json_t *body) {
@@ -120,7 +127,7 @@ void send_json(struct server *srv, struct evhttp_request *req, int status, json_
     free(s);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
     server_track_reply(srv, req);
-    evhttp_send_reply(req, status, reason_phrase(status), buf);
+    evhttp_send_reply(req, status, http_reason(status), buf);
     evbuffer_free(buf);
 }
 
@@ -185,33 +192,6 @@ void server_new_id(struct server *s, const char *prefix, char *out, size_t cap) 
 
 // ------------------------------------------------------------- routing --
 
-// The request body as a NUL-terminated string (in the request's buffer).
-static const char *body_of(struct evhttp_request *req, size_t *len) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    *len = evbuffer_get_length(in);
-    evbuffer_add(in, "", 1);
-    return (const char *)evbuffer_pullup(in, -1);
-}
-
-// Parses the body as a JSON object, or sets a 400.
-static json_t *json_body(struct evhttp_request *req, struct api_error *err) {
-    size_t len;
-    const char *body = body_of(req, &len);
-    json_error_t je;
-    json_t *j = json_loadb(body, len, 0, &je);
-    if (!j) {
-        api_fail(err, 400, NULL, "the request body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
-                 je.column);
-        return NULL;
-    }
-    if (!json_is_object(j)) {
-        json_decref(j);
-        api_fail(err, 400, NULL, "the request body must be a JSON object");
-        return NULL;
-    }
-    return j;
-}
-
 // Constant-time in the key: compares every byte whatever the first mismatch.
 static int key_matches(const char *key, const char *got) {
     size_t n = strlen(key), m = strlen(got);
@@ -244,71 +224,6 @@ static void handle_models(struct server *s, struct evhttp_request *req) {
     send_json(s, req, 200, list);
 }
 
-static void handle_tokenize(struct server *s, struct evhttp_request *req) {
-    struct api_error err = {0};
-    json_t *body = json_body(req, &err);
-    int32_t *ids = NULL;
-    int n = 0;
-    if (body && !check_model(s, body, &err) && !tokenize_body(s, body, &ids, &n, &err)) {
-        json_t *toks = json_array();
-        for (int i = 0; i < n; i++) json_array_append_new(toks, json_integer(ids[i]));
-        json_t *o = json_object();
-        json_object_set_new(o, "count", json_integer(n));
-        json_object_set_new(o, "max_model_len", json_integer(s->info.max_model_len));
-        json_object_set_new(o, "tokens", toks);
-        json_object_set_new(o, "token_strs", json_null());
-        send_json(s, req, 200, o);
-    } else {
-        send_error(s, req, &err);
-    }
-    free(ids);
-    json_decref(body);
-}
-
-static void handle_detokenize(struct server *s, struct evhttp_request *req) {
-    struct api_error err = {0};
-    json_t *body = json_body(req, &err);
-    json_t *toks = body ? json_object_get(body, "tokens") : NULL;
-    if (body && !check_model(s, body, &err)) {
-        if (!json_is_array(toks)) api_fail(&err, 400, "tokens", "'tokens' must be a list of token ids");
-        else if (!s->info.has_tokenizer) api_fail(&err, 400, NULL, "the model has no tokenizer");
-    }
-    if (err.status) {
-        send_error(s, req, &err);
-        json_decref(body);
-        return;
-    }
-    size_t n = json_array_size(toks);
-    int32_t *ids = xmalloc(sizeof(int32_t) * (n ? n : 1));
-    for (size_t i = 0; i < n && !err.status; i++) {
-        json_t *v = json_array_get(toks, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->info.vocab_size)
-            api_fail(&err, 400, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, s->info.vocab_size);
-        else ids[i] = (int32_t)json_integer_value(v);
-    }
-    char *text = NULL;
-    if (!err.status && vllm_detokenize(s->engine, ids, (int)n, 0, &text))
-        api_fail(&err, api_status_of(VLLM_ERR_INVALID_ARGUMENT), "tokens", "%s", vllm_last_error());
-    if (err.status) send_error(s, req, &err);
-    else send_json(s, req, 200, json_pack("{s:o}", "prompt", json_text(text, strlen(text))));
-    vllm_free(text);
-    free(ids);
-    json_decref(body);
-}
-
-static void handle_generate(struct server *s, struct evhttp_request *req, enum api_kind kind) {
-    struct api_error err = {0};
-    json_t *body = json_body(req, &err);
-    struct gen_params gp;
-    if (body && !check_model(s, body, &err) && !gen_params_parse(s, kind, body, &gp, &err)) {
-        json_decref(body);
-        gen_start(s, req, &gp);
-        return;
-    }
-    json_decref(body);
-    send_error(s, req, &err);
-}
-
 static void handle_metrics(struct server *s, struct evhttp_request *req) {
     struct evbuffer *buf = evbuffer_new();
     metrics_render(s, buf);
@@ -327,7 +242,7 @@ static void handle_plain(struct server *s, struct evhttp_request *req, const cha
     evbuffer_free(buf);
 }
 
-enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_NONE };
+enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_NONE };
 static const struct {
     const char *path;
     enum evhttp_cmd_type method;
@@ -336,40 +251,49 @@ static const struct {
     [R_CHAT] = {"/v1/chat/completions", EVHTTP_REQ_POST},
     [R_MODELS] = {"/v1/models", EVHTTP_REQ_GET},
     [R_HEALTH] = {"/health", EVHTTP_REQ_GET},
+    [R_PING] = {"/ping", EVHTTP_REQ_GET},
     [R_VERSION] = {"/version", EVHTTP_REQ_GET},
     [R_TOKENIZE] = {"/tokenize", EVHTTP_REQ_POST},
     [R_DETOKENIZE] = {"/detokenize", EVHTTP_REQ_POST},
     [R_METRICS] = {"/metrics", EVHTTP_REQ_GET},
 };
 
+// With an API key, every route needs it but these (and /metrics with
+// --metrics-no-auth); an unknown path needs it too, so that it tells nothing.
+static int open_route(const struct server *s, enum route r) {
+    return r == R_HEALTH || r == R_PING || r == R_VERSION || (r == R_METRICS && s->cfg.metrics_no_auth);
+}
+
 static void on_request(struct evhttp_request *req, void *arg) {
     struct server *s = arg;
     struct api_error err = {0};
     const char *uri = evhttp_request_get_uri(req);
     size_t plen = strcspn(uri, "?#");
+    client_request_read(s, req);
     enum route r = R_NONE;
     for (int i = 0; i < R_NONE; i++)
         if (strlen(routes[i].path) == plen && !strncmp(uri, routes[i].path, plen)) r = (enum route)i;
-    if (r == R_NONE) api_fail(&err, 404, NULL, "no route %.*s", (int)MIN(plen, 200), uri);
+    if (!open_route(s, r) && !authorized(s, req))
+        api_fail(&err, 401, NULL, "a valid API key is required (Authorization: Bearer <key>)");
+    else if (r == R_NONE) api_fail(&err, 404, NULL, "no route %.*s", (int)MIN(plen, 200), uri);
     else if (evhttp_request_get_command(req) != routes[r].method) {
         int post = routes[r].method == EVHTTP_REQ_POST;
         evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", post ? "POST" : "GET");
         api_fail(&err, 405, NULL, "%s takes %s", routes[r].path, post ? "POST" : "GET");
     } else if (s->stopping) api_fail(&err, 503, NULL, "the server is shutting down");
-    else if (!strncmp(uri, "/v1/", 4) && !authorized(s, req))
-        api_fail(&err, 401, NULL, "a valid API key is required (Authorization: Bearer <key>)");
     if (err.status) {
         send_error(s, req, &err);
         return;
     }
     switch (r) {
-    case R_COMPLETIONS: handle_generate(s, req, API_COMPLETION); break;
-    case R_CHAT: handle_generate(s, req, API_CHAT); break;
+    case R_COMPLETIONS: work_submit(s, req, JOB_COMPLETION); break;
+    case R_CHAT: work_submit(s, req, JOB_CHAT); break;
     case R_MODELS: handle_models(s, req); break;
-    case R_HEALTH: handle_plain(s, req, ""); break;
+    case R_HEALTH:
+    case R_PING: handle_plain(s, req, ""); break;
     case R_VERSION: send_json(s, req, 200, json_pack("{s:s}", "version", vllm_version())); break;
-    case R_TOKENIZE: handle_tokenize(s, req); break;
-    case R_DETOKENIZE: handle_detokenize(s, req); break;
+    case R_TOKENIZE: work_submit(s, req, JOB_TOKENIZE); break;
+    case R_DETOKENIZE: work_submit(s, req, JOB_DETOKENIZE); break;
     case R_METRICS: handle_metrics(s, req); break;
     case R_NONE: break;
     }
@@ -391,7 +315,7 @@ static void on_stop_timer(evutil_socket_t fd, short what, void *arg) {
 }
 
 void server_maybe_exit(struct server *s) {
-    if (s->stopping && s->num_live == 0 && s->num_sending == 0) event_base_loopexit(s->base, NULL);
+    if (s->stopping && s->num_live == 0 && s->num_sending == 0 && s->num_jobs == 0) event_base_loopexit(s->base, NULL);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
@@ -404,6 +328,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     fflush(stdout);
     if (s->bound) evhttp_del_accept_socket(s->http, s->bound);
     s->bound = NULL;
+    if (s->accept_timer) evtimer_del(s->accept_timer);
     gen_cancel_all(s);
     struct timeval tv = {STOP_GRACE_S, 0};
     s->stop_timer = evtimer_new(s->base, on_stop_timer, s);
@@ -412,6 +337,48 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
 }
 
 static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
+
+// evhttp's listener calls back with the evhttp: which server it belongs to.
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct server *registry[16];
+
+static void registry_set(struct server *s, int add) {
+    pthread_mutex_lock(&registry_mu);
+    for (int i = 0; i < 16; i++)
+        if (add ? !registry[i] : registry[i] == s) {
+            registry[i] = add ? s : NULL;
+            break;
+        }
+    pthread_mutex_unlock(&registry_mu);
+}
+
+struct server *server_of_http(void *http) {
+    struct server *s = NULL;
+    pthread_mutex_lock(&registry_mu);
+    for (int i = 0; i < 16 && !s; i++)
+        if (registry[i] && registry[i]->http == http) s = registry[i];
+    pthread_mutex_unlock(&registry_mu);
+    return s;
+}
+
+// The longest text one token decodes to: no prompt text longer than
+// max_model_len of them can fit (request.c refuses it before tokenizing).
+static int max_token_bytes(struct server *s) {
+    int best = 1;
+    for (int32_t id = 0; s->info.has_tokenizer && id < s->info.vocab_size; id++) {
+        char *t = NULL;
+        if (!vllm_detokenize(s->engine, &id, 1, 0, &t)) best = MAX(best, (int)strlen(t));
+        vllm_free(t);
+    }
+    return best;
+}
+
+static int is_loopback(const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET) return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family != AF_INET6) return 0;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
 
 static int bind_listener(struct server *s) {
     s->bound = evhttp_bind_socket_with_handle(s->http, s->cfg.host, (ev_uint16_t)s->cfg.port);
@@ -423,6 +390,9 @@ static int bind_listener(struct server *s) {
     if (getsockname(fd, (struct sockaddr *)&ss, &len)) return vllm_err(VLLM_ERR_IO, "getsockname: %s", strerror(errno));
     s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
                                        : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (!s->cfg.api_key && !is_loopback(&ss))
+        fprintf(stderr, "vllm serve: warning: listening on %s, which is not a loopback address, with no API key: anyone "
+                "who can reach it can use the model (--api-key-file, VLLM_API_KEY)\n", s->cfg.host);
     return VLLM_OK;
 }
 
@@ -458,6 +428,8 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     event_add(s->sig_term, NULL);
     s->http = evhttp_new(s->base);
     evhttp_set_gencb(s->http, on_request, s);
+    evhttp_set_bevcb(s->http, client_new, s); // conn.c sees every connection's bytes first
+    s->max_token_bytes = max_token_bytes(s);
     // Every method reaches on_request, which answers 405 as JSON.
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
@@ -466,10 +438,13 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     evhttp_set_max_headers_size(s->http, 64 << 10);
     evhttp_set_timeout(s->http, s->cfg.io_timeout_s);
     int rc = bind_listener(s);
+    if (!rc) rc = work_start(s);
     if (rc) {
         server_free(s);
         return rc;
     }
+    client_listener_setup(s);
+    registry_set(s, 1);
     *out = s;
     return VLLM_OK;
 }
@@ -483,9 +458,13 @@ int server_run(struct server *s) {
 
 void server_free(struct server *s) {
     if (!s) return;
-    // Connections first (their close callbacks release requests), then the
-    // engine (it sends the last events of what is left), then those events.
+    // Connections first (their close callbacks release requests), the
+    // workers, then the engine (it sends the last events of what is left),
+    // then those events.
+    registry_set(s, 0);
     if (s->http) evhttp_free(s->http);
+    client_free_all(s);
+    work_stop(s); // before the engine: a worker may be tokenizing
     gen_release_all(s);
     vllm_engine_free(s->engine);
     if (s->base) gen_handle_ready(s);
@@ -498,6 +477,7 @@ void server_free(struct server *s) {
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);
     if (s->stop_timer) event_free(s->stop_timer);
+    if (s->accept_timer) event_free(s->accept_timer);
     if (s->base) event_base_free(s->base);
     pthread_mutex_destroy(&s->mu);
     free((char *)s->cfg.host);

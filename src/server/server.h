@@ -1,8 +1,10 @@
 // server.h - `vllm serve`: an OpenAI-compatible HTTP server over one engine.
 //
-// One libevent loop thread does all HTTP I/O; the engine runs on its own
-// thread and hands its streaming events to the loop through a locked queue
-// (server_internal.h), so HTTP never blocks an engine step.
+// One libevent loop thread does all HTTP I/O; request bodies are parsed and
+// tokenized on worker threads (work.c); the engine runs on its own thread
+// and hands its streaming events to the loop through a locked queue
+// (server_internal.h), so HTTP never blocks an engine step and no body
+// blocks the loop.
 #ifndef VLLM_SERVER_SERVER_H
 #define VLLM_SERVER_SERVER_H
 
@@ -13,11 +15,12 @@
 struct server_config {
     const char *host;              // default "127.0.0.1"
     int port;                      // 0: any free port (server_port tells which)
-    const char *api_key;           // NULL: no authentication
+    const char *api_key;           // NULL: no authentication; else every route but /health, /ping, /version
+    int metrics_no_auth;           // /metrics without the key too
     const char *served_model_name; // the name clients send as "model"
     const char *model_path;        // shown as "root" in /v1/models
     size_t max_body_bytes;         // larger request bodies get 413
-    int io_timeout_s;              // idle connections and stalled writes
+    int io_timeout_s;              // idle connections, stalled writes, and a request's whole read
 };
 void server_config_default(struct server_config *c);
 

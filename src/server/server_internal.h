@@ -73,6 +73,14 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
 void gen_params_free(struct gen_params *gp);
 // The prompt of /tokenize: "prompt" (text) or "messages" (chat template).
 int tokenize_body(struct server *s, const json_t *body, int32_t **ids, int *n, struct api_error *err);
+// The answers of /tokenize and /detokenize, or NULL with *err set.
+json_t *tokenize_reply(struct server *s, const json_t *body, struct api_error *err);
+json_t *detokenize_reply(struct server *s, const json_t *body, struct api_error *err);
+// The chat template's input for a chat body: the checked messages (content
+// parts joined), tools and tool_choice checked against OpenAI's schema, and
+// chat_template_kwargs, which may not set what the server sets. NULL with a
+// 400 in *err. *text_bytes: the messages' text.
+json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_error *err);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
 
@@ -140,6 +148,36 @@ void gen_cancel_all(struct server *s);
 void gen_release_all(struct server *s);
 void gen_free_all(struct server *s);
 
+// ---------------------------------------------------------- workers --
+
+// Requests whose bodies are parsed (and tokenized) on a worker thread.
+enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT };
+struct job;
+// Loop thread: takes the request's body and answers when the job is done.
+void work_submit(struct server *s, struct evhttp_request *req, enum job_kind kind);
+int work_start(struct server *s);
+void work_stop(struct server *s);
+
+// ---------------------------------------------------------- clients --
+
+// evhttp's bevcb: a client connection's bufferevent (conn.c).
+struct bufferevent *client_new(struct event_base *base, void *server);
+typedef void (*evhttp_close_cb)(struct evhttp_connection *, void *);
+// The connection's close callback (conn.c owns evhttp's, and calls this one
+// first); cb NULL clears it.
+void client_set_closecb(struct server *s, struct evhttp_connection *evcon, evhttp_close_cb cb, void *arg);
+// on_request, first: the request's read is over; evhttp reads no more of the
+// socket (a FIN is no disconnect) until client_reply_done.
+void client_request_read(struct server *s, struct evhttp_request *req);
+void client_reply_done(struct server *s, struct evhttp_request *req);
+// The listener's accept backoff at the fd limit.
+void client_listener_setup(struct server *s);
+// Teardown, after evhttp_free.
+void client_free_all(struct server *s);
+struct server *server_of_http(void *http);
+// The reason phrase of an HTTP status.
+const char *http_reason(int status);
+
 // -------------------------------------------------------------- server --
 
 struct server {
@@ -165,6 +203,23 @@ struct server {
     struct gen *live;   // every gen not yet freed
     int num_live;
     int num_sending;    // replies handed to libevent, not yet written
+    int max_token_bytes; // the longest text one token decodes to (prompt length bound)
+
+    // clients (conn.c; loop thread)
+    struct client *clients, **client_hash; // every client; those by evhttp connection
+    int num_clients, num_hashed, hash_cap;
+    uint64_t framing_refused, request_timeouts, accept_errors, accept_errors_unlogged;
+    double accept_logged_at;
+    struct event *accept_timer;
+
+    // workers (work.c): todo / done under work_mu
+    pthread_mutex_t work_mu;
+    pthread_cond_t work_cv;
+    pthread_t workers[4];
+    int num_workers, work_stop;
+    struct job *todo, *todo_tail, *done;
+    struct event *work_wake;
+    int num_jobs; // submitted, not yet answered or dropped (loop thread)
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.

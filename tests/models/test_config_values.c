@@ -109,7 +109,7 @@ static const struct bad bads[] = {
      "attention width"},
     {"nh_dense", "+", "{\"intermediate_size\": 16777216, \"hidden_size\": 1048576, \"vocab_size\": 2}",
      "intermediate_size *"},
-    {"nh_latent", "+", "{\"n_routed_experts\": 1024, \"moe_intermediate_size\": 1048576, \"moe_latent_size\": 16384}",
+    {"nh_latent", "+", "{\"n_routed_experts\": 1024, \"moe_intermediate_size\": 262144, \"moe_latent_size\": 16384}",
      "experts of one layer"},
 };
 

@@ -363,10 +363,22 @@ static void test_api_key(void) {
     http_request(s.port, "GET", "/v1/models", NULL, NULL, &r);
     check_error(&r, 401, NULL, "GET /v1/models without a key");
     resp_free(&r);
-    static const char *const open[] = {"/health", "/metrics", "/version", NULL};
+    static const char *const open[] = {"/health", "/ping", "/version", NULL};
     for (int i = 0; open[i]; i++) {
         http_request(s.port, "GET", open[i], NULL, NULL, &r);
         CHECKF(r.status == 200, "%s needs no key: %d", open[i], r.status);
+        resp_free(&r);
+    }
+    // every other route needs it: /metrics, /tokenize, /detokenize, and unknown paths (before 404 / 405)
+    static const char *const closed[][2] = {{"GET", "/metrics"}, {"POST", "/tokenize"}, {"POST", "/detokenize"},
+                                            {"GET", "/nope"}, {"GET", "/tokenize"}, {"POST", "/v1/chat/completions"}};
+    for (size_t i = 0; i < sizeof closed / sizeof closed[0]; i++) {
+        http_request(s.port, closed[i][0], closed[i][1], NULL, "{\"prompt\": \"hi\", \"tokens\": [1]}", &r);
+        check_error(&r, 401, NULL, closed[i][1]);
+        resp_free(&r);
+        http_request(s.port, closed[i][0], closed[i][1], "Authorization: Bearer s3cret-key\r\n",
+                     "{\"prompt\": \"hi\", \"tokens\": [1]}", &r);
+        CHECKF(r.status != 401, "%s %s with the key: 401", closed[i][0], closed[i][1]);
         resp_free(&r);
     }
     CHECKF(srv_stop(&s, 20) == 0, "the API-key server did not exit 0");
@@ -392,7 +404,9 @@ static int wait_idle(int port, double timeout_s, char **last) {
         int idle = m && metric_value(m, "vllm:num_requests_running", NULL) == 0 &&
                    metric_value(m, "vllm:num_requests_waiting", NULL) == 0 &&
                    metric_value(m, "vllm:kv_cache_blocks_used", NULL) == 0 &&
-                   metric_value(m, "vllm:state_slots_used", NULL) == 0;
+                   metric_value(m, "vllm:state_slots_used", NULL) == 0 &&
+                   metric_value(m, "vllm:http_jobs_in_flight", NULL) == 0 && // parsed, not yet submitted
+                   metric_value(m, "vllm:http_requests_in_flight", NULL) == 0;
         if (idle || now_sec() - t0 > timeout_s) {
             if (last) *last = m;
             else free(m);

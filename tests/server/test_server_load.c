@@ -203,7 +203,9 @@ static int wait_idle(char **last) {
         int idle = m && metric_value(m, "vllm:num_requests_running", NULL) == 0 &&
                    metric_value(m, "vllm:num_requests_waiting", NULL) == 0 &&
                    metric_value(m, "vllm:kv_cache_blocks_used", NULL) == 0 &&
-                   metric_value(m, "vllm:state_slots_used", NULL) == 0;
+                   metric_value(m, "vllm:state_slots_used", NULL) == 0 &&
+                   metric_value(m, "vllm:http_jobs_in_flight", NULL) == 0 && // parsed, not yet submitted
+                   metric_value(m, "vllm:http_requests_in_flight", NULL) == 0;
         if (idle || now_sec() - t0 > 20) {
             *last = m;
             return idle;
