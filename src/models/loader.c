@@ -179,6 +179,9 @@ int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t 
     for (int i = 0; i < n; i++) rows += pieces[i].rows.len;
     enum wfmt fmt = (flags & WL_F32) ? WF_F32 : l->fmt;
     memset(w, 0, sizeof *w);
+    const struct st_tensor *t;
+    for (int i = 0; l->st && i < n; i++) // shapes against the file before anything is allocated
+        TRY(find_shaped(l, pieces[i].name, pieces[i].ndim, pieces[i].dims, &t));
     TRY(be->ops->weight_alloc(be, w, fmt, rows, c1 - c0));
     l->device_bytes += (int64_t)wfmt_size(fmt) * rows * (c1 - c0);
     if (!l->st) { // dummy: made on the device, seeded by the name and where the part starts
@@ -217,6 +220,8 @@ int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **
 
 int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, float **dev, enum dummy_init init,
                   float arg) {
+    const struct st_tensor *t;
+    if (l->st) TRY(find_shaped(l, name, 1, &n, &t)); // before the host copy is allocated
     float *tmp = loader_tmp(l, n);
     TRY(loader_read(l, name, 1, &n, tmp, init, arg));
     return loader_upload_vector(l, tmp + s.off, s.len, dev);
