@@ -13,13 +13,16 @@ if(VLLM_CUDA)
                        --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype float32 ${parts})
     endforeach()
     # gate 3: bf16 against transformers' bf16 greedy while its own top-2 margin
-    # is above 1e-2 and above two bf16 ulps (2 x 2^-5 at |logit| in [4, 8), where these
-    # models' logits are: at one or two ulps two correct bf16 runs pick either),
-    # and decode == fresh-prefill on the device
+    # is above 0.2, and decode == fresh-prefill on the device. Both keep the
+    # weights and every GEMM input in bf16 but round in different places
+    # (transformers: every activation and the residual; here: GEMM inputs, MoE
+    # hidden units and attention's Q and P, with an fp32 residual), so at
+    # these models' logits (|logit| in [4, 16): ulps of 2^-5 to 2^-4) the two
+    # pick either token within a few ulps; 0.2 is 3 to 6 of them.
     add_test(NAME gpu_gate_bf16_${fx}
              COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
                      --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype bfloat16
-                     --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.07 --modes-agree --batch)
+                     --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.2 --modes-agree --batch)
   endforeach()
   get_property(gpu_tests DIRECTORY PROPERTY TESTS)
   foreach(t ${gpu_tests})

@@ -21,6 +21,6 @@ for d in /tmp/fx/*/; do
         echo "gpu fp32 $n [$m]: $r"
     done
     r=$(timeout 120 build-cuda/vllm generate --model "$d" --golden "$d/golden.json" --device cuda --dtype bfloat16 \
-        --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.07 --modes-agree --batch 2>&1 | tail -1)
+        --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.2 --modes-agree --batch 2>&1 | tail -1)
     echo "gpu bf16 $n: $r"
 done 2>&1 | tee "$OUT/family_gates.log"

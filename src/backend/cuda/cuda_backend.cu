@@ -380,6 +380,42 @@ static void blas_matmul(struct backend *be, float *y, const float *x, const stru
                               CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// fp32 weights at decode sizes (the routers; the fp32 exactness gates): a
+// warp per weight row, float4 loads, every row of x (n <= 4) at once.
+template <int NB>
+__global__ void __launch_bounds__(256) k_gemv32(float *y, const float *x, const float *w, int N, int K) {
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= N) return;
+    const float4 *wr = (const float4 *)(w + (int64_t)row * K);
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0;
+    for (int k4 = lane; k4 < K / 4; k4 += 32) {
+        float4 v = __ldg(wr + k4);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float4 xv = ((const float4 *)(x + (int64_t)b * K))[k4];
+            acc[b] += v.x * xv.x + v.y * xv.y + v.z * xv.z + v.w * xv.w;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        float s = warp_sum(acc[b]);
+        if (lane == 0) y[(int64_t)b * N + row] = s;
+    }
+}
+
+static void gemv32(cudaStream_t s, float *y, const float *x, const float *W, int N, int K, int n) {
+    dim3 g(cdiv(N, 8));
+    switch (n) {
+    case 1: k_gemv32<1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 2: k_gemv32<2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 3: k_gemv32<3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    default: k_gemv32<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    }
+    LAUNCH_CHECK();
+}
+
 __global__ void k_bias(float *y, const float *b, int64_t n, int N) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * N; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += b[i % N];
@@ -390,7 +426,8 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     int N = (int)w->rows, K = (int)w->cols;
     bool gemv = n <= 4 && K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
     cudaStream_t s = cu(be)->stream;
-    if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, N, K, n);
+    if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, N, K, n);
+    else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, N, K, n);
     else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, N, K, n);
     else blas_matmul(be, y, x, w, n);
     if (w->bias) {

@@ -624,7 +624,8 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     float *gu = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *h = gu + (size_t)nk * U, *y = h + (size_t)nk * I;
     void *xb = y + (size_t)nk * L; // x in 16 bits (the grouped GEMM's A)
     cudaStream_t st = cu(be)->stream;
-    k_moe_sort<<<1, 1024, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, active, num_active, perm, slot_of);
+    int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // decode: a few warps, not 1024 threads
+    k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, active, num_active, perm, slot_of);
     LAUNCH_CHECK();
     bool k8 = L % 8 == 0 && I % 8 == 0;
     enum wfmt f = w->up.fmt;
