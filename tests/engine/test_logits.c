@@ -126,8 +126,9 @@ static int run_fixture(const char *fx, int budget, int prefix) {
 
 int main(void) {
     char **fx;
-    int n = tu_fixture_list("VLLM_GATE_FIXTURES", &fx);
-    CHECKF(n > 0, "no fixtures in VLLM_GATE_FIXTURES");
+    const char *tp = getenv("VLLM_TEST_TP_SIZE"), *list = tp && atoi(tp) > 1 ? "VLLM_TP2_FIXTURES" : "VLLM_GATE_FIXTURES";
+    int n = tu_fixture_list(list, &fx);
+    CHECKF(n > 0, "no fixtures in %s", list);
     for (int i = 0; i < n; i++) {
         run_fixture(fx[i], 2048, 0);
         run_fixture(fx[i], 5, 0); // chunked prefill: chunk boundaries cut across the SSD chunks

@@ -352,13 +352,13 @@ __device__ __forceinline__ void unpack8(const uint4 &u, const __half *, float f[
 // h[r, i..i+1] = act(gate) * up; else rows i..i+3 and h = act(W x). Down:
 // rows l..l+3 of W_e, y[r, l..l+3]. x rows are the tokens' (UP, through perm)
 // or the segment's own rows of h; K % 8 == 0.
-template <typename WT, bool UP>
+template <typename WT, bool UP, int NB>
 __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *offsets,
                                                   const int32_t *perm, const int32_t *active, const int32_t *num_active,
                                                   int k, int K, int I, int N, int gated, enum act kind) {
-    __shared__ float red[8][4][MOE_GEMV_MAXR];
+    __shared__ float red[8][4][NB];
     if ((int)blockIdx.y >= *num_active) return;
-    int e = active[blockIdx.y], r0 = offsets[e], cnt = min(offsets[e + 1] - r0, MOE_GEMV_MAXR);
+    int e = active[blockIdx.y], r0 = offsets[e], cnt = min(offsets[e + 1] - r0, NB);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
     int64_t wrow[4];
     int valid[4];
@@ -369,17 +369,17 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
         int64_t row = UP ? (gated ? (q < 2 ? o : I + o) : o) : o;
         wrow[q] = ((int64_t)e * (UP ? U : N) + (valid[q] ? row : 0)) * K;
     }
-    const float *src[MOE_GEMV_MAXR];
+    const float *src[NB];
 #pragma unroll
-    for (int b = 0; b < MOE_GEMV_MAXR; b++) {
+    for (int b = 0; b < NB; b++) {
         int r = r0 + (b < cnt ? b : 0);
         src[b] = UP ? in + (int64_t)(perm[r] / k) * K : in + (int64_t)r * K;
     }
-    float acc[4][MOE_GEMV_MAXR];
+    float acc[4][NB];
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
-        for (int b = 0; b < MOE_GEMV_MAXR; b++) acc[q][b] = 0;
+        for (int b = 0; b < NB; b++) acc[q][b] = 0;
     for (int c8 = warp * 32 + lane; c8 < K / 8; c8 += 256) {
         uint4 u[4];
 #pragma unroll
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
 #pragma unroll
         for (int q = 0; q < 4; q++) unpack8(u[q], w, wf[q]);
 #pragma unroll
-        for (int b = 0; b < MOE_GEMV_MAXR; b++) {
+        for (int b = 0; b < NB; b++) {
             if (b >= cnt) break;
             const float4 *xp = (const float4 *)(src[b] + c8 * 8);
             float4 x0 = xp[0], x1 = xp[1];
@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
-        for (int b = 0; b < MOE_GEMV_MAXR; b++) {
+        for (int b = 0; b < NB; b++) {
             if (b >= cnt) break;
             float v = warp_sum(acc[q][b]);
             if (lane == 0) red[warp][q][b] = v;
@@ -596,18 +596,30 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
     LAUNCH_CHECK();
 }
 
+// NB >= the rows any expert gets (<= n): accumulators sized to the batch
+template <typename T, int NB>
+static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
+                            const int32_t *offsets, const int32_t *perm, const int32_t *active, const int32_t *num_active,
+                            int n, int top_k) {
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
+    dim3 gu(w->gated ? cdiv(I, 2) : cdiv(I, 4), ny), gd(cdiv(L, 4), ny);
+    k_moe_gemv<T, true, NB><<<gu, 256, 0, st>>>((const T *)w->up.data, x, h, offsets, perm, active, num_active, top_k,
+                                                L, I, I, w->gated, w->act);
+    LAUNCH_CHECK();
+    k_moe_gemv<T, false, NB><<<gd, 256, 0, st>>>((const T *)w->down.data, h, y, offsets, perm, active, num_active, top_k,
+                                                 I, I, L, 0, w->act);
+    LAUNCH_CHECK();
+}
+
 template <typename T>
 static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
                          const int32_t *offsets, const int32_t *perm, const int32_t *active, const int32_t *num_active,
                          int n, int top_k) {
-    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
-    dim3 gu(w->gated ? cdiv(I, 2) : cdiv(I, 4), ny), gd(cdiv(L, 4), ny);
-    k_moe_gemv<T, true><<<gu, 256, 0, st>>>((const T *)w->up.data, x, h, offsets, perm, active, num_active, top_k, L, I,
-                                            I, w->gated, w->act);
-    LAUNCH_CHECK();
-    k_moe_gemv<T, false><<<gd, 256, 0, st>>>((const T *)w->down.data, h, y, offsets, perm, active, num_active, top_k, I,
-                                             I, L, 0, w->act);
-    LAUNCH_CHECK();
+    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+    else if (n <= 8) gemv_experts_nb<T, 8>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+    else gemv_experts_nb<T, MOE_GEMV_MAXR>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
