@@ -295,8 +295,8 @@ struct dstates { // sets of NFA states, interned
 
 static uint64_t set_hash(const int32_t *s, int n) {
     uint64_t h = (uint64_t)n;
-    for (int i = 0; i < n; i++) h = sg_hash64(h ^ (uint64_t)(uint32_t)s[i]);
-    return h;
+    for (int i = 0; i < n; i++) h = (h ^ (uint32_t)s[i]) * 0x100000001B3ull + (h >> 29);
+    return sg_hash64(h);
 }
 
 static void ds_grow(struct dstates *d) {
@@ -331,7 +331,12 @@ static int ds_get(struct dstates *d, const int32_t *s, int n, int *added) {
     }
     d->start[d->n] = d->pool.n;
     d->len[d->n] = n;
-    for (int i = 0; i < n; i++) ipush(&d->pool, s[i]);
+    if (d->pool.n + n > d->pool.cap) {
+        d->pool.cap = MAX(d->pool.cap * 2, d->pool.n + n + 64);
+        d->pool.v = xrealloc(d->pool.v, (size_t)d->pool.cap * sizeof *d->pool.v);
+    }
+    memcpy(d->pool.v + d->pool.n, s, (size_t)n * sizeof *s);
+    d->pool.n += n;
     d->slot[h] = d->n;
     *added = 1;
     return d->n++;
@@ -659,7 +664,7 @@ static void append_rule(struct sg_grammar *g, int rule, struct rule_fsm *r, int 
         g->nodes = xrealloc(g->nodes, (size_t)*cap_n * sizeof *g->nodes);
     }
     for (int i = 0; i < r->n; i++)
-        g->nodes[base + i] = (struct sg_node){0, 0, 0, 0, rule, 0, 0, {0, 0}, -1, 0};
+        g->nodes[base + i] = (struct sg_node){0, 0, 0, 0, rule, 0, 0, {0, 0}, -1, -1, 0, 0};
     for (int i = 0; i < r->accept.n; i++) g->nodes[base + r->accept.v[i]].flags |= SG_N_ACCEPT;
     g->n_nodes += r->n;
     // edges: sort by (node, lo) then lay out per node
@@ -691,10 +696,13 @@ static void append_rule(struct sg_grammar *g, int rule, struct rule_fsm *r, int 
     }
 }
 
-// Moore's partition refinement: equivalent DFA nodes (same acceptance, same
-// byte ranges and calls into equivalent nodes) become one, so that each
-// distinct grammar position has one cache entry (a loop unrolled by the
-// subset construction would otherwise be walked twice).
+// Merges equivalent DFA nodes, so that each distinct grammar position has
+// one cache entry (a loop unrolled by the subset construction would be walked
+// twice): from every node its own class, each pass merges nodes of the same
+// acceptance whose byte ranges and calls go to the same classes. Each pass is
+// sound; it stops when a pass merges nothing. Not always minimal (two loops
+// equal only as a whole stay apart), but linear per pass, where Moore's
+// refinement needs as many passes as the longest counted chain.
 static int cmp_i32x3(const void *a, const void *b) {
     const int32_t *x = a, *y = b;
     for (int i = 0; i < 2; i++)
@@ -702,12 +710,13 @@ static int cmp_i32x3(const void *a, const void *b) {
     return 0;
 }
 
-// Node n's signature under the classes cls: its class, then its edges with
-// targets as classes (adjacent ranges into one class merged), then its calls.
+// Node n's signature under the classes cls: its acceptance, then its edges
+// with targets as classes (adjacent ranges into one class merged), then its
+// calls.
 static void signature(const struct rule_fsm *r, const int32_t *eoff, const int32_t *coff, const int32_t *cls,
-                      int n, struct ivec *sig) {
+                      const uint8_t *acc, int n, struct ivec *sig) {
     sig->n = 0;
-    ipush(sig, cls[n]);
+    ipush(sig, acc[n]);
     int plo = -1, phi = -2, pto = -1;
     for (int k = eoff[n]; k < eoff[n + 1]; k++) {
         const int32_t *e = r->eb.v + 4 * k;
@@ -736,15 +745,27 @@ static void minimize(struct rule_fsm *r) {
     for (int k = 0; k < ne; k++) eoff[r->eb.v[4 * k] + 1]++;
     for (int k = 0; k < nc; k++) coff[r->cl.v[3 * k] + 1]++;
     for (int i = 0; i < n; i++) eoff[i + 1] += eoff[i], coff[i + 1] += coff[i];
-    int32_t *cls = xcalloc((size_t)n, sizeof *cls), *nxt = xmalloc((size_t)n * sizeof *nxt);
-    for (int i = 0; i < r->accept.n; i++) cls[r->accept.v[i]] = 1;
-    int ncls = 0;
+    int32_t *cls = xmalloc((size_t)n * sizeof *cls), *nxt = xmalloc((size_t)n * sizeof *nxt);
+    uint8_t *acc = xcalloc((size_t)n, 1);
+    for (int i = 0; i < r->accept.n; i++) acc[r->accept.v[i]] = 1;
     struct ivec sig = {0};
-    for (;;) {
+    // First pass from the last node back: nodes number their targets mostly
+    // later (breadth-first), so one pass merges whole acyclic tails; a target
+    // not yet seen counts as itself (a negative id, apart from classes).
+    for (int i = 0; i < n; i++) cls[i] = -(i + 1);
+    struct dstates d0 = {0};
+    for (int i = n - 1; i >= 0; i--) {
+        int added;
+        signature(r, eoff, coff, cls, acc, i, &sig);
+        cls[i] = ds_get(&d0, sig.v, sig.n, &added);
+    }
+    int ncls = d0.n;
+    free(d0.pool.v), free(d0.start), free(d0.len), free(d0.slot);
+    for (int pass = 0; pass < 64; pass++) { // then whole passes, for loops
         struct dstates d = {0};
         for (int i = 0; i < n; i++) {
             int added;
-            signature(r, eoff, coff, cls, i, &sig);
+            signature(r, eoff, coff, cls, acc, i, &sig);
             nxt[i] = ds_get(&d, sig.v, sig.n, &added);
         }
         int m = d.n;
@@ -753,6 +774,7 @@ static void minimize(struct rule_fsm *r) {
         if (m == ncls) break;
         ncls = m;
     }
+    free(acc);
     // classes in first-seen order from node 0, so that the start stays 0
     int32_t *id = xmalloc((size_t)ncls * sizeof *id), *rep = xmalloc((size_t)ncls * sizeof *rep);
     for (int c = 0; c < ncls; c++) id[c] = -1;
@@ -967,13 +989,18 @@ static void set_mincomp(struct sg_grammar *g) {
     }
 }
 
-// SG_N_ULOOP: from n, the UTF-8 encoding of every code point >= 0x80 leads
-// back to n through call-free nodes (inside a JSON string or a free-text
-// class), so a trie subtree of valid UTF-8 keeps the state.
-struct uloop_ctx {
+// Uniform character positions (SG_N_UNIFORM): node n, without calls, sends
+// a set of ASCII bytes (uset) to one node (utarget), and with SG_N_UNICODE
+// every non-ASCII code point there too, through call-free nodes inside the
+// character (those get ubase = n and the UTF-8 decoder state there). Then
+// every valid UTF-8 string of at most ubudget characters (a cut last one
+// counts) over those characters stays alive from n (UINT32_MAX: no bound,
+// utarget == n, as inside a JSON string); with SG_N_UEXACT any longer one
+// dies. A trie walk decides such subtrees without walking them (sg_mask.c).
+struct uni_ctx {
     struct sg_grammar *g;
-    int32_t n;
-    int ok, mark; // mark: record the nodes inside characters
+    int32_t n, target; // target: where characters lead (-1: not known yet)
+    int ok, mark;      // mark: record the nodes inside characters
 };
 
 static int utf8_state(int q, uint8_t b) { // as sg_vocab.c's decoder, for the lower bytes of ranges
@@ -981,14 +1008,14 @@ static int utf8_state(int q, uint8_t b) { // as sg_vocab.c's decoder, for the lo
     return q == 1 ? 0 : q <= 4 ? 1 : 2;
 }
 
-static void uloop_seq(void *ctx, const uint8_t *lo, const uint8_t *hi, int len) {
-    struct uloop_ctx *c = ctx;
+static void uni_seq(void *ctx, const uint8_t *lo, const uint8_t *hi, int len) {
+    struct uni_ctx *c = ctx;
     int32_t cur = c->n;
     int q = 0;
     for (int i = 0; i < len && c->ok; i++) {
         struct sg_node *nd = &c->g->nodes[cur];
         if (c->mark && i) {
-            if (nd->ubase == -1) nd->ubase = c->n, nd->ustate = (uint8_t)q;
+            if (nd->ubase == -1 && !(nd->flags & SG_N_UNIFORM)) nd->ubase = c->n, nd->ustate = (uint8_t)q;
             else if (nd->ubase != c->n || nd->ustate != q) nd->ubase = -2; // ambiguous: no shortcut
         }
         if (nd->n_calls) c->ok = 0;
@@ -1004,26 +1031,87 @@ static void uloop_seq(void *ctx, const uint8_t *lo, const uint8_t *hi, int len) 
         q = utf8_state(q, lo[i]);
         cur = to;
     }
-    if (cur != c->n) c->ok = 0;
+    if (c->ok && c->target < 0) c->target = cur;
+    if (cur != c->target) c->ok = 0;
 }
 
-static void set_uloop(struct sg_grammar *g) {
+static void unicode_walk(struct uni_ctx *c) {
+    utf8_seqs(0x80, 0xD7FF, uni_seq, c);
+    utf8_seqs(0xE000, 0x10FFFF, uni_seq, c);
+}
+
+// Whether node t has no edge on a byte of n's characters.
+static int takes_none(const struct sg_grammar *g, const struct sg_node *t, const struct sg_node *n) {
+    if (t->n_calls) return 0;
+    for (int k = 0; k < t->n_edges; k++) {
+        const struct sg_edge *e = &g->edges[t->edge0 + k];
+        if (e->hi >= 0x80 && (n->flags & SG_N_UNICODE)) return 0;
+        for (int b = e->lo; b <= e->hi && b < 128; b++)
+            if ((n->uset[b >> 6] >> (b & 63)) & 1) return 0;
+    }
+    return 1;
+}
+
+static void set_uniform(struct sg_grammar *g) {
     for (int n = 0; n < g->n_nodes; n++) {
         struct sg_node *nd = &g->nodes[n];
-        if (nd->n_calls || !nd->n_edges || g->edges[nd->edge0 + nd->n_edges - 1].hi < 0x80) continue;
-        struct uloop_ctx c = {g, n, 1, 0};
-        utf8_seqs(0x80, 0xD7FF, uloop_seq, &c);
-        utf8_seqs(0xE000, 0x10FFFF, uloop_seq, &c);
-        if (!c.ok) continue;
-        nd->flags |= SG_N_ULOOP;
-        c.mark = 1;
-        utf8_seqs(0x80, 0xD7FF, uloop_seq, &c);
-        utf8_seqs(0xE000, 0x10FFFF, uloop_seq, &c);
+        if (nd->n_calls || !nd->n_edges) continue;
+        int32_t best = -1;
+        int best_n = 0;
+        for (int k = 0; k < nd->n_edges; k++) { // the target most ASCII bytes go to
+            const struct sg_edge *e = &g->edges[nd->edge0 + k];
+            int cnt = 0;
+            for (int q = 0; q < nd->n_edges; q++) {
+                const struct sg_edge *f = &g->edges[nd->edge0 + q];
+                if (f->to == e->to && f->lo < 128) cnt += MIN(f->hi, 127) - f->lo + 1;
+            }
+            if (cnt > best_n) best_n = cnt, best = e->to;
+        }
+        struct uni_ctx c = {g, n, best, 1, 0};
+        if (g->edges[nd->edge0 + nd->n_edges - 1].hi >= 0x80) unicode_walk(&c);
+        else c.ok = 0;
+        if (c.ok) nd->flags |= SG_N_UNICODE;
+        nd->utarget = c.ok ? c.target : best;
+        if (nd->utarget < 0) continue;
+        for (int k = 0; k < nd->n_edges; k++) {
+            const struct sg_edge *e = &g->edges[nd->edge0 + k];
+            if (e->to != nd->utarget) continue;
+            for (int b = e->lo; b <= e->hi && b < 128; b++) nd->uset[b >> 6] |= 1ull << (b & 63);
+        }
+        nd->flags |= SG_N_UNIFORM;
     }
     for (int n = 0; n < g->n_nodes; n++) {
         struct sg_node *nd = &g->nodes[n];
-        if (nd->flags & SG_N_ULOOP) nd->ubase = n, nd->ustate = 0;
+        if (!(nd->flags & SG_N_UNICODE)) continue;
+        struct uni_ctx c = {g, n, nd->utarget, 1, 1};
+        unicode_walk(&c);
+    }
+    for (int n = 0; n < g->n_nodes; n++) {
+        struct sg_node *nd = &g->nodes[n];
+        if (nd->flags & SG_N_UNIFORM) nd->ubase = n, nd->ustate = 0;
         else if (nd->ubase == -2) nd->ubase = -1;
+        nd->ubudget = nd->utarget == n ? UINT32_MAX : 1;
+    }
+    // budgets along chains (a counted repetition): each pass in reverse order
+    // settles chains numbered forward; the values only grow, and any value
+    // reached is a valid bound. Exact: a longer string of the characters dies
+    // (the chain ends at a node that takes none of them).
+    for (int pass = 0, ch = 1; ch && pass < 64; pass++) {
+        ch = 0;
+        for (int n = g->n_nodes - 1; n >= 0; n--) {
+            struct sg_node *nd = &g->nodes[n];
+            if (!(nd->flags & SG_N_UNIFORM) || nd->ubudget == UINT32_MAX) continue;
+            const struct sg_node *t = &g->nodes[nd->utarget];
+            int compat = (t->flags & SG_N_UNIFORM) && !(nd->uset[0] & ~t->uset[0]) && !(nd->uset[1] & ~t->uset[1]) &&
+                         (!(nd->flags & SG_N_UNICODE) || (t->flags & SG_N_UNICODE));
+            uint32_t b = !compat ? 1 : t->ubudget >= (1u << 30) ? UINT32_MAX : t->ubudget + 1;
+            int exact = compat ? (t->flags & SG_N_UEXACT) != 0 : takes_none(g, t, nd);
+            if (b > nd->ubudget || exact != !!(nd->flags & SG_N_UEXACT)) {
+                nd->ubudget = MAX(nd->ubudget, b);
+                nd->flags = exact ? nd->flags | SG_N_UEXACT : nd->flags & ~(uint32_t)SG_N_UEXACT;
+                ch = 1;
+            }
+        }
     }
 }
 
@@ -1126,15 +1214,7 @@ int sg_grammar_build(struct sg_ir *ir, int root, struct sg_grammar **out) {
         if (nd->n_edges > 1) qsort(g->edges + nd->edge0, (size_t)nd->n_edges, sizeof *g->edges, cmp_edges);
     }
     set_mincomp(g);
-    for (int n = 0; n < g->n_nodes; n++) {
-        struct sg_node *nd = &g->nodes[n];
-        for (int k = 0; k < nd->n_edges; k++) {
-            const struct sg_edge *e = &g->edges[nd->edge0 + k];
-            if (e->to != n) continue;
-            for (int b = e->lo; b <= e->hi && b < 128; b++) nd->loop[b >> 6] |= 1ull << (b & 63);
-        }
-    }
-    set_uloop(g);
+    set_uniform(g);
     set_follow(g);
     *out = g;
     return VLLM_OK;

@@ -107,7 +107,9 @@ enum {
     SG_N_ACCEPT = 1,     // the rule may end here
     SG_N_EPS_ACCEPT = 2, // ... or after nullable calls only
     SG_N_FINAL = 4,      // accepting with no edges and no calls
-    SG_N_ULOOP = 8,      // every non-ASCII character leads back here (no calls on the way)
+    SG_N_UNIFORM = 8,    // a uniform character position (sg_compile.c: set_uniform)
+    SG_N_UNICODE = 16,   // ... whose characters include all of non-ASCII
+    SG_N_UEXACT = 32,    // ... whose budget is exact
 };
 
 struct sg_node {
@@ -116,11 +118,13 @@ struct sg_node {
     int32_t rule;
     uint32_t flags;
     uint32_t mincomp; // fewest bytes that complete the rule from here
-    uint64_t loop[2]; // ASCII bytes with an edge back to this node
-    // Inside a character of a SG_N_ULOOP node: that node, and the UTF-8
-    // decoder state here (sg_vocab.c); the node itself has ubase = itself, 0.
-    int32_t ubase;
+    // SG_N_UNIFORM: the ASCII bytes going to utarget, and the character budget.
+    // Inside a character of a uniform node: ubase = that node and the UTF-8
+    // decoder state here (sg_vocab.c); a uniform node has ubase = itself, 0.
+    uint64_t uset[2];
+    int32_t utarget, ubase;
     uint8_t ustate;
+    uint32_t ubudget;
 };
 
 struct sg_cache;
@@ -158,6 +162,9 @@ struct sg_vocab {
     uint64_t (*desc)[2];  // ASCII bytes below node i (not its own)
     uint8_t *desc_high;   // a byte >= 0x80 below node i
     uint8_t *clean;       // bit q: the bytes below i continue valid UTF-8 from decoder state q
+    uint16_t *maxc;       // the most characters below node i (UTF-8 lead and ASCII bytes)
+    uint16_t *pchars;     // characters on the path to node i
+    uint16_t *chars;      // [vocab_size] each token's characters
     int32_t *tok;         // [n_tok] ids in byte order
     int n_tok;
     char **bytes;         // [vocab_size] each id's bytes (NULL: never allowed)

@@ -275,7 +275,7 @@ static int trie_step(struct walker *w, int d, uint8_t b) {
     if (s->n == 1) {
         int32_t n = w->f->node[s->v[0]];
         const struct sg_node *nd = &w->g->nodes[n];
-        if (!nd->n_calls && b < 128 && ((nd->loop[b >> 6] >> (b & 63)) & 1)) {
+        if (nd->utarget == n && !nd->n_calls && b < 128 && ((nd->uset[b >> 6] >> (b & 63)) & 1)) {
             w->st[d + 1].n = 0;
             sg_set_add(&w->st[d + 1], s->v[0]);
             w->pop[d + 1] = w->pop[d];
@@ -285,24 +285,26 @@ static int trie_step(struct walker *w, int d, uint8_t b) {
     return walk_step(w, d, b);
 }
 
-// Whether every string of bytes below trie node i keeps the walk alive from
-// the one frame at depth d: its node loops on all their ASCII bytes, or it
-// is inside a JSON-string-like character loop (SG_N_ULOOP) and they
-// continue valid UTF-8 whose ASCII bytes loop there.
-static int loops_below(const struct walker *w, const struct sg_vocab *v, int i, int d) {
+// Whether the strings below trie node i are all made of the characters of
+// the uniform node the one frame at depth d is at (or inside a character
+// of): ASCII bytes of its set, and valid UTF-8 when it takes all of
+// non-ASCII (else none). Then *budget is how many characters below i stay
+// alive (more die when *exact).
+static int uniform_below(const struct walker *w, const struct sg_vocab *v, int i, int d, uint32_t *budget,
+                         int *exact) {
     const struct sg_set *s = &w->st[d];
     if (s->n != 1) return 0;
     const struct sg_grammar *g = w->g;
-    int32_t n = w->f->node[s->v[0]];
-    const struct sg_node *nd = &g->nodes[n];
-    if (nd->n_calls) return 0;
-    if (nd->ubase >= 0) {
-        if (!((v->clean[i] >> nd->ustate) & 1)) return 0;
-        nd = &g->nodes[nd->ubase];
-    } else if (v->desc_high[i]) {
-        return 0;
-    }
-    return !(v->desc[i][0] & ~nd->loop[0]) && !(v->desc[i][1] & ~nd->loop[1]);
+    const struct sg_node *nd = &g->nodes[w->f->node[s->v[0]]];
+    if (nd->n_calls || nd->ubase < 0) return 0;
+    int q = nd->ustate;
+    nd = &g->nodes[nd->ubase];
+    if (v->desc_high[i] && !((nd->flags & SG_N_UNICODE) && ((v->clean[i] >> q) & 1))) return 0;
+    if ((v->desc[i][0] & ~nd->uset[0]) || (v->desc[i][1] & ~nd->uset[1])) return 0;
+    // inside a character the budget's first one is under way
+    *budget = nd->ubudget == UINT32_MAX ? UINT32_MAX : nd->ubudget - (q != 0);
+    *exact = (nd->flags & SG_N_UEXACT) != 0;
+    return 1;
 }
 
 // The trie walk from the frames of n's own rule (closed, at depth 0).
@@ -321,8 +323,18 @@ static void trie_walk(struct builder *b, struct walker *w) {
             continue;
         }
         npop[d] = (uint16_t)(npop[d - 1] + w->pop[d]);
-        if (loops_below(w, v, i, d)) { // the whole subtree is accepted
-            for (int k = v->lo[i]; k < v->lo[v->end[i]]; k++) set_acc(b->acc, v->tok[k]);
+        uint32_t budget;
+        int exact;
+        if (uniform_below(w, v, i, d, &budget, &exact) && (v->maxc[i] <= budget || exact)) {
+            // decided without walking: all of it, or by each token's length
+            int lo = v->lo[i], hi = v->lo[v->end[i]];
+            if (v->maxc[i] <= budget) {
+                for (int k = lo; k < hi; k++) set_acc(b->acc, v->tok[k]);
+            } else {
+                uint32_t limit = budget + v->pchars[i];
+                for (int k = lo; k < hi; k++)
+                    if (v->chars[v->tok[k]] <= limit) set_acc(b->acc, v->tok[k]);
+            }
             i = v->end[i];
             continue;
         }

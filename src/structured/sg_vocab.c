@@ -56,6 +56,10 @@ static void close_node(struct sg_vocab *v, const int32_t *path, int d, int nn) {
         if (t >= 0 && ((v->clean[i] >> t) & 1)) ok |= (uint8_t)(1u << q);
     }
     v->clean[p] &= ok;
+    // maxc holds the most characters of a token through the node until the
+    // node closes; then it becomes the count below it
+    v->maxc[p] = (uint16_t)MAX(v->maxc[p], v->maxc[i]);
+    v->maxc[i] = (uint16_t)(v->maxc[i] - v->pchars[i]);
     if (b < 128) v->desc[p][b >> 6] |= 1ull << (b & 63);
     else v->desc_high[p] = 1;
     v->desc[p][0] |= v->desc[i][0];
@@ -69,6 +73,7 @@ struct sg_vocab *sg_vocab_create(const struct tokenizer *t, const int32_t *eos_i
     v->vocab_size = V;
     v->bytes = xcalloc((size_t)V, sizeof *v->bytes);
     v->len = xcalloc((size_t)V, sizeof *v->len);
+    v->chars = xcalloc((size_t)V, sizeof *v->chars);
     v->eos = xmalloc((size_t)MAX(num_eos, 1) * sizeof *v->eos);
     for (int i = 0; i < num_eos; i++)
         if (eos_ids[i] >= 0 && eos_ids[i] < V) v->eos[v->n_eos++] = eos_ids[i];
@@ -104,10 +109,12 @@ struct sg_vocab *sg_vocab_create(const struct tokenizer *t, const int32_t *eos_i
     v->desc = xmalloc((size_t)cap * sizeof *v->desc);
     v->desc_high = xmalloc((size_t)cap);
     v->clean = xmalloc((size_t)cap);
+    v->maxc = xmalloc((size_t)cap * sizeof *v->maxc);
+    v->pchars = xmalloc((size_t)cap * sizeof *v->pchars);
     int32_t *path = xmalloc((size_t)(v->max_len + 1) * sizeof *path);
     int nn = 1, plen = 0;
     v->byte[0] = 0, v->depth[0] = 0, v->lo[0] = 0, v->n_end[0] = 0;
-    v->desc[0][0] = v->desc[0][1] = 0, v->desc_high[0] = 0, v->clean[0] = 0xFF;
+    v->desc[0][0] = v->desc[0][1] = 0, v->desc_high[0] = 0, v->clean[0] = 0xFF, v->maxc[0] = 0, v->pchars[0] = 0;
     path[0] = 0;
     for (int k = 0; k < n; k++) {
         const struct tok_ref *r = &refs[k];
@@ -130,6 +137,8 @@ struct sg_vocab *sg_vocab_create(const struct tokenizer *t, const int32_t *eos_i
                 v->desc = xrealloc(v->desc, (size_t)cap * sizeof *v->desc);
                 v->desc_high = xrealloc(v->desc_high, (size_t)cap);
                 v->clean = xrealloc(v->clean, (size_t)cap);
+                v->maxc = xrealloc(v->maxc, (size_t)cap * sizeof *v->maxc);
+                v->pchars = xrealloc(v->pchars, (size_t)cap * sizeof *v->pchars);
             }
             v->byte[nn] = r->p[d - 1];
             v->depth[nn] = (uint16_t)d;
@@ -138,13 +147,17 @@ struct sg_vocab *sg_vocab_create(const struct tokenizer *t, const int32_t *eos_i
             v->desc[nn][0] = v->desc[nn][1] = 0;
             v->desc_high[nn] = 0;
             v->clean[nn] = 0xFF;
+            v->pchars[nn] = (uint16_t)(v->pchars[path[d - 1]] + ((r->p[d - 1] & 0xC0) != 0x80));
+            v->maxc[nn] = v->pchars[nn];
             path[d] = nn++;
         }
         plen = r->len;
         v->n_end[path[r->len]]++;
+        v->chars[r->id] = v->pchars[path[r->len]];
     }
     for (int d = plen; d > 0; d--) close_node(v, path, d, nn);
     v->end[0] = nn;
+    v->maxc[0] = (uint16_t)(v->maxc[0] - v->pchars[0]);
     v->lo[nn] = n;
     v->n_nodes = nn;
     free(path);
@@ -166,6 +179,9 @@ void sg_vocab_free(struct sg_vocab *v) {
     free(v->desc);
     free(v->desc_high);
     free(v->clean);
+    free(v->maxc);
+    free(v->pchars);
+    free(v->chars);
     free(v->tok);
     free(v);
 }
