@@ -1181,6 +1181,7 @@ int sg_grammar_build(struct sg_ir *ir, int root, struct sg_grammar **out) {
         for (int i = 0; i < todo.n && !rc; i++) rc = refs_check(ir, ir->body[todo.v[i]], used, &todo);
     }
     struct sg_grammar *g = xcalloc(1, sizeof *g);
+    atomic_init(&g->refs, 1);
     g->n_rules = ir->n_rules;
     g->root = root;
     g->rule_start = xmalloc((size_t)ir->n_rules * sizeof *g->rule_start);

@@ -139,6 +139,7 @@ struct sg_grammar {
     int n_rules, root;
     uint64_t (*follow)[4]; // [n_rules] bytes that can come right after the rule ends
     _Atomic(struct sg_cache *) caches; // per vocabulary (sg_mask.c), a list
+    _Atomic int refs;
 };
 
 void sg_caches_free(struct sg_grammar *g); // sg_mask.c

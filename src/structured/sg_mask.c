@@ -350,6 +350,13 @@ static void trie_walk(struct builder *b, struct walker *w) {
     free(path);
 }
 
+// Without -mpopcnt (the x86-64 baseline) __builtin_popcount is a libgcc call.
+static inline int popcount32(uint32_t x) {
+    x = x - ((x >> 1) & 0x55555555u);
+    x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+    return (int)((((x + (x >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+}
+
 static int cmp_rem(const void *a, const void *b) {
     const struct rem *x = a, *y = b;
     int n = MIN(x->len, y->len), c = memcmp(x->p, y->p, (size_t)n);
@@ -390,7 +397,7 @@ static struct sg_entry *finish(struct builder *b) {
         }
     }
     int cnt = 0;
-    for (int i = 0; i < words; i++) cnt += __builtin_popcount(b->acc[i]);
+    for (int i = 0; i < words; i++) cnt += popcount32(b->acc[i]);
     e->n_acc = cnt;
     if (cnt <= words) { // sparse: a list no longer than the bitmask
         e->acc = xmalloc((size_t)MAX(cnt, 1) * sizeof *e->acc);
@@ -501,4 +508,10 @@ void sg_cache_stats(struct sg_cache *c, const struct sg_grammar *g, struct sg_ca
         st->walked += e->walked;
         st->candidates += e->n_cand;
     }
+}
+
+void sg_grammar_warm(const struct sg_grammar *g, const struct sg_vocab *v) {
+    struct sg_cache *c = sg_cache_get(g, v);
+    for (int n = 0; n < g->n_nodes; n++)
+        if (g->nodes[n].n_edges || g->nodes[n].n_calls) sg_entry_get(c, g, n);
 }

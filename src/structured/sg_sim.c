@@ -144,8 +144,13 @@ int sg_grammar_viable(const struct sg_grammar *g, const char *s, size_t n, int *
     return ok;
 }
 
+struct sg_grammar *sg_grammar_ref(struct sg_grammar *g) {
+    atomic_fetch_add(&g->refs, 1);
+    return g;
+}
+
 void sg_grammar_free(struct sg_grammar *g) {
-    if (!g) return;
+    if (!g || atomic_fetch_sub(&g->refs, 1) > 1) return;
     sg_caches_free(g);
     free(g->nodes);
     free(g->edges);

@@ -44,7 +44,25 @@ int sg_compile_json_object(struct sg_grammar **out);
 int sg_compile_regex(const char *re, struct sg_grammar **out);
 // Exactly one of the n strings.
 int sg_compile_choice(const char *const *choices, int n, struct sg_grammar **out);
+// Grammars are reference-counted: sg_grammar_free drops one reference.
+struct sg_grammar *sg_grammar_ref(struct sg_grammar *g);
 void sg_grammar_free(struct sg_grammar *g);
+// Fills the grammar's whole mask cache for v now (otherwise each entry is
+// computed on first use, inside some step's sg_matcher_fill_mask). For an
+// engine that compiles off the step path, as vLLM does, before scheduling
+// the request: then every step is a cache hit.
+void sg_grammar_warm(const struct sg_grammar *g, const struct sg_vocab *v);
+
+// Compiled grammars by request spec (agents send the same schemas and tools
+// every turn): a registry compiles on a miss and hands out references; it
+// keeps the `capacity` most recently used. Thread-safe.
+enum sg_spec { SG_SPEC_JSON_SCHEMA, SG_SPEC_JSON_OBJECT, SG_SPEC_REGEX, SG_SPEC_CHOICE, SG_SPEC_GBNF };
+struct sg_registry;
+struct sg_registry *sg_registry_create(int capacity);
+// spec: the schema; a JSON string (regex, GBNF); an array of strings
+// (choice); ignored for json_object. *out is a new reference.
+int sg_registry_get(struct sg_registry *r, enum sg_spec kind, const json_t *spec, struct sg_grammar **out);
+void sg_registry_free(struct sg_registry *r);
 
 // --------------------------------------------------------------- vocabulary --
 
