@@ -160,7 +160,10 @@ static void check_gbnf(const char *src, const struct sg_vocab *v, const char *na
         CHECKF(0, "%s: %s", name, vllm_last_error());
         return;
     }
-    for (int w = 0; w < walks; w++) walk(g, v, name);
+    for (int w = 0; w < walks; w++) {
+        if (w == walks - 1) sg_grammar_warm(g, v); // the last walk on a fully computed cache
+        walk(g, v, name);
+    }
     sg_grammar_free(g);
 }
 

@@ -241,8 +241,32 @@ static void test_schema(void) {
     schema_err("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "bounds");
 }
 
+// ------------------------------------------------------------- registry --
+
+static void test_registry(void) {
+    struct sg_registry *r = sg_registry_create(2);
+    json_t *a = json_loads("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}", 0, NULL);
+    json_t *a2 = json_loads("{\"properties\":{\"x\":{\"type\":\"integer\"}},\"type\":\"object\"}", 0, NULL);
+    json_t *re = json_string("[0-9]+"), *bad = json_string("(");
+    struct sg_grammar *g1, *g2, *g3, *g4;
+    CHECK(sg_registry_get(r, SG_SPEC_JSON_SCHEMA, a, &g1) == 0);
+    CHECK(sg_registry_get(r, SG_SPEC_JSON_SCHEMA, a2, &g2) == 0 && g1 == g2); // keys in another order: one grammar
+    CHECK(sg_registry_get(r, SG_SPEC_REGEX, re, &g3) == 0 && g3 != g1 && verdict(g3, "12") == 'A');
+    CHECK(sg_registry_get(r, SG_SPEC_JSON_OBJECT, NULL, &g4) == 0 && verdict(g4, "{}") == 'A'); // evicts the schema
+    struct sg_grammar *g5;
+    CHECK(sg_registry_get(r, SG_SPEC_JSON_SCHEMA, a, &g5) == 0 && g5 != g1); // compiled again
+    CHECK(verdict(g1, "{\"x\": 1}") == 'A'); // the evicted grammar lives on by its references
+    sg_grammar_free(g1), sg_grammar_free(g2), sg_grammar_free(g3), sg_grammar_free(g4), sg_grammar_free(g5);
+    struct sg_grammar *none = (struct sg_grammar *)1;
+    expect_err(sg_registry_get(r, SG_SPEC_REGEX, bad, &none), "missing ')'", "registry error");
+    CHECK(none == NULL);
+    sg_registry_free(r); // frees the grammars it still holds (ASan: no leak)
+    json_decref(a), json_decref(a2), json_decref(re), json_decref(bad);
+}
+
 int main(void) {
     test_gbnf();
+    test_registry();
     test_regex();
     test_choice_object();
     test_schema();
