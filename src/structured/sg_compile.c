@@ -12,7 +12,7 @@
 #include "core/common.h"
 #include "structured/sg_internal.h"
 
-#define NFA_MAX_STATES (1 << 21) // per rule
+#define NFA_MAX_STATES (1 << 19) // per rule
 #define DFA_MAX_STATES 60000     // per rule; beyond: epsilon-free NFA
 
 // ------------------------------------------------------------------- NFA --

@@ -88,7 +88,7 @@ struct sg_matcher *sg_matcher_create(const struct sg_grammar *g, const struct sg
     struct sg_matcher *m = xcalloc(1, sizeof *m);
     m->g = g;
     m->v = v;
-    m->cache = sg_cache_get(g, v);
+    m->cache = v ? sg_cache_get(g, v) : NULL;
     sg_frames_init(&m->f);
     sg_matcher_reset(m);
     return m;

@@ -75,6 +75,8 @@ int sg_vocab_size(const struct sg_vocab *v); // V: a mask has CDIV(V, 32) words
 
 // ------------------------------------------------------------------ matcher --
 
+// v may be NULL for a matcher used on bytes only (sg_matcher_accept_bytes,
+// sg_matcher_is_accepting).
 struct sg_matcher *sg_matcher_create(const struct sg_grammar *g, const struct sg_vocab *v);
 void sg_matcher_free(struct sg_matcher *m);
 // Advances by one token. VLLM_ERR_INVALID_ARGUMENT (state unchanged) when the
