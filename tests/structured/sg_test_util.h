@@ -75,8 +75,11 @@ static inline int32_t sgt_pick(struct sg_matcher *m, const struct sg_vocab *v, c
         if (sgt_bit(mask, v->eos[k])) return v->eos[k];
     int32_t best = -1;
     uint64_t best_rem = UINT64_MAX;
-    for (int s = 0; s < 48; s++) {
-        int32_t id = sgt_nth(mask, words, sgt_rand(n));
+    // random allowed ids, and the low ids (single bytes in byte-level
+    // vocabularies: the newline or '<' that ends free text)
+    for (int s = 0; s < 48 + 320; s++) {
+        int32_t id = s < 48 ? sgt_nth(mask, words, sgt_rand(n)) : s - 48;
+        if (s >= 48 && !sgt_bit(mask, id)) continue;
         if (sgt_is_eos(v, id)) continue;
         struct sg_matcher *probe = sg_matcher_clone(m);
         if (!sg_matcher_accept(probe, id)) {
