@@ -26,6 +26,11 @@ int tok_vocab_size(const struct tokenizer *t); // highest id + 1, added tokens i
 // The token's string in the vocabulary (not decoded), or NULL.
 const char *tok_id_to_piece(const struct tokenizer *t, int32_t id);
 int tok_is_special(const struct tokenizer *t, int32_t id);
+// The raw bytes id adds to a decoded text that precedes it (constrained
+// decoding matches grammars over these): written to buf up to cap bytes; returns
+// the full length (possibly more than cap, possibly invalid UTF-8: a token can
+// hold part of a character), or -1 for an id outside the vocabulary.
+int tok_token_bytes(const struct tokenizer *t, int32_t id, char *buf, int cap);
 
 // Streaming detokenizer + stop strings for one request. Each push returns the
 // text that can be shown now: never a partial UTF-8 sequence, and never text
