@@ -8,7 +8,7 @@
 
 // Keys per split: decode has one query per sequence, so it needs short splits
 // to give the GPU enough warps; a prefill has a warp per query already.
-#define SPLIT_DECODE 64
+#define SPLIT_DECODE 128
 #define SPLIT_PREFILL 512
 #define MAX_E (CUDA_MAX_HEAD_DIM / 32) // head_dim <= 256, checked at load
 
@@ -91,6 +91,92 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
     if (lane == 0) pp[a.Dh] = m, pp[a.Dh + 1] = l;
 }
 
+// q . k over a head: 16-byte loads when D % 8 == 0 (every head_dim in use)
+__device__ __forceinline__ float dot_row(const float *q, const __nv_bfloat16 *k, int D) {
+    float d = 0;
+    if (D % 8 == 0) {
+        for (int e = 0; e < D; e += 8) {
+            uint4 u = *(const uint4 *)(k + e);
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f = __bfloat1622float2(h[i]);
+                d += q[e + 2 * i] * f.x + q[e + 2 * i + 1] * f.y;
+            }
+        }
+        return d;
+    }
+    for (int e = 0; e < D; e++) d += q[e] * __bfloat162float(k[e]);
+    return d;
+}
+__device__ __forceinline__ float dot_row(const float *q, const float *k, int D) {
+    float d = 0;
+    if (D % 4 == 0) {
+        for (int e = 0; e < D; e += 4) {
+            float4 f = *(const float4 *)(k + e);
+            d += q[e] * f.x + q[e + 1] * f.y + q[e + 2] * f.z + q[e + 3] * f.w;
+        }
+        return d;
+    }
+    for (int e = 0; e < D; e++) d += q[e] * k[e];
+    return d;
+}
+
+// Decode: a warp per (token, head, split) as k_attn, but each lane takes a
+// key of every 32 (its dot product over the whole head, q from shared
+// memory), so the softmax costs two warp reductions per 32 keys instead of one
+// per key; then the 32 keys' weights and slots are broadcast to the lanes,
+// which own head_dim / 32 output columns each.
+template <typename T>
+__global__ void k_attn_dec(attn_args a, const T *kc, const T *vc) {
+    __shared__ float qs[4][32 * MAX_E];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int t = a.tok0 + blockIdx.x, h = blockIdx.y * (blockDim.x >> 5) + w, split = blockIdx.z;
+    if (h >= a.H) return;
+    int lo = a.seq0, hi = a.seq1 - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (a.qsl[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    int s = lo, kvh = h / (a.H / a.Hkv), kvd = a.Hkv * a.Dh, n = a.pos[t] + 1, D = a.Dh;
+    int j0 = split * a.split, j1 = min(n, j0 + a.split);
+    float *q = qs[w], acc[MAX_E];
+    int ne = 0;
+    for (int e = lane; e < D; e += 32) q[e] = a.qkv[(int64_t)t * a.ld + h * D + e] * a.scale, acc[ne++] = 0;
+    __syncwarp();
+    float m = -INFINITY, l = 0;
+    const int32_t *bt = a.btab + (int64_t)s * a.mbps;
+    for (int jb = j0; jb < j1; jb += 32) {
+        int j = jb + lane;
+        bool ok = j < j1;
+        int64_t slot = ok ? (int64_t)bt[j / a.bs] * a.bs + j % a.bs : 0;
+        float dot = -INFINITY;
+        if (ok) dot = dot_row(q, kc + slot * kvd + kvh * D, D);
+        float mx = dot;
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mn = fmaxf(m, mx), c = m == -INFINITY ? 0.0f : expf(m - mn), p = ok ? expf(dot - mn) : 0.0f;
+        l = l * c + warp_sum(p);
+        for (int i = 0; i < ne; i++) acc[i] *= c;
+        int nk = min(32, j1 - jb);
+        for (int jj = 0; jj < nk; jj++) {
+            float pj = __shfl_sync(0xffffffffu, p, jj);
+            int64_t sj = __shfl_sync(0xffffffffu, slot, jj);
+            const T *v = vc + sj * kvd + kvh * D;
+            for (int i = 0, e = lane; i < ne; i++, e += 32) acc[i] += pj * load_f(v + e);
+        }
+        m = mn;
+    }
+    if (a.nsplit == 1) {
+        float inv = l > 0 ? 1.0f / l : 0.0f;
+        for (int i = 0, e = lane; i < ne; i++, e += 32) a.out[(int64_t)t * a.H * D + h * D + e] = acc[i] * inv;
+        return;
+    }
+    float *pp = a.part + (((int64_t)(t - a.tok0) * a.H + h) * a.nsplit + split) * (D + 2);
+    for (int i = 0, e = lane; i < ne; i++, e += 32) pp[e] = acc[i];
+    if (lane == 0) pp[D] = m, pp[D + 1] = l;
+}
+
 // Merges the splits of one (token, head): rescale each by exp(m_i - max m).
 __global__ void k_attn_merge(attn_args a) {
     int t = a.tok0 + blockIdx.x, h = blockIdx.y;
@@ -128,7 +214,11 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
     int wpb = 4;
     dim3 grid(ntok, cdiv(d->heads, wpb), nsplit);
     cudaStream_t s = cu(be)->stream;
-    if (be->kv_dtype == DT_BF16)
+    bool dec = split == SPLIT_DECODE;
+    if (be->kv_dtype == DT_BF16 && dec)
+        k_attn_dec<<<grid, 32 * wpb, 0, s>>>(a, (const __nv_bfloat16 *)kc, (const __nv_bfloat16 *)vc);
+    else if (dec) k_attn_dec<<<grid, 32 * wpb, 0, s>>>(a, (const float *)kc, (const float *)vc);
+    else if (be->kv_dtype == DT_BF16)
         k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const __nv_bfloat16 *)kc, (const __nv_bfloat16 *)vc);
     else k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const float *)kc, (const float *)vc);
     LAUNCH_CHECK();
