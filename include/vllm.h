@@ -129,6 +129,9 @@ vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
 // -------------------------------------------------------------- requests --
 
+// Top log-probs a request may ask for per token, at most.
+#define VLLM_MAX_LOGPROBS 20
+
 struct vllm_sampling_params {
     float temperature;        // 0: greedy (default 1.0)
     float top_p;              // (0, 1], default 1

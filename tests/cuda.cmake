@@ -27,6 +27,10 @@ if(VLLM_CUDA)
                      --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype bfloat16
                      --golden-key greedy_bf16 --margin-key margins_bf16 --min-margin 0.2 --modes-agree --batch)
   endforeach()
+  # pure-decode steps replay recorded graphs (runner_graphs_captured, printed by generate)
+  add_test(NAME gpu_graphs COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/nh_dense
+           --golden ${VLLM_FIXTURES}/nh_dense/golden.json --device cuda --dtype float32 --batch)
+  set_tests_properties(gpu_graphs PROPERTIES PASS_REGULAR_EXPRESSION "graphs recorded [1-9]")
   get_property(gpu_tests DIRECTORY PROPERTY TESTS)
   foreach(t ${gpu_tests})
     if(t MATCHES "^gpu_")

@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "core/common.h"
 #include "core/json.h"
+#include "engine/engine.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -308,9 +309,10 @@ static int run_golden(struct vllm_engine *e, const struct golden_run *gr, const 
     }
     struct vllm_stats st;
     vllm_engine_stats(e, &st);
-    printf("steps %llu, preemptions %llu, prompt tokens %llu, generated %llu\n", (unsigned long long)st.num_steps,
-           (unsigned long long)st.num_preemptions, (unsigned long long)st.prompt_tokens_total,
-           (unsigned long long)st.generation_tokens_total);
+    printf("steps %llu, preemptions %llu, prompt tokens %llu, generated %llu, graphs recorded %d\n",
+           (unsigned long long)st.num_steps, (unsigned long long)st.num_preemptions,
+           (unsigned long long)st.prompt_tokens_total, (unsigned long long)st.generation_tokens_total,
+           runner_graphs_captured(e->runner));
     struct vllm_model_info info;
     vllm_engine_info(e, &info);
     if (info.prefix_caching) {

@@ -116,14 +116,6 @@ int json_req_double(const json_t *obj, const char *key, const char *what, double
     return VLLM_OK;
 }
 
-int json_req_bool(const json_t *obj, const char *key, const char *what, int *out) {
-    const json_t *v = json_object_get(obj, key);
-    if (!v) return vllm_err(VLLM_ERR_FORMAT, "%s: missing required key \"%s\"", what, key);
-    if (!json_is_boolean(v)) return vllm_err(VLLM_ERR_FORMAT, "%s: key \"%s\" must be true or false", what, key);
-    *out = json_is_true(v);
-    return VLLM_OK;
-}
-
 json_t *json_get_alias(const json_t *obj, const char *const *keys) {
     for (; *keys; keys++) {
         json_t *v = json_object_get(obj, *keys);

@@ -21,7 +21,6 @@ int json_as_double(const json_t *v, double *out);
 // naming `what` (e.g. the config path) and the key.
 int json_req_int(const json_t *obj, const char *key, const char *what, int64_t *out);
 int json_req_double(const json_t *obj, const char *key, const char *what, double *out);
-int json_req_bool(const json_t *obj, const char *key, const char *what, int *out);
 // The first of several aliases present (NULL-terminated list), or NULL.
 json_t *json_get_alias(const json_t *obj, const char *const *keys);
 

@@ -70,7 +70,6 @@ void team_free(struct team *t) {
     free(t);
 }
 
-int team_size(const struct team *t) { return t->n; }
 
 void team_run(struct team *t, void (*fn)(void *ctx, int rank), void *ctx) {
     if (t->n == 1) {

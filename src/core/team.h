@@ -9,7 +9,6 @@ struct team;
 
 struct team *team_create(int n); // n - 1 worker threads
 void team_free(struct team *t);
-int team_size(const struct team *t);
 // Calls fn(ctx, rank) for every rank in [0, n) at once, each on its own
 // thread; returns when all calls are done. Not reentrant.
 void team_run(struct team *t, void (*fn)(void *ctx, int rank), void *ctx);

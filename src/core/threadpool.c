@@ -152,7 +152,6 @@ void tpool_free(struct tpool *p) {
     free(p);
 }
 
-int tpool_size(const struct tpool *p) { return p->n; }
 
 // Indices [base, base + count) as one job (count <= MAX_COUNT).
 struct offset_ctx {

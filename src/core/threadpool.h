@@ -9,7 +9,6 @@ struct tpool;
 // n_threads total, the calling thread included (n_threads - 1 workers).
 struct tpool *tpool_create(int n_threads);
 void tpool_free(struct tpool *p);
-int tpool_size(const struct tpool *p);
 
 // Calls fn(ctx, i, thread) for every i in [0, n), spread over the pool's
 // threads (thread in [0, size)); returns when all calls are done. Not

@@ -8,7 +8,6 @@
 #include "engine/kv_cache.h"
 #include "tokenizer/tokenizer.h"
 
-#define MAX_LOGPROBS 20
 
 void vllm_sampling_params_default(struct vllm_sampling_params *p) {
     memset(p, 0, sizeof *p);
@@ -41,7 +40,7 @@ static int check_sampling(const struct vllm_sampling_params *sp) {
         BAD("frequency_penalty must be in [-2, 2], got %g", sp->frequency_penalty);
     if (sp->max_tokens < 1) BAD("max_tokens must be >= 1, got %d", sp->max_tokens);
     if (sp->min_tokens < 0 || sp->min_tokens > sp->max_tokens) BAD("min_tokens must be in [0, max_tokens]");
-    if (sp->logprobs > MAX_LOGPROBS) BAD("logprobs must be <= %d, got %d", MAX_LOGPROBS, sp->logprobs);
+    if (sp->logprobs > VLLM_MAX_LOGPROBS) BAD("logprobs must be <= %d, got %d", VLLM_MAX_LOGPROBS, sp->logprobs);
     if (sp->num_stop_token_ids < 0 || (sp->num_stop_token_ids && !sp->stop_token_ids)) BAD("bad stop_token_ids");
     if (sp->num_stop < 0 || (sp->num_stop && !sp->stop)) BAD("bad stop strings");
     for (int i = 0; i < sp->num_stop; i++)

@@ -202,7 +202,7 @@ static int engine_init(struct vllm_engine *e) {
     struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots,
                               p->enable_prefix_caching != 0, ckpts, interval};
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
-                               p->block_size, num_blocks, slots, 20, !getenv("VLLM_NO_GRAPHS"),
+                               p->block_size, num_blocks, slots, VLLM_MAX_LOGPROBS, !getenv("VLLM_NO_GRAPHS"),
                                ckpts, sched_max_ckpt_writes(&sc)};
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
     sched_init(&e->sched, &sc);

@@ -8,7 +8,6 @@
 #include "core/common.h"
 #include "server/server_internal.h"
 
-#define MAX_LOGPROBS 20
 #define MAX_STOP 64
 
 // The field, or NULL when it is absent or null (OpenAI's "not given").
@@ -392,11 +391,11 @@ static int get_logprobs(const json_t *body, struct gen_params *gp, struct api_er
         int k = -1;
         if (json_is_boolean(json_object_get(body, "logprobs")))
             return api_fail(err, 400, "logprobs", "'logprobs' must be an integer (the number of top logprobs)");
-        if (get_int(body, "logprobs", 0, MAX_LOGPROBS, &k, err)) return -1;
+        if (get_int(body, "logprobs", 0, VLLM_MAX_LOGPROBS, &k, err)) return -1;
         gp->logprobs = k;
     } else {
         int on = 0, k = 0;
-        if (get_bool(body, "logprobs", &on, err) || get_int(body, "top_logprobs", 0, MAX_LOGPROBS, &k, err)) return -1;
+        if (get_bool(body, "logprobs", &on, err) || get_int(body, "top_logprobs", 0, VLLM_MAX_LOGPROBS, &k, err)) return -1;
         if (k > 0 && !on) return api_fail(err, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
         gp->logprobs = on ? k : -1;
     }
