@@ -5,6 +5,7 @@
 #include "core/common.h"
 #include "core/json.h"
 #include "engine/engine.h"
+#include "models/quant.h"
 #include "tokenizer/tokenizer.h"
 
 // ------------------------------------------------------------------ load --
@@ -63,6 +64,8 @@ static int check_params(const struct vllm_engine_params *p) {
         strcmp(p->load_format, "dummy"))
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown load_format '%s' (expected auto, safetensors or dummy)",
                         p->load_format);
+    enum quant_mode qm;
+    TRY(quant_mode_parse(p->quantization, &qm));
     return VLLM_OK;
 }
 
@@ -185,8 +188,10 @@ static int engine_init(struct vllm_engine *e) {
     e->be = xcalloc(e->tp, sizeof *e->be);
     e->model = xcalloc(e->tp, sizeof *e->model);
     TRY(backend_create_group(p->device, e->tp, p->num_threads, kvdt, e->be));
+    enum quant_mode qm = QUANT_AUTO;
+    TRY(quant_mode_parse(p->quantization, &qm));
     struct model_load_opts o = {wfmt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,
-                                p->max_num_batched_tokens, p->max_num_seqs, p->max_model_len};
+                                p->max_num_batched_tokens, p->max_num_seqs, p->max_model_len, (int)qm};
     for (int k = 0; k < e->tp; k++) { // rank k loads its shards onto its device
         backend_bind(e->be[k]);
         TRY(model_load(e->model_dir, NULL, &o, e->be[k], &e->model[k]));
@@ -237,6 +242,7 @@ static void engine_destroy(struct vllm_engine *e) {
     free((char *)e->params.device);
     free((char *)e->params.dtype);
     free((char *)e->params.load_format);
+    free((char *)e->params.quantization);
     free((char *)e->params.kv_cache_dtype);
     free(e);
 }
@@ -252,6 +258,7 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->params.device = xstrdup(p->device ? p->device : "cpu");
     e->params.dtype = xstrdup(p->dtype ? p->dtype : "auto");
     e->params.load_format = xstrdup(p->load_format ? p->load_format : "auto");
+    e->params.quantization = xstrdup(p->quantization ? p->quantization : "auto");
     e->params.kv_cache_dtype = xstrdup(p->kv_cache_dtype ? p->kv_cache_dtype : "auto");
     e->model_dir = xstrdup(p->model);
     e->params.model = e->model_dir;
