@@ -160,11 +160,7 @@ static int parse_kda(const struct cfg_reader *r, const struct cfg_reader *la, st
 
 static int parse_mla(const struct cfg_reader *r, struct kl_config *c) {
     TRY(cfg_int(r, KEYS("num_attention_heads"), 1, CFG_MAX_HEADS, &c->heads));
-    int kvh = c->heads;
-    TRY(cfg_int_opt(r, KEYS("num_key_value_heads"), 1, CFG_MAX_HEADS, c->heads, &kvh));
-    if (kvh != c->heads) // kv_b_proj makes every head's K and V: a grouping would repeat them
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: num_key_value_heads (%d) other than num_attention_heads (%d) is not "
-                        "supported with MLA", r->what, kvh, c->heads);
+    // num_key_value_heads is not read: kv_b_proj makes every head's K and V from the one latent
     TRY(cfg_int(r, KEYS("kv_lora_rank"), 1, CFG_MAX_HEAD_DIM, &c->rank));
     TRY(cfg_int_opt(r, KEYS("q_lora_rank"), 1, CFG_MAX_HIDDEN, 0, &c->q_lora));
     if (!cfg_get(r, KEYS("q_lora_rank")))
