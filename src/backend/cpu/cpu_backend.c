@@ -345,6 +345,17 @@ int cpu_supports(struct backend *be, const struct op_query *q) {
         return cpu_reserve(be, sizeof(float) * A * ((size_t)w->dim + U + w->dim) + sizeof(int32_t) * 2 * A,
                            "the MoE experts");
     }
+    case OP_KDA: { // the q | k | v conv (conv1d_fwd) and one head's step
+        const struct kda_dims *d = q->kda;
+        size_t conv = sizeof(float) * (size_t)(d->conv_kernel - 1 + T) * 3 * d->heads * d->head_dim;
+        return cpu_reserve(be, MAX(conv, sizeof(float) * 3 * (size_t)d->head_dim), "Kimi Delta Attention");
+    }
+    case OP_MLA: {
+        const struct mla_dims *d = q->mla;
+        if (be->kv_dtype != DT_F32)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "MLA: the CPU backend keeps the KV cache in float32 only");
+        return cpu_reserve(be, sizeof(float) * ((size_t)2 * d->rank + d->rope + S), "multi-head latent attention");
+    }
     }
     return VLLM_OK;
 }
@@ -386,6 +397,12 @@ static const struct backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,
+    .kda_prefill = cpu_kda_prefill,
+    .kda_decode = cpu_kda_decode,
+    .kda_gate = cpu_kda_gate,
+    .head_norm_gate = cpu_head_norm_gate,
+    .mla_kv_write = cpu_mla_kv_write,
+    .mla_attn = cpu_mla_attn,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .sample = cpu_sample,

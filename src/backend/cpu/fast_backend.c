@@ -452,6 +452,13 @@ int fast_supports(struct backend *be, const struct op_query *q) {
             return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no float16 weights (use bfloat16 or float32)");
         return fast_moe_reserve(be, w, n, q->route->top_k);
     }
+    case OP_KDA:
+        // the reference's KDA ops (shared with this table) and the fast conv1d
+        if (q->kda->conv_kernel > 8)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path's conv1d takes conv_kernel <= 8, not %d",
+                            q->kda->conv_kernel);
+        return VLLM_OK;
+    case OP_MLA: return VLLM_OK; // the reference's MLA ops (plain fp32 arrays, no packed weights)
     }
     return VLLM_OK;
 }

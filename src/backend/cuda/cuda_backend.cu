@@ -703,6 +703,10 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         need = 4 * (3 * (size_t)(w->num_experts + 1) + 1 + 2 * nk) + 256 + 4 * (nk * (U + w->inter + w->dim) + T * w->dim);
         break;
     }
+    // Kimi-Linear's ops have only the CPU reference so far (issue 18): refused
+    // here at load, never a NULL op mid-run.
+    case OP_KDA: why = "Kimi Delta Attention (kda_prefill, kda_decode, kda_gate, head_norm_gate): not implemented"; break;
+    case OP_MLA: why = "multi-head latent attention (mla_kv_write, mla_attn): not implemented"; break;
     }
     if (why) return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend cannot run %s", why);
     return scratch_grow(be, need); // now: no step grows it (nor a graph's recording)
