@@ -405,6 +405,7 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->cfg.api_key = dup_or_null(cfg->api_key);
     s->cfg.model_path = xstrdup(cfg->model_path ? cfg->model_path : "");
     s->cfg.served_model_name = xstrdup(cfg->served_model_name ? cfg->served_model_name : s->cfg.model_path);
+    s->cfg.chat_template = dup_or_null(cfg->chat_template);
     pthread_mutex_init(&s->mu, NULL);
     metrics_init(&s->m);
     json_t *name = json_string(s->cfg.served_model_name); // it goes into every response
@@ -484,5 +485,6 @@ void server_free(struct server *s) {
     free((char *)s->cfg.api_key);
     free((char *)s->cfg.model_path);
     free((char *)s->cfg.served_model_name);
+    free((char *)s->cfg.chat_template);
     free(s);
 }

@@ -21,6 +21,9 @@ struct server_config {
     const char *model_path;        // shown as "root" in /v1/models
     size_t max_body_bytes;         // larger request bodies get 413
     int io_timeout_s;              // idle connections, stalled writes, and a request's whole read
+    int priority_scheduling;       // --scheduling-policy priority: requests may set "priority"
+    const char *chat_template;     // --chat-template: Jinja source for every chat request (NULL: the model's)
+    int trust_request_chat_template; // a request's own "chat_template" is allowed
 };
 void server_config_default(struct server_config *c);
 
