@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -32,7 +33,11 @@ static void usage(FILE *f) {
             "  --scheduling-policy P        fcfs (default) or priority: requests' \"priority\" field orders\n"
             "                               the waiting queue (lower first) and the least urgent is preempted first\n"
             "  --chat-template T            a template file, or the Jinja source itself, for every chat request\n"
-            "  --trust-request-chat-template  let requests send their own \"chat_template\"\n\n"
+            "  --trust-request-chat-template  let requests send their own \"chat_template\"\n"
+            "  --allowed-origins JSON       CORS: allowed origins (default [\"*\"])\n"
+            "  --allowed-methods JSON       CORS: allowed methods (default [\"*\"])\n"
+            "  --allowed-headers JSON       CORS: allowed headers (default [\"*\"])\n"
+            "  --allow-credentials          CORS: allow credentials (the origin is echoed, not \"*\")\n\n"
             "engine:\n%s",
             cli_engine_help);
 }
@@ -89,6 +94,24 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
     printf("vllm serve: tokenizer %s, chat template %s\n", in.has_tokenizer ? "yes" : "no (token-id prompts only)",
            in.has_chat_template ? "yes" : "no (no /v1/chat/completions)");
     return VLLM_OK;
+}
+
+// The model loads on its own thread while the server already answers
+// (/health 503, every model route 503), as vLLM's API server does.
+struct loader {
+    const struct vllm_engine_params *ep;
+    struct server *srv;
+};
+
+static void *loader_main(void *arg) {
+    struct loader *l = arg;
+    struct vllm_engine *e = NULL;
+    // docs/ENVIRONMENT.md: a test holds the load back to see the server answer meanwhile
+    const char *delay = getenv("VLLM_TEST_LOAD_DELAY_MS");
+    if (delay) usleep((useconds_t)atoi(delay) * 1000);
+    int rc = load(l->ep, &e);
+    server_set_engine(l->srv, rc ? NULL : e, rc);
+    return NULL;
 }
 
 // An API key: printable ASCII, no spaces (it is compared with what follows
@@ -176,6 +199,10 @@ int cli_serve(int argc, char **argv) {
         }
         else if (!strcmp(f, "--chat-template")) { VAL(); chat_template = v; }
         else if (!strcmp(f, "--trust-request-chat-template")) sc.trust_request_chat_template = 1;
+        else if (!strcmp(f, "--allowed-origins")) { VAL(); sc.allowed_origins = v; }
+        else if (!strcmp(f, "--allowed-methods")) { VAL(); sc.allowed_methods = v; }
+        else if (!strcmp(f, "--allowed-headers")) { VAL(); sc.allowed_headers = v; }
+        else if (!strcmp(f, "--allow-credentials")) sc.allow_credentials = 1;
         else {
             fprintf(stderr, "vllm serve: unknown option '%s'\n", f);
             usage(stderr);
@@ -211,17 +238,24 @@ int cli_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); // a client that left is noticed by the server, not by a signal
     sc.model_path = ep.model;
     if (!sc.served_model_name) sc.served_model_name = name = default_name(ep.model);
-    struct vllm_engine *e;
     struct server *s = NULL;
-    int rc = load(&ep, &e);
-    if (!rc && (rc = server_create(e, &sc, &s))) fprintf(stderr, "vllm serve: %s\n", vllm_last_error());
+    int rc = server_create(NULL, &sc, &s);
     if (rc) {
+        fprintf(stderr, "vllm serve: %s\n", vllm_last_error());
         free(key), free(name), free(tmpl);
         return 1;
     }
-    printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", sc.served_model_name, sc.host,
-           server_port(s));
+    printf("vllm serve: listening on %s port %d; /health is 503 until the model is loaded\n", sc.host, server_port(s));
+    struct loader l = {&ep, s};
+    pthread_t th;
+    if (pthread_create(&th, NULL, loader_main, &l)) {
+        fprintf(stderr, "vllm serve: cannot start the loading thread\n");
+        server_free(s);
+        free(key), free(name), free(tmpl);
+        return 1;
+    }
     rc = server_run(s);
+    pthread_join(th, NULL); // a signal during the load waits for it: it cannot be interrupted
     server_free(s);
     free(key), free(name), free(tmpl);
     printf("vllm serve: stopped\n");

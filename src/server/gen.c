@@ -81,6 +81,8 @@ void gen_on_output(void *user, const struct vllm_output *o) {
         else hist_observe(&s->m.itl, now - g->t_last);
         g->t_last = now;
     }
+    if (o->finish_reason == VLLM_FINISH_ERROR && (o->status == VLLM_ERR_BACKEND || o->status == VLLM_ERR_INTERNAL))
+        s->fatal = 1; // the device or the engine broke: /health says so
     if (o->finish_reason != VLLM_FINISH_NONE) {
         if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - g->t_arrival);
         s->m.finished[finish_index(o->finish_reason)]++;

@@ -195,11 +195,25 @@ struct server *server_of_http(void *http);
 // The reason phrase of an HTTP status.
 const char *http_reason(int status);
 
+// --------------------------------------------------------------- CORS --
+
+struct str_list {
+    char **v;
+    int n, cap;
+};
+void str_list_free(struct str_list *l);
+// Parses --allowed-origins / --allowed-methods / --allowed-headers.
+int cors_init(struct server *s);
+void cors_free(struct server *s);
+// First in on_request: adds the CORS headers for an allowed Origin, and
+// answers a preflight (then returns 1).
+int cors_handle(struct server *s, struct evhttp_request *req);
+
 // -------------------------------------------------------------- server --
 
 struct server {
     struct server_config cfg; // strings owned
-    struct vllm_engine *engine;
+    struct vllm_engine *engine; // NULL while the model loads (server_set_engine)
     struct vllm_model_info info;
     struct event_base *base;
     struct evhttp *http;
@@ -237,6 +251,15 @@ struct server {
     struct job *todo, *todo_tail, *done;
     struct event *work_wake;
     int num_jobs; // submitted, not yet answered or dropped (loop thread)
+
+    struct str_list cors_origins, cors_methods, cors_headers;
+    // loading (server_set_engine): the loaded engine waits here, under mu,
+    // until the loop thread adopts it
+    struct vllm_engine *loaded;
+    int load_status;     // != VLLM_OK: the load failed, the server exits
+    int load_done;       // under mu
+    struct event *loaded_ev;
+    int fatal;           // under mu: a request failed with a device or internal error: /health is 503
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.
