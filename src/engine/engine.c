@@ -66,6 +66,9 @@ static int check_params(const struct vllm_engine_params *p) {
                         p->load_format);
     enum quant_mode qm;
     TRY(quant_mode_parse(p->quantization, &qm));
+    if (p->scheduling_policy && strcmp(p->scheduling_policy, "fcfs") && strcmp(p->scheduling_policy, "priority"))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown scheduling_policy '%s' (expected fcfs or priority)",
+                        p->scheduling_policy);
     return VLLM_OK;
 }
 
@@ -205,7 +208,7 @@ static int engine_init(struct vllm_engine *e) {
     int64_t ckpt_bytes;
     TRY(size_ckpts(e, num_blocks, &interval, &ckpts, &ckpt_bytes));
     struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots,
-                              p->enable_prefix_caching != 0, ckpts, interval};
+                              p->enable_prefix_caching != 0, ckpts, interval, e->priority};
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
                                p->block_size, num_blocks, slots, VLLM_MAX_LOGPROBS, !getenv("VLLM_NO_GRAPHS"),
                                ckpts, sched_max_ckpt_writes(&sc)};
@@ -260,6 +263,8 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->params.load_format = xstrdup(p->load_format ? p->load_format : "auto");
     e->params.quantization = xstrdup(p->quantization ? p->quantization : "auto");
     e->params.kv_cache_dtype = xstrdup(p->kv_cache_dtype ? p->kv_cache_dtype : "auto");
+    e->priority = p->scheduling_policy && !strcmp(p->scheduling_policy, "priority");
+    e->params.scheduling_policy = NULL; // the caller's string is not kept
     e->model_dir = xstrdup(p->model);
     e->params.model = e->model_dir;
     size_t n = strlen(e->model_dir);
@@ -351,6 +356,11 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     o.error = error;
     o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     o.num_cached_tokens = MAX(r->num_cached, 0);
+    o.stop_token_id = -1;
+    if (reason == VLLM_FINISH_STOP) {
+        o.stop_token_id = r->stop_token;
+        o.stop_str = r->stop_token < 0 && r->ts ? text_stream_stop(r->ts) : NULL;
+    }
     r->cb(r->user, &o);
 }
 
@@ -388,7 +398,10 @@ static int is_eos(const struct vllm_engine *e, int32_t id) {
 static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, int32_t id, int num_output) {
     if (num_output >= r->sp.min_tokens) {
         for (int i = 0; i < r->sp.num_stop_token_ids; i++)
-            if (r->stop_ids[i] == id) return VLLM_FINISH_STOP;
+            if (r->stop_ids[i] == id) {
+                r->stop_token = id; // vLLM's stop_reason
+                return VLLM_FINISH_STOP;
+            }
         if (!r->sp.ignore_eos && is_eos(e, id)) return VLLM_FINISH_EOS;
     }
     return VLLM_FINISH_NONE;
