@@ -2,7 +2,7 @@
 // load; each key's other spelling (linear_attn_config vs flat keys vs
 // layer_types, mlp_layer_types vs first_k_dense_replace, the MoE aliases)
 // loads the same model; an option this engine lacks, or a key the model
-// needs that is missing, is an error naming that key.
+// needs that is missing, is an error naming that key; so is tensor parallelism.
 #include "core/common.h"
 #include "core/json.h"
 #include "models/model.h"
@@ -146,6 +146,15 @@ int main(void) {
         CHECKF(rc != 0 && strstr(msg, bads[i].needle), "%s %s: an error naming %s, got %d \"%s\"", bads[i].fx,
                bads[i].edits[0], bads[i].needle, rc, msg);
         json_decref(c);
+    }
+    // tensor parallelism: refused at load, naming the setting (rank 0 of a 2-rank CPU group)
+    struct backend *grp[2];
+    if (!backend_create_group("cpu", 2, 2, DT_F32, grp)) {
+        int rc = try_load(grp[0], "kimi_linear", base[0], msg, sizeof msg);
+        CHECKF(rc != 0 && strstr(msg, "tensor_parallel_size"), "tp 2: an error naming tensor_parallel_size: %s", msg);
+        backend_free(grp[0]), backend_free(grp[1]);
+    } else {
+        CHECKF(0, "a 2-rank CPU group: %s", vllm_last_error());
     }
     json_decref(base[0]);
     json_decref(base[1]);
