@@ -90,6 +90,9 @@ int main(void) {
         {"kimi_linear", "transformers' MoE names",
          E("num_experts=", "num_local_experts=8", "num_experts_per_token=", "num_experts_per_tok=2", "moe_renormalize=",
            "norm_topk_prob=true", "num_expert_group=", "n_group=2", "num_shared_experts=", "n_shared_experts=1")},
+        {"kimi_linear", "use_grouped_topk false with one group, later options off",
+         E("use_grouped_topk=false", "num_expert_group=1", "topk_group=1", "mla_use_output_gate=false",
+           "routed_expert_hidden_size=null")},
         {"kimi_linear", "num_key_value_heads 1 (MLA: every head from the one latent)", E("num_key_value_heads=1")},
         {"kimi_linear", "qk_rope_head_dim 0 (NoPE without the shared part)", E("qk_rope_head_dim=0", "x=0")},
     };
@@ -109,6 +112,9 @@ int main(void) {
     const struct bad_case bads[] = {
         {"kimi_linear", E("hidden_act=\"situ\""), "hidden_act"},
         {"kimi_linear", E("attn_res_block_size=4"), "attn_res_block_size"},
+        {"kimi_linear", E("mla_use_output_gate=true"), "mla_use_output_gate"},
+        {"kimi_linear", E("use_grouped_topk=false"), "use_grouped_topk"},
+        {"kimi_linear", E("routed_expert_hidden_size=32"), "routed_expert_hidden_size"},
         {"kimi_linear", E("moe_router_activation_func=\"softmax\""), "moe_router_activation_func"},
         {"kimi_linear", E("mla_use_nope=false"), "mla_use_nope"},
         {"kimi_linear", E("forget_gate_lower_bound=-5.0"), "forget_gate_lower_bound"},
