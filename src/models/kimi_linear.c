@@ -313,6 +313,33 @@ static int load_weights(struct lm *m, struct loader *l, const struct kl_config *
     return VLLM_OK;
 }
 
+// Tensor parallelism splits KDA and MLA heads whole (docs/TENSOR_PARALLEL.md);
+// MLP and expert widths split unevenly but must leave every rank a part.
+static int check_tp(const struct kl_config *c, const struct backend *be, const char *what) {
+    int tp = be->tp_size, any_kda = count(c->kda, c->layers), any_moe = count(c->moe, c->layers);
+    const char *why = "tensor_parallel_size";
+    if (tp == 1) return VLLM_OK;
+    if (!be->ops->all_reduce || !be->ops->all_gather)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "backend %s has no collectives: it cannot run %s %d", be->ops->name, why, tp);
+    if (any_kda && c->k_heads % tp)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: linear_attn_config.num_heads (%d) is not divisible by %s %d", what,
+                        c->k_heads, why, tp);
+    if (any_kda < c->layers && c->heads % tp)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: num_attention_heads (%d) is not divisible by %s %d", what, c->heads,
+                        why, tp);
+    struct {
+        int on, n;
+        const char *key;
+    } widths[] = {{1, c->vocab, "vocab_size"},
+                  {any_moe < c->layers, c->inter, "intermediate_size"},
+                  {any_moe > 0, c->moe_inter, "moe_intermediate_size"}};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i].on && widths[i].n < tp)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: %s (%d) is smaller than %s %d: a rank would hold none of it",
+                            what, widths[i].key, widths[i].n, why, tp);
+    return VLLM_OK;
+}
+
 static int kl_load(const char *dir, const json_t *config, const struct model_load_opts *o, struct backend *be,
                    struct model **out) {
     struct kl_config *c = xcalloc(1, sizeof *c);
@@ -320,9 +347,7 @@ static int kl_load(const char *dir, const json_t *config, const struct model_loa
     int rc = json_is_object(config) ? VLLM_OK : vllm_err(VLLM_ERR_FORMAT, "%s: not a JSON object", what);
     struct cfg_reader r = {config, what};
     if (!rc) rc = parse_parts(&r, c);
-    if (!rc && be->tp_size > 1)
-        rc = vllm_err(VLLM_ERR_UNSUPPORTED, "%s: Kimi-Linear does not split over tensor_parallel_size %d yet", what,
-                      be->tp_size);
+    if (!rc) rc = check_tp(c, be, what);
     free(what);
     if (rc) {
         kl_config_free(c);

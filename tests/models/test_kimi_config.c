@@ -2,7 +2,8 @@
 // load; each key's other spelling (linear_attn_config vs flat keys vs
 // layer_types, mlp_layer_types vs first_k_dense_replace, the MoE aliases)
 // loads the same model; an option this engine lacks, or a key the model
-// needs that is missing, is an error naming that key; so is tensor parallelism.
+// needs that is missing, is an error naming that key; so are heads that do not
+// split over the tensor-parallel ranks.
 #include "core/common.h"
 #include "core/json.h"
 #include "models/model.h"
@@ -153,14 +154,15 @@ int main(void) {
                bads[i].edits[0], bads[i].needle, rc, msg);
         json_decref(c);
     }
-    // tensor parallelism: refused at load, naming the setting (rank 0 of a 2-rank CPU group)
-    struct backend *grp[2];
-    if (!backend_create_group("cpu", 2, 2, DT_F32, grp)) {
+    // tensor parallelism: 3 ranks do not split 4 KDA heads; the error names the key (rank 0 of a 3-rank CPU group)
+    struct backend *grp[3];
+    if (!backend_create_group("cpu", 3, 3, DT_F32, grp)) {
         int rc = try_load(grp[0], "kimi_linear", base[0], msg, sizeof msg);
-        CHECKF(rc != 0 && strstr(msg, "tensor_parallel_size"), "tp 2: an error naming tensor_parallel_size: %s", msg);
-        backend_free(grp[0]), backend_free(grp[1]);
+        CHECKF(rc != 0 && strstr(msg, "num_heads") && strstr(msg, "tensor_parallel_size"),
+               "tp 3: an error naming num_heads and tensor_parallel_size: %s", msg);
+        for (int i = 0; i < 3; i++) backend_free(grp[i]);
     } else {
-        CHECKF(0, "a 2-rank CPU group: %s", vllm_last_error());
+        CHECKF(0, "a 3-rank CPU group: %s", vllm_last_error());
     }
     json_decref(base[0]);
     json_decref(base[1]);
