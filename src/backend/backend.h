@@ -20,9 +20,22 @@ enum dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
 // Weight formats: how a weight's elements are stored. Every branch on a
 // format is an exhaustive switch, so -Wswitch lists each place a new format
-// (FP8, NVFP4: with their scale tensors and block shape in struct weight)
-// must be handled.
-enum wfmt { WF_F32 = 0, WF_BF16 = 1, WF_F16 = 2 };
+// must be handled. The quantized formats (docs/QUANTIZATION.md) carry their
+// scales in struct weight, always per row, so that weights assembled from
+// several checkpoint tensors (q | k | v, stacked experts) keep each part's
+// scales:
+// - WF_FP8: e4m3 codes [rows, cols] (1 byte each); scale [rows] fp32, W[r][c]
+//   = e4m3(code) * scale[r] (a per-tensor scale repeated over its rows, or
+//   per-channel scales as they are).
+// - WF_FP8_B128: e4m3 codes [rows, cols]; scale [rows, ceil(cols/128)] fp32,
+//   W[r][c] = e4m3(code) * scale[r][c/128] (a 128x128 block's scale repeated
+//   over its 128 rows).
+// - WF_NVFP4: e2m1 codes [rows, cols/2] bytes, element 2i in the low nibble
+//   of byte i; bscale [rows, cols/16] e4m3 (one per block of 16); scale
+//   [rows] fp32 (weight_scale_2): W[r][c] = (e2m1 * e4m3(bscale)) * scale[r].
+enum wfmt { WF_F32 = 0, WF_BF16 = 1, WF_F16 = 2, WF_FP8 = 3, WF_FP8_B128 = 4, WF_NVFP4 = 5 };
+#define WF_B128 128 // columns of a WF_FP8_B128 scale block
+#define WF_NVFP4_GROUP 16
 
 // A row-major [rows, cols] matrix on the device: y = x @ W^T (+ bias)
 // multiplies by it. A backend may lay the elements out its own way (the CPU
@@ -31,7 +44,9 @@ struct weight {
     void *data;
     enum wfmt fmt;
     int64_t rows, cols;
-    float *bias; // [rows] fp32 on the device, added by matmul; NULL: none
+    float *bias;    // [rows] fp32 on the device, added by matmul; NULL: none
+    float *scale;   // quantized formats: [rows, wfmt_scale_cols] fp32 on the device (weight_alloc makes it)
+    uint8_t *bscale; // WF_NVFP4: [rows, cols/16] e4m3 block scales on the device
 };
 
 enum act { ACT_RELU2, ACT_SILU, ACT_GELU_TANH };
@@ -331,8 +346,29 @@ int backend_check_ops(const struct backend_ops *o);
 
 size_t dtype_size(enum dtype d);
 const char *dtype_name(enum dtype d);
-size_t wfmt_size(enum wfmt f); // bytes per element as a checkpoint stores it
+size_t wfmt_size(enum wfmt f); // bytes per element as a checkpoint stores it (WF_NVFP4: 0, see wfmt_bytes)
+size_t wfmt_bytes(enum wfmt f, int64_t n); // bytes of n elements of a row (WF_NVFP4: n/2, n even)
 const char *wfmt_name(enum wfmt f);
+int wfmt_quantized(enum wfmt f); // WF_FP8, WF_FP8_B128, WF_NVFP4
+// fp32 scales per row of a quantized [rows, cols] weight (0 unquantized)
+int64_t wfmt_scale_cols(enum wfmt f, int64_t cols);
+// Bytes a [rows, cols] weight of format f reads from memory in a product:
+// its elements and its scales.
+int64_t wfmt_weight_bytes(enum wfmt f, int64_t rows, int64_t cols);
+// Element [r][c] of a quantized weight as fp32, from host copies of its
+// codes (rows of wfmt_bytes(f, cols)), scale and bscale: the exact
+// dequantization every backend's reference holds to.
+float wfmt_dequant(enum wfmt f, const uint8_t *codes, const float *scale, const uint8_t *bscale, int64_t cols,
+                   int64_t r, int64_t c);
+// Dummy quantized weights for any backend: uniform values of standard
+// deviation std (the xorshift64 stream of weight_random), quantized on the
+// host in blocks of rows with scales from each row's (block's) largest
+// magnitude, uploaded through weight_upload_raw and upload.
+int weight_random_quant(struct backend *be, struct weight *w, uint64_t seed, float std);
+// Writes rows [row0, row0 + n) of a quantized weight's scales from host
+// arrays ([n, wfmt_scale_cols] fp32; bscale [n, cols/16] e4m3, NVFP4 only).
+void weight_upload_scales(struct backend *be, struct weight *w, int64_t row0, int64_t n, const float *scale,
+                          const uint8_t *bscale);
 // weight_alloc + weight_upload_raw of a host fp32 [rows, cols] matrix (tests,
 // tensors assembled on the host).
 int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const float *src, int64_t rows, int64_t cols);

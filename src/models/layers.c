@@ -94,7 +94,7 @@ int lm_load_embed_head(struct lm *m, struct loader *l, const char *embed, const 
     TRY(loader_matrix(l, embed, V, D, all, 0, 0, WL_EMBED, &m->embed));
     TRY(lm_require(m, (struct op_query){.op = OP_EMBED, .w = &m->embed}, "the embedding"));
     struct wpiece p = {head, 2, {V, D}, vs};
-    if (loader_has(l, head)) TRY(loader_weight(l, &p, 1, 0, 0, Vp - vs.len, 0, &m->lm_head));
+    if (loader_has(l, head)) TRY(loader_weight(l, &p, 1, 0, 0, Vp - vs.len, WL_NOQUANT, &m->lm_head));
     else if (tie && m->tp == 1) m->lm_head = m->embed;
     else if (tie) {
         p.name = embed;
@@ -186,7 +186,7 @@ static int alloc_ws(struct lm *m) {
     return VLLM_OK;
 }
 
-static int64_t wbytes(const struct weight *w) { return w->data ? w->rows * w->cols * (int64_t)wfmt_size(w->fmt) : 0; }
+static int64_t wbytes(const struct weight *w) { return w->data ? wfmt_weight_bytes(w->fmt, w->rows, w->cols) : 0; }
 
 // The roofline's inputs (struct model_cost), this rank's shards.
 static void fill_cost(struct lm *m) {
@@ -255,8 +255,12 @@ int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *e
 static void free_weight(struct backend *be, struct weight *w) {
     if (w->data) be->ops->free(be, w->data);
     if (w->bias) be->ops->free(be, w->bias);
+    if (w->scale) be->ops->free(be, w->scale);
+    if (w->bscale) be->ops->free(be, w->bscale);
     w->data = NULL;
     w->bias = NULL;
+    w->scale = NULL;
+    w->bscale = NULL;
 }
 
 static void free_block(struct backend *be, struct block *b) {

@@ -108,6 +108,11 @@ void cpu_matmul_rows(struct backend *be, float *y, const float *x, const struct 
 // Rows [row0, row0 + n) of w as fp32 (the weight itself for WF_F32, else a
 // dequantized copy valid until the next call).
 const float *cpu_weight_f32(struct backend *be, const struct weight *w, int64_t row0, int64_t n);
+// Quantized weights (row-major codes, scales beside, backend.h), shared with
+// the fast path: the scales of w (fmt, rows, cols set), and rows of codes
+// uploaded as they are (src_fmt must be w->fmt; ld in elements).
+int cpu_quant_alloc(struct backend *be, struct weight *w);
+int cpu_quant_upload(struct weight *w, int64_t row0, int64_t n, const void *src, enum wfmt src_fmt, int64_t ld);
 // collectives in cpu_tp.c
 void cpu_all_reduce(struct backend *be, float *x, int64_t n);
 void cpu_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);
