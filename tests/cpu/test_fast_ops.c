@@ -321,6 +321,30 @@ static void test_moe(void) {
     }
 }
 
+// The KDA recurrence: 3 heads of 20 (rows not a multiple of the vector
+// width), two decodes, a fresh prefill with checkpoints at 16 and 32, a
+// prefill continuing its slot, and a 1-token prefill.
+static void test_kda(void) {
+    struct kda_dims d = {3, 20, 4, 16};
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 3;
+    int qlen[] = {1, 1, 40, 9, 1}, ctx[] = {13, 2, 0, 17, 0}, init[] = {1, 1, 0, 1, 0}, S = 5, nd = 2;
+    struct hb h;
+    make_batch(&h, S, qlen, ctx, init, nd, 4);
+    add_ckpts(&h, 2, 2, (int[]){16, 32}, (int[]){0, 1});
+    int T = h.b.num_tokens;
+    size_t sn = (size_t)16 * H * K * K;
+    float *x = rnd((size_t)T * ld, 1), *g = rnd((size_t)T * HK, 1), *st1 = rnd(sn, 0.3f), *st2 = dup(st1, sn);
+    for (int i = 0; i < T * HK; i++) g[i] = -0.3f * (g[i] + 1.0f); // log-decays <= 0
+    float *y1 = rnd((size_t)T * HK, 1), *y2 = dup(y1, (size_t)T * HK);
+    ref->ops->kda_decode(ref, y1, x, ld, g, st1, &h.b, &d);
+    fast->ops->kda_decode(fast, y2, x, ld, g, st2, &h.b, &d);
+    ref->ops->kda_prefill(ref, y1, x, ld, g, st1, &h.b, nd, S, &d);
+    fast->ops->kda_prefill(fast, y2, x, ld, g, st2, &h.b, nd, S, &d);
+    cmp("kda_decode + kda_prefill", y2, y1, (size_t)T * HK, TOL);
+    cmp("kda state and checkpoints", st2, st1, sn, TOL);
+    free(x), free(g), free(st1), free(st2), free(y1), free(y2);
+}
+
 // MLA over cached latents: 16 heads (two groups of 8) and 3 (one group of
 // all), decodes and prefills longer than a task's 8 queries, scattered blocks.
 static void test_mla(void) {
@@ -359,6 +383,7 @@ int main(void) {
         test_mamba();
         test_attention();
         test_mla();
+        test_kda();
         test_moe();
         printf("%-12s %ld values compared against the reference\n", isa, values);
         CHECKF(values > 0, "%s: nothing compared", isa);

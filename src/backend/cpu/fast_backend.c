@@ -453,7 +453,7 @@ int fast_supports(struct backend *be, const struct op_query *q) {
         return fast_moe_reserve(be, w, n, q->route->top_k);
     }
     case OP_KDA:
-        // the reference's KDA ops (shared with this table) and the fast conv1d
+        // the reference's recurrence on the vector kernels (fast_kimi.c) and the fast conv1d
         if (q->kda->conv_kernel > 8)
             return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path's conv1d takes conv_kernel <= 8, not %d",
                             q->kda->conv_kernel);

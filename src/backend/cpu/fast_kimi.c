@@ -1,5 +1,6 @@
-// fast_kimi.c - multi-head latent attention of the fast path as matrix
-// products. Every head reads the same cached latents (one KV "head"), so a
+// fast_kimi.c - Kimi-Linear on the fast path: the KDA recurrence of the
+// reference (cpu_kimi.c) with each token's row updates on the vector
+// kernels, and multi-head latent attention as matrix products. Every head reads the same cached latents (one KV "head"), so a
 // task gathers a sequence's context rows [n, R+P] once for a group of heads
 // and a block of queries, and runs
 //   Q_lat = [q_nope W_kb | q_r]   per head          [nq*hg, R+P]
@@ -9,9 +10,46 @@
 // sums as the reference (cpu_kimi.c), in another order.
 #include <cblas.h>
 #include <float.h>
+#include <math.h>
 
 #include "backend/cpu/fast.h"
 #include "core/common.h"
+
+// One token of one KDA head, as the reference's kda_step, row by row of the
+// state: S[i] *= exp(g_i), mem += k_i S[i]; then S[i] += k_i delta, y += q_i S[i].
+static void fast_kda_step(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H, int K,
+                          float *scr) {
+    const struct fast_kern *k = fast_k(be);
+    float *q = scr, *kk = q + K, *mem = kk + K;
+    const float *qr = row + h * K, *kr = row + H * K + h * K, *v = row + 2 * H * K + h * K;
+    float rq = (1.0f / sqrtf((float)K)) / sqrtf((float)k->sumsq(qr, K) + 1e-6f);
+    float rk = 1.0f / sqrtf((float)k->sumsq(kr, K) + 1e-6f);
+    for (int i = 0; i < K; i++) q[i] = qr[i] * rq, kk[i] = kr[i] * rk;
+    float beta = 1.0f / (1.0f + expf(-row[3 * H * K + h]));
+    memset(mem, 0, sizeof(float) * K);
+    for (int i = 0; i < K; i++) {
+        float *si = st + (int64_t)i * K;
+        k->scale(si, expf(g[h * K + i]), K);
+        k->axpy(mem, kk[i], si, K);
+    }
+    for (int j = 0; j < K; j++) mem[j] = beta * (v[j] - mem[j]); // the delta
+    memset(y, 0, sizeof(float) * K);
+    for (int i = 0; i < K; i++) {
+        float *si = st + (int64_t)i * K;
+        k->axpy(si, kk[i], mem, K);
+        k->axpy(y, q[i], si, K);
+    }
+}
+
+void fast_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                      const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
+    cpu_kda_run(be, fast_kda_step, y, proj, ld, g, state, b, seq0, seq1, 0, d);
+}
+
+void fast_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                     const struct batch *b, const struct kda_dims *d) {
+    cpu_kda_run(be, fast_kda_step, y, proj, ld, g, state, b, 0, b->num_decodes, 1, d);
+}
 
 #define MLA_QBLK 8  // queries per task
 #define MLA_HGRP 8  // heads per task (all of them when H is not a multiple)
