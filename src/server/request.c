@@ -58,6 +58,8 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
     if (!m) return 0;
     if (!json_is_string(m)) return api_fail(err, 400, "model", "'model' must be a string");
     const char *name = json_string_value(m);
+    for (int i = 0; i < s->cfg.num_model_aliases; i++)
+        if (!strcmp(name, s->cfg.model_aliases[i])) return 0;
     if (strcmp(name, s->cfg.served_model_name) && (!*s->cfg.model_path || strcmp(name, s->cfg.model_path)))
         return api_fail(err, 404, "model", "The model `%.200s` does not exist.", json_string_value(m));
     return 0;

@@ -209,18 +209,25 @@ static int authorized(struct server *s, struct evhttp_request *req) {
     return key_matches(s->cfg.api_key, h);
 }
 
-static void handle_models(struct server *s, struct evhttp_request *req) {
+static json_t *model_card(struct server *s, const char *name) {
     json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->cfg.served_model_name));
+    json_object_set_new(m, "id", json_string(name));
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->start_time));
     json_object_set_new(m, "owned_by", json_string("vllm"));
     json_object_set_new(m, "root", json_text(s->cfg.model_path, strlen(s->cfg.model_path)));
     json_object_set_new(m, "parent", json_null());
     json_object_set_new(m, "max_model_len", json_integer(s->info.max_model_len));
-    json_t *list = json_object();
+    return m;
+}
+
+// One card per served name (--served-model-name A B ...), as vLLM lists them.
+static void handle_models(struct server *s, struct evhttp_request *req) {
+    json_t *list = json_object(), *data = json_array();
+    json_array_append_new(data, model_card(s, s->cfg.served_model_name));
+    for (int i = 0; i < s->cfg.num_model_aliases; i++) json_array_append_new(data, model_card(s, s->cfg.model_aliases[i]));
     json_object_set_new(list, "object", json_string("list"));
-    json_object_set_new(list, "data", json_pack("[o]", m));
+    json_object_set_new(list, "data", data);
     send_json(s, req, 200, list);
 }
 
@@ -468,6 +475,9 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->cfg.model_path = xstrdup(cfg->model_path ? cfg->model_path : "");
     s->cfg.served_model_name = xstrdup(cfg->served_model_name ? cfg->served_model_name : s->cfg.model_path);
     s->cfg.chat_template = dup_or_null(cfg->chat_template);
+    char **aliases = xcalloc(cfg->num_model_aliases + 1, sizeof(char *));
+    for (int i = 0; i < cfg->num_model_aliases; i++) aliases[i] = xstrdup(cfg->model_aliases[i]);
+    s->cfg.model_aliases = (const char *const *)aliases;
     pthread_mutex_init(&s->mu, NULL);
     metrics_init(&s->m);
     int crc = cors_init(s);
@@ -478,6 +488,10 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     }
     json_t *name = json_string(s->cfg.served_model_name); // it goes into every response
     json_decref(name);
+    for (int i = 0; i < s->cfg.num_model_aliases && name; i++) {
+        name = json_string(s->cfg.model_aliases[i]);
+        json_decref(name);
+    }
     if (!name) {
         server_free(s);
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the served model name is not valid UTF-8");
@@ -561,5 +575,7 @@ void server_free(struct server *s) {
     free((char *)s->cfg.model_path);
     free((char *)s->cfg.served_model_name);
     free((char *)s->cfg.chat_template);
+    for (int i = 0; s->cfg.model_aliases && i < s->cfg.num_model_aliases; i++) free((char *)s->cfg.model_aliases[i]);
+    free((void *)s->cfg.model_aliases);
     free(s);
 }

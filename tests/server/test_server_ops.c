@@ -58,6 +58,8 @@ static char *header(int port, const char *method, const char *path, const char *
 
 static int is(const char *v, const char *want) { return v && !strcmp(v, want); }
 
+static const char *str(const json_t *j) { return json_is_string(j) ? json_string_value(j) : ""; }
+
 static void test_cors_default(int port) {
     char *v = header(port, "GET", "/v1/models", "Origin: http://example.com\r\n", "Access-Control-Allow-Origin", NULL,
                      NULL);
@@ -173,6 +175,31 @@ static void test_priority_and_load(int port) {
     CHECKF(server_load(port) == 0, "/load after the requests ended is %g", server_load(port));
 }
 
+// vLLM's command line: --flag=value, --served-model-name NAME ALIAS...,
+// no-op flags accepted.
+static void test_command_line(void) {
+    const char *extra[] = {"--served-model-name=main", "alias1", "alias2", "--disable-log-requests",
+                           "--uvicorn-log-level", "info", "--max-num-seqs=2", NULL};
+    struct srv s;
+    srv_start(&s, vllm_bin, model_dir, extra);
+    int st;
+    json_t *j = http_get_json(s.port, "/v1/models", &st), *data = json_object_get(j, "data");
+    CHECKF(st == 200 && json_array_size(data) == 3, "/v1/models lists %zu models, want 3", json_array_size(data));
+    const char *ids[3] = {"main", "alias1", "alias2"};
+    for (size_t i = 0; i < 3 && i < json_array_size(data); i++)
+        CHECK(!strcmp(str(json_object_get(json_array_get(data, i), "id")), ids[i]));
+    json_decref(j);
+    j = http_post_json(s.port, "/v1/completions", json_pack("{s:s,s:s,s:i}", "model", "alias2", "prompt", "hi",
+                                                            "max_tokens", 1), &st);
+    CHECKF(st == 200 && !strcmp(str(json_object_get(j, "model")), "main"),
+           "a request for an alias: %d, model %s", st, str(json_object_get(j, "model")));
+    json_decref(j);
+    j = http_post_json(s.port, "/v1/completions", json_pack("{s:s,s:s}", "model", "alias3", "prompt", "hi"), &st);
+    CHECKF(st == 404, "an unknown model name: %d", st);
+    json_decref(j);
+    CHECKF(srv_stop(&s, 20) == 0, "the server did not exit 0 after SIGTERM");
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s VLLM_BINARY MODEL_DIR\n", argv[0]);
@@ -181,6 +208,7 @@ int main(int argc, char **argv) {
     vllm_bin = argv[1];
     model_dir = argv[2];
     test_loading();
+    test_command_line();
     test_cors_lists();
     const char *extra[] = {"--max-num-seqs", "1", "--max-model-len", "8192", "--scheduling-policy", "priority", NULL};
     struct srv s;
