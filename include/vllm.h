@@ -82,6 +82,10 @@ struct vllm_engine_params {
     // admitted is preempted first. "priority": by (vllm_sampling_params.priority,
     // arrival), lower first; the least urgent running request is preempted first.
     const char *scheduling_policy;
+    // generation_config.json: "auto" (NULL: the model directory's, if any),
+    // "vllm" (none), or a directory holding one. Its eos_token_id entries stop
+    // every request; its sampling keys are vllm_model_info.generation_defaults.
+    const char *generation_config;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
@@ -108,6 +112,11 @@ struct vllm_model_info {
     int num_state_checkpoints;     // checkpoint pool capacity (0: no recurrent state, or caching off)
     int state_checkpoint_interval; // tokens (0: none)
     int64_t checkpoint_bytes;      // of the pool, over all ranks
+    // generation_config.json's sampling defaults (temperature, top_p, top_k,
+    // min_p, repetition_penalty, max_new_tokens), a JSON object ("{}": none),
+    // for callers that apply them as vLLM does to requests not setting them.
+    // eos_token_ids above also holds its eos_token_id and the tokenizer's.
+    const char *generation_defaults;
 };
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);

@@ -28,6 +28,9 @@ static void usage(FILE *f) {
             "  --served-model-name NAME [ALIAS ...]  the model's name in the API (default: the model\n"
             "                               directory's name; the aliases and the path are accepted too)\n"
             "  --chat-template T            a template file, or the Jinja source itself, for every chat request\n"
+            "  --generation-config G        auto (default): the model's generation_config.json sets the defaults\n"
+            "                               of temperature, top_p, top_k, min_p, repetition_penalty, max_tokens\n"
+            "                               and adds its eos ids; vllm: ignore it; or a directory holding one\n"
             "  --trust-request-chat-template  let requests send their own \"chat_template\"\n"
             "  --allowed-origins JSON       CORS: allowed origins (default [\"*\"])\n"
             "  --allowed-methods JSON       CORS: allowed methods (default [\"*\"])\n"
@@ -93,6 +96,8 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
     if (in.prefix_caching)
         printf("vllm serve: prefix caching on, %d state checkpoints every %d tokens (%.1f MB)\n",
                in.num_state_checkpoints, in.state_checkpoint_interval, in.checkpoint_bytes / 1e6);
+    if (in.generation_defaults && strcmp(in.generation_defaults, "{}"))
+        printf("vllm serve: sampling defaults from generation_config.json: %s\n", in.generation_defaults);
     printf("vllm serve: tokenizer %s, chat template %s\n", in.has_tokenizer ? "yes" : "no (token-id prompts only)",
            in.has_chat_template ? "yes" : "no (no /v1/chat/completions)");
     return VLLM_OK;
@@ -257,6 +262,7 @@ static int serve_flag(int argc, char **argv, int *i, struct serve_opts *o) {
         sc->priority_scheduling = !strcmp(v, "priority");
     }
     else if (!strcmp(f, "--chat-template")) { VAL(); o->chat_template = v; }
+    else if (!strcmp(f, "--generation-config")) { VAL(); o->ep.generation_config = v; }
     else if (!strcmp(f, "--trust-request-chat-template")) sc->trust_request_chat_template = 1;
     else if (!strcmp(f, "--allowed-origins")) { VAL(); sc->allowed_origins = v; }
     else if (!strcmp(f, "--allowed-methods")) { VAL(); sc->allowed_methods = v; }

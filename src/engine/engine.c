@@ -156,8 +156,9 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     in->model_name = e->model_name;
     in->vocab_size = sp->vocab_size;
     in->max_model_len = e->max_model_len;
-    in->num_eos_token_ids = sp->num_eos;
-    in->eos_token_ids = sp->eos_ids;
+    in->num_eos_token_ids = e->num_eos;
+    in->eos_token_ids = e->eos;
+    in->generation_defaults = e->gen_defaults;
     in->has_tokenizer = e->tok != NULL;
     in->has_chat_template = e->chat != NULL;
     in->num_kv_blocks = num_blocks;
@@ -210,6 +211,7 @@ static int engine_init(struct vllm_engine *e) {
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
     sched_init(&e->sched, &sc);
     TRY(load_text(e));
+    TRY(engine_generation_config(e));
     fill_info(e, num_blocks);
     e->info.checkpoint_bytes = ckpt_bytes;
     e->info.state_bytes -= ckpt_bytes; // the checkpoints are slots of the same buffers
@@ -241,6 +243,7 @@ static void engine_destroy(struct vllm_engine *e) {
     free((char *)e->params.dtype);
     free((char *)e->params.load_format);
     free((char *)e->params.kv_cache_dtype);
+    free(e->gen_defaults);
     free(e);
 }
 
@@ -269,6 +272,7 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->next_id = 1;
     e->inflight_step = -1;
     rc = engine_init(e);
+    e->params.generation_config = NULL; // the caller's string: read by engine_init only
     if (rc) {
         engine_destroy(e);
         return rc;

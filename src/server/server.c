@@ -374,10 +374,17 @@ static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
 
 static int max_token_bytes(struct server *s);
 
+static json_t *parse_defaults(const struct vllm_model_info *in) {
+    json_t *d = in->generation_defaults ? json_loads(in->generation_defaults, 0, NULL) : NULL;
+    if (d && !json_object_size(d)) json_decref(d), d = NULL;
+    return d;
+}
+
 void server_set_engine(struct server *s, struct vllm_engine *e, int status) {
     if (e) { // the loop thread reads these only once it has adopted e
         vllm_engine_info(e, &s->info);
         s->max_token_bytes = max_token_bytes(s);
+        s->gen_defaults = parse_defaults(&s->info);
     }
     pthread_mutex_lock(&s->mu);
     s->loaded = e;
@@ -513,7 +520,7 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->http = evhttp_new(s->base);
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_bevcb(s->http, client_new, s); // conn.c sees every connection's bytes first
-    if (e) s->max_token_bytes = max_token_bytes(s);
+    if (e) s->max_token_bytes = max_token_bytes(s), s->gen_defaults = parse_defaults(&s->info);
     // Every method reaches on_request, which answers 405 as JSON.
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
@@ -563,6 +570,7 @@ void server_free(struct server *s) {
     free(s->batch);
     if (s->wake) event_free(s->wake);
     if (s->loaded_ev) event_free(s->loaded_ev);
+    json_decref(s->gen_defaults);
     cors_free(s);
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);

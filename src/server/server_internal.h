@@ -69,6 +69,7 @@ struct gen_params {
     char *request_id; // the response id's suffix (NULL: a random one)
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
+    int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
 // the prompt (tokenized; chat through the template) and the length limit.
@@ -95,6 +96,9 @@ int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, st
 void fields_truncate(struct gen_params *gp);
 int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
 int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
+// generation_config.json's sampling defaults (as vLLM applies them): into
+// gp->sp before the request's own fields are read.
+void fields_defaults(struct server *s, struct gen_params *gp);
 void fields_free(struct gen_params *gp);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
@@ -260,6 +264,7 @@ struct server {
     int load_done;       // under mu
     struct event *loaded_ev;
     int fatal;           // under mu: a request failed with a device or internal error: /health is 503
+    json_t *gen_defaults; // info.generation_defaults parsed (NULL: none)
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.
