@@ -121,6 +121,9 @@ struct vllm_model_info {
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);
 
+#define VLLM_ITERATION_TOKEN_BOUNDS {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+#define VLLM_NUM_ITERATION_BOUNDS 13
+
 struct vllm_stats {
     int num_running;
     int num_waiting;
@@ -137,6 +140,11 @@ struct vllm_stats {
     uint64_t prefix_cache_hits;    // of those, tokens found there (not computed)
     int state_checkpoints_total;
     int state_checkpoints_used;    // holding a checkpoint or held by a request
+    // Steps by the tokens they scheduled (vLLM's vllm:iteration_tokens_total):
+    // iteration_tokens[k] counts those with at most VLLM_ITERATION_TOKEN_BOUNDS[k]
+    // tokens and more than the bound before; the last, more than every bound.
+    uint64_t iteration_tokens[VLLM_NUM_ITERATION_BOUNDS + 1];
+    uint64_t iteration_tokens_sum;
 };
 vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
@@ -188,6 +196,7 @@ struct vllm_output {
     const char *error;         // message with a status != OK
     double ttft_s;             // seconds from submit to the first token (0 before)
     int num_cached_tokens;     // prompt tokens found in the prefix cache at the first admission
+    double queue_s;            // seconds from submit to the first admission (0 before it)
     // With VLLM_FINISH_STOP on the last event: what stopped it (vLLM's
     // stop_reason), the stop string or the stop token id; NULL / -1 otherwise.
     const char *stop_str;

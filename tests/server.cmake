@@ -2,11 +2,11 @@
 # a free port and the tiny_chat fixture (CPU), and stops it with SIGTERM,
 # which must exit 0. They exit 77 (skipped) while the build has no tokenizer.
 set(VLLM_SERVER_MODEL ${VLLM_FIXTURES}/tiny_chat)
-foreach(t http load equiv ops)
+foreach(t http load equiv ops metrics)
   vllm_test_exe(test_server_${t} server/test_server_${t}.c server/harness.c)
   add_test(NAME server_${t} COMMAND test_server_${t} $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
 endforeach()
-set_tests_properties(server_http server_load server_equiv server_ops PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+set_tests_properties(server_http server_load server_equiv server_ops server_metrics PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 set_tests_properties(server_equiv PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
 # Every request field of the list (tests/server/fields.tsv): honored, no-op
 # or rejected by name, and docs/SERVING.md's field table matching the list.

@@ -353,6 +353,7 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     o.error = error;
     o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     o.num_cached_tokens = MAX(r->num_cached, 0);
+    o.queue_s = r->t_sched > 0 ? r->t_sched - r->t_submit : 0;
     o.stop_token_id = -1;
     if (reason == VLLM_FINISH_STOP) {
         o.stop_token_id = r->stop_token;
@@ -444,12 +445,19 @@ static void handle_cancels(struct vllm_engine *e) {
     }
 }
 
-static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
+static void update_stats(struct vllm_engine *e, const struct sched_output *so, int launched) {
     pthread_mutex_lock(&e->mu);
     struct vllm_stats *st = &e->stats;
     st->num_steps++;
     for (int i = 0; so && i < so->num_entries; i++)
         if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
+    if (so && launched && so->num_tokens > 0) {
+        static const int bounds[VLLM_NUM_ITERATION_BOUNDS] = VLLM_ITERATION_TOKEN_BOUNDS;
+        int k = 0;
+        while (k < VLLM_NUM_ITERATION_BOUNDS && so->num_tokens > bounds[k]) k++;
+        st->iteration_tokens[k]++;
+        st->iteration_tokens_sum += (uint64_t)so->num_tokens;
+    }
     st->num_running = e->sched.num_running;
     st->num_waiting = e->sched.num_waiting;
     st->kv_blocks_used = kv_pool_used(&e->sched.blocks);
@@ -464,8 +472,10 @@ static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
 // What a launch changes at once: tokens computed, and for each request that
 // samples, a placeholder for its token (its value arrives with the step).
 static void account_launch(struct vllm_engine *e, const struct sched_output *so) {
+    double now = now_s();
     for (int i = 0; i < so->num_entries; i++) {
         struct request *r = so->entries[i].req;
+        if (r->t_sched == 0) r->t_sched = now; // its first admission: the end of its queue time
         r->num_computed += so->entries[i].num_tokens;
         r->inflight++;
         if (r->num_computed != r->num_tokens) continue;
@@ -527,7 +537,7 @@ static void step(struct vllm_engine *e) {
         pthread_mutex_unlock(&e->mu);
     }
     e->inflight_step = launched;
-    update_stats(e, so);
+    update_stats(e, so, launched >= 0);
 }
 
 // Waits for the step in flight, if any (shutdown).

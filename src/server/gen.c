@@ -85,6 +85,7 @@ void gen_on_output(void *user, const struct vllm_output *o) {
         s->fatal = 1; // the device or the engine broke: /health says so
     if (o->finish_reason != VLLM_FINISH_NONE) {
         if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - g->t_arrival);
+        if (o->finish_reason != VLLM_FINISH_ABORT && o->finish_reason != VLLM_FINISH_ERROR) metrics_finished(&s->m, g, o);
         s->m.finished[finish_index(o->finish_reason)]++;
     }
     if (!g->queued) {

@@ -409,6 +409,9 @@ static void on_loaded(evutil_socket_t fd, short what, void *arg) {
         return;
     }
     s->engine = e;
+    pthread_mutex_lock(&s->mu); // the engine thread observes them
+    metrics_init_tokens(&s->m, s->info.max_model_len);
+    pthread_mutex_unlock(&s->mu);
     if (s->stopping) return; // a signal came during the load: it exits with what is left
     printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", s->cfg.served_model_name, s->cfg.host, s->port);
     fflush(stdout);
@@ -520,7 +523,11 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->http = evhttp_new(s->base);
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_bevcb(s->http, client_new, s); // conn.c sees every connection's bytes first
-    if (e) s->max_token_bytes = max_token_bytes(s), s->gen_defaults = parse_defaults(&s->info);
+    if (e) {
+        s->max_token_bytes = max_token_bytes(s);
+        s->gen_defaults = parse_defaults(&s->info);
+        metrics_init_tokens(&s->m, s->info.max_model_len);
+    }
     // Every method reaches on_request, which answers 405 as JSON.
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |

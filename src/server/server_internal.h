@@ -44,9 +44,18 @@ void hist_observe(struct hist *h, double v);
 
 struct metrics {
     struct hist ttft, itl, e2e;
+    // per finished request (not aborted), as vLLM's dashboard queries them
+    struct hist queue, prefill, decode, inference, tpot;
+    struct hist prompt_tokens, generation_tokens, max_generation_tokens, max_tokens_param;
+    double token_bounds[32]; // 1, 2, 5, 10, ... up to max_model_len
     uint64_t finished[4]; // stop, length, abort, error
 };
 void metrics_init(struct metrics *m);
+// The token-count histograms' buckets, once max_model_len is known.
+void metrics_init_tokens(struct metrics *m, int max_model_len);
+// A request finished (engine thread, under server.mu).
+struct gen;
+void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o);
 // Prometheus text exposition (format 0.0.4) into buf.
 struct server;
 void metrics_render(struct server *s, struct evbuffer *buf);
