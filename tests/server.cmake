@@ -21,7 +21,10 @@ find_program(VLLM_NODE node)
 if(VLLM_NODE)
   add_test(NAME server_openai COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_client.mjs
            $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+  add_test(NAME server_openai_responses COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_responses.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
 else()
   add_test(NAME server_openai COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
+  add_test(NAME server_openai_responses COMMAND sh -c "echo 'SKIP: node is not installed'; exit 77")
 endif()
-set_tests_properties(server_openai PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+set_tests_properties(server_openai server_openai_responses PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

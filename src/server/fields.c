@@ -181,6 +181,7 @@ void fields_defaults(struct server *s, struct gen_params *gp) {
 }
 
 void fields_free(struct gen_params *gp) {
+    json_decref(gp->resp_echo);
     free(gp->request_id);
     free(gp->cache_salt);
 }

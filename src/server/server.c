@@ -250,7 +250,8 @@ static void handle_plain(struct server *s, struct evhttp_request *req, const cha
 }
 
 enum route {
-    R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_LOAD, R_NONE
+    R_COMPLETIONS, R_CHAT, R_RESPONSES, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS,
+    R_LOAD, R_NONE
 };
 static const struct {
     const char *path;
@@ -258,6 +259,7 @@ static const struct {
 } routes[R_NONE] = {
     [R_COMPLETIONS] = {"/v1/completions", EVHTTP_REQ_POST},
     [R_CHAT] = {"/v1/chat/completions", EVHTTP_REQ_POST},
+    [R_RESPONSES] = {"/v1/responses", EVHTTP_REQ_POST},
     [R_MODELS] = {"/v1/models", EVHTTP_REQ_GET},
     [R_HEALTH] = {"/health", EVHTTP_REQ_GET},
     [R_PING] = {"/ping", EVHTTP_REQ_GET},
@@ -321,6 +323,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
     switch (r) {
     case R_COMPLETIONS: work_submit(s, req, JOB_COMPLETION); break;
     case R_CHAT: work_submit(s, req, JOB_CHAT); break;
+    case R_RESPONSES: work_submit(s, req, JOB_RESPONSES); break;
     case R_MODELS: handle_models(s, req); break;
     case R_HEALTH:
     case R_PING: handle_health(s, req); break;

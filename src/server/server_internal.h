@@ -62,7 +62,7 @@ void metrics_render(struct server *s, struct evbuffer *buf);
 
 // ------------------------------------------------------------ requests --
 
-enum api_kind { API_COMPLETION, API_CHAT };
+enum api_kind { API_COMPLETION, API_CHAT, API_RESPONSES };
 
 // A validated request: what vllm_submit gets, and how to answer.
 struct gen_params {
@@ -79,6 +79,7 @@ struct gen_params {
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
+    json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
 // the prompt (tokenized; chat through the template) and the length limit.
@@ -154,6 +155,8 @@ struct gen {
     int num_ids, cap_ids;
     json_t *logprobs;
     size_t text_offset;              // completions logprobs: offset of the next token
+    char msg_id[48];                 // /v1/responses: the output message's id
+    int seq;                         // /v1/responses: the next event's sequence_number
     // under srv->mu
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
     int queued;
@@ -163,6 +166,14 @@ struct gen {
     // live list (loop thread)
     struct gen *prev, *next;
 };
+
+// /v1/responses (responses.c): the body as a chat request; the final
+// response object; the typed stream events (start, text deltas, the end).
+int responses_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+json_t *responses_final(struct gen *g, const struct gen_events *ev);
+void responses_stream_start(struct gen *g);
+void responses_stream_events(struct gen *g, const struct gen_events *ev);
+void responses_stream_done(struct gen *g, const struct gen_events *ev);
 
 // Starts a generation for a parsed request (takes over gp), or answers the
 // error. Called on the loop thread.
@@ -181,7 +192,7 @@ void gen_free_all(struct server *s);
 // ---------------------------------------------------------- workers --
 
 // Requests whose bodies are parsed (and tokenized) on a worker thread.
-enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT };
+enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT, JOB_RESPONSES };
 struct job;
 // Loop thread: takes the request's body and answers when the job is done.
 void work_submit(struct server *s, struct evhttp_request *req, enum job_kind kind);
