@@ -201,7 +201,6 @@ static const struct {
     {"--enforce-eager", "not implemented: CUDA graphs are always used (VLLM_NO_GRAPHS=1 turns them off)"},
     {"--lora-modules", "LoRA is not supported"},
     {"--enable-lora", "LoRA is not supported"},
-    {"--quantization", "quantization is read from the model's config"},
     {"--pipeline-parallel-size", "pipeline parallelism is not supported"},
     {"--ssl-keyfile", "TLS is not supported: put a proxy in front"},
     {"--ssl-certfile", "TLS is not supported: put a proxy in front"},
