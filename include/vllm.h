@@ -84,6 +84,10 @@ struct vllm_engine_params {
     // admitted is preempted first. "priority": by (vllm_sampling_params.priority,
     // arrival), lower first; the least urgent running request is preempted first.
     const char *scheduling_policy;
+    // generation_config.json: "auto" (NULL: the model directory's, if any),
+    // "vllm" (none), or a directory holding one. Its eos_token_id entries stop
+    // every request; its sampling keys are vllm_model_info.generation_defaults.
+    const char *generation_config;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
@@ -110,9 +114,17 @@ struct vllm_model_info {
     int num_state_checkpoints;     // checkpoint pool capacity (0: no recurrent state, or caching off)
     int state_checkpoint_interval; // tokens (0: none)
     int64_t checkpoint_bytes;      // of the pool, over all ranks
+    // generation_config.json's sampling defaults (temperature, top_p, top_k,
+    // min_p, repetition_penalty, max_new_tokens), a JSON object ("{}": none),
+    // for callers that apply them as vLLM does to requests not setting them.
+    // eos_token_ids above also holds its eos_token_id and the tokenizer's.
+    const char *generation_defaults;
 };
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);
+
+#define VLLM_ITERATION_TOKEN_BOUNDS {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+#define VLLM_NUM_ITERATION_BOUNDS 13
 
 struct vllm_stats {
     int num_running;
@@ -130,6 +142,11 @@ struct vllm_stats {
     uint64_t prefix_cache_hits;    // of those, tokens found there (not computed)
     int state_checkpoints_total;
     int state_checkpoints_used;    // holding a checkpoint or held by a request
+    // Steps by the tokens they scheduled (vLLM's vllm:iteration_tokens_total):
+    // iteration_tokens[k] counts those with at most VLLM_ITERATION_TOKEN_BOUNDS[k]
+    // tokens and more than the bound before; the last, more than every bound.
+    uint64_t iteration_tokens[VLLM_NUM_ITERATION_BOUNDS + 1];
+    uint64_t iteration_tokens_sum;
 };
 vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
@@ -181,6 +198,7 @@ struct vllm_output {
     const char *error;         // message with a status != OK
     double ttft_s;             // seconds from submit to the first token (0 before)
     int num_cached_tokens;     // prompt tokens found in the prefix cache at the first admission
+    double queue_s;            // seconds from submit to the first admission (0 before it)
     // With VLLM_FINISH_STOP on the last event: what stopped it (vLLM's
     // stop_reason), the stop string or the stop token id; NULL / -1 otherwise.
     const char *stop_str;

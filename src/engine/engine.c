@@ -159,8 +159,9 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     in->model_name = e->model_name;
     in->vocab_size = sp->vocab_size;
     in->max_model_len = e->max_model_len;
-    in->num_eos_token_ids = sp->num_eos;
-    in->eos_token_ids = sp->eos_ids;
+    in->num_eos_token_ids = e->num_eos;
+    in->eos_token_ids = e->eos;
+    in->generation_defaults = e->gen_defaults;
     in->has_tokenizer = e->tok != NULL;
     in->has_chat_template = e->chat != NULL;
     in->num_kv_blocks = num_blocks;
@@ -215,6 +216,7 @@ static int engine_init(struct vllm_engine *e) {
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
     sched_init(&e->sched, &sc);
     TRY(load_text(e));
+    TRY(engine_generation_config(e));
     fill_info(e, num_blocks);
     e->info.checkpoint_bytes = ckpt_bytes;
     e->info.state_bytes -= ckpt_bytes; // the checkpoints are slots of the same buffers
@@ -247,6 +249,7 @@ static void engine_destroy(struct vllm_engine *e) {
     free((char *)e->params.load_format);
     free((char *)e->params.quantization);
     free((char *)e->params.kv_cache_dtype);
+    free(e->gen_defaults);
     free(e);
 }
 
@@ -276,6 +279,7 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->next_id = 1;
     e->inflight_step = -1;
     rc = engine_init(e);
+    e->params.generation_config = NULL; // the caller's string: read by engine_init only
     if (rc) {
         engine_destroy(e);
         return rc;
@@ -356,6 +360,7 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     o.error = error;
     o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     o.num_cached_tokens = MAX(r->num_cached, 0);
+    o.queue_s = r->t_sched > 0 ? r->t_sched - r->t_submit : 0;
     o.stop_token_id = -1;
     if (reason == VLLM_FINISH_STOP) {
         o.stop_token_id = r->stop_token;
@@ -447,12 +452,19 @@ static void handle_cancels(struct vllm_engine *e) {
     }
 }
 
-static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
+static void update_stats(struct vllm_engine *e, const struct sched_output *so, int launched) {
     pthread_mutex_lock(&e->mu);
     struct vllm_stats *st = &e->stats;
     st->num_steps++;
     for (int i = 0; so && i < so->num_entries; i++)
         if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
+    if (so && launched && so->num_tokens > 0) {
+        static const int bounds[VLLM_NUM_ITERATION_BOUNDS] = VLLM_ITERATION_TOKEN_BOUNDS;
+        int k = 0;
+        while (k < VLLM_NUM_ITERATION_BOUNDS && so->num_tokens > bounds[k]) k++;
+        st->iteration_tokens[k]++;
+        st->iteration_tokens_sum += (uint64_t)so->num_tokens;
+    }
     st->num_running = e->sched.num_running;
     st->num_waiting = e->sched.num_waiting;
     st->kv_blocks_used = kv_pool_used(&e->sched.blocks);
@@ -467,8 +479,10 @@ static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
 // What a launch changes at once: tokens computed, and for each request that
 // samples, a placeholder for its token (its value arrives with the step).
 static void account_launch(struct vllm_engine *e, const struct sched_output *so) {
+    double now = now_s();
     for (int i = 0; i < so->num_entries; i++) {
         struct request *r = so->entries[i].req;
+        if (r->t_sched == 0) r->t_sched = now; // its first admission: the end of its queue time
         r->num_computed += so->entries[i].num_tokens;
         r->inflight++;
         if (r->num_computed != r->num_tokens) continue;
@@ -530,7 +544,7 @@ static void step(struct vllm_engine *e) {
         pthread_mutex_unlock(&e->mu);
     }
     e->inflight_step = launched;
-    update_stats(e, so);
+    update_stats(e, so, launched >= 0);
 }
 
 // Waits for the step in flight, if any (shutdown).

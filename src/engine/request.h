@@ -58,6 +58,7 @@ struct request {
     int inflight;      // launched steps not yet postprocessed that schedule it
     int length_done;   // the tokens in flight already reach max_tokens / max_model_len
     double t_submit, t_first, t_last;
+    double t_sched; // the first admission (0 before)
     struct request *next; // waiting-queue link
 };
 

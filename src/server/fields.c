@@ -166,7 +166,22 @@ int fields_documents(const json_t *body, json_t *template_vars, struct api_error
     return 0;
 }
 
+void fields_defaults(struct server *s, struct gen_params *gp) {
+    const json_t *d = s->gen_defaults;
+    if (!d) return;
+    struct vllm_sampling_params *sp = &gp->sp;
+    const json_t *v;
+    if ((v = json_object_get(d, "temperature"))) sp->temperature = (float)json_number_value(v);
+    if ((v = json_object_get(d, "top_p"))) sp->top_p = (float)json_number_value(v);
+    if ((v = json_object_get(d, "top_k"))) sp->top_k = (int)json_number_value(v);
+    if ((v = json_object_get(d, "min_p"))) sp->min_p = (float)json_number_value(v);
+    if ((v = json_object_get(d, "repetition_penalty"))) sp->repetition_penalty = (float)json_number_value(v);
+    if ((v = json_object_get(d, "max_new_tokens")) && json_number_value(v) >= 1)
+        gp->max_new_tokens = (int)MIN(json_number_value(v), 1e9);
+}
+
 void fields_free(struct gen_params *gp) {
+    json_decref(gp->resp_echo);
     free(gp->request_id);
     free(gp->cache_salt);
 }

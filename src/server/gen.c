@@ -85,6 +85,7 @@ void gen_on_output(void *user, const struct vllm_output *o) {
         s->fatal = 1; // the device or the engine broke: /health says so
     if (o->finish_reason != VLLM_FINISH_NONE) {
         if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - g->t_arrival);
+        if (o->finish_reason != VLLM_FINISH_ABORT && o->finish_reason != VLLM_FINISH_ERROR) metrics_finished(&s->m, g, o);
         s->m.finished[finish_index(o->finish_reason)]++;
     }
     if (!g->queued) {
@@ -296,7 +297,8 @@ static void stream_start(struct gen *g) {
     int one = 1;
     evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (g->p.kind == API_CHAT) {
+    if (g->p.kind == API_RESPONSES) responses_stream_start(g);
+    else if (g->p.kind == API_CHAT) {
         json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role", "assistant", "content", "",
                                    "logprobs", "finish_reason");
         sse_send(g, stream_chunk(g, choice));
@@ -304,6 +306,10 @@ static void stream_start(struct gen *g) {
 }
 
 static void stream_events(struct gen *g, const struct gen_events *ev) {
+    if (g->p.kind == API_RESPONSES) {
+        responses_stream_events(g, ev);
+        return;
+    }
     int failed = ev->done && (ev->reason == VLLM_FINISH_ABORT || ev->reason == VLLM_FINISH_ERROR);
     int fin = ev->done && !failed, tokens = ev->n && (g->p.logprobs >= 0 || g->p.return_token_ids);
     if (!ev->text_len && !tokens && !fin) return;
@@ -331,16 +337,20 @@ static void stream_finish(struct gen *g, const struct gen_events *ev) {
         api_fail(&err, ev->reason == VLLM_FINISH_ABORT ? 503 : api_status_of(ev->status), NULL, "%s",
                  ev->reason == VLLM_FINISH_ABORT ? "the request was aborted: the server is shutting down" : ev->error);
         sse_send(g, api_error_json(&err));
+    } else if (g->p.kind == API_RESPONSES) {
+        responses_stream_done(g, ev);
     } else if (g->p.include_usage) {
         json_t *c = response_base(g, g->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(c, "choices", json_array());
         json_object_set_new(c, "usage", usage_json(ev));
         sse_send(g, c);
     }
-    struct evbuffer *buf = evbuffer_new();
-    evbuffer_add_printf(buf, "data: [DONE]\n\n");
-    evhttp_send_reply_chunk(g->req, buf);
-    evbuffer_free(buf);
+    if (g->p.kind != API_RESPONSES) { // the Responses API ends with its last event
+        struct evbuffer *buf = evbuffer_new();
+        evbuffer_add_printf(buf, "data: [DONE]\n\n");
+        evhttp_send_reply_chunk(g->req, buf);
+        evbuffer_free(buf);
+    }
     set_streaming(g, 0);
     struct evhttp_request *req = gen_detach(g);
     server_track_reply(g->srv, req);
@@ -376,6 +386,10 @@ static void reply_final(struct gen *g, const struct gen_events *ev) {
         api_fail(&err, ev->reason == VLLM_FINISH_ABORT ? 503 : api_status_of(ev->status), NULL, "%s",
                  ev->reason == VLLM_FINISH_ABORT ? "the request was aborted: the server is shutting down" : ev->error);
         send_error(g->srv, req, &err);
+        return;
+    }
+    if (g->p.kind == API_RESPONSES) {
+        send_json(g->srv, req, 200, responses_final(g, ev));
         return;
     }
     int chat = g->p.kind == API_CHAT;
@@ -451,8 +465,10 @@ void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *
     memset(gp, 0, sizeof *gp);
     g->pend = xcalloc(1, sizeof *g->pend);
     g->work = xcalloc(1, sizeof *g->work);
-    if (g->p.request_id) snprintf(g->id, sizeof g->id, "%s%s", g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->p.request_id);
-    else server_new_id(s, g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    const char *prefix = g->p.kind == API_RESPONSES ? "resp_" : g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-";
+    if (g->p.request_id) snprintf(g->id, sizeof g->id, "%s%s", prefix, g->p.request_id);
+    else server_new_id(s, prefix, g->id, sizeof g->id);
+    if (g->p.kind == API_RESPONSES) server_new_id(s, "msg_", g->msg_id, sizeof g->msg_id);
     g->created = (long long)time(NULL);
     g->t_arrival = now_s();
     g->next = s->live;

@@ -58,6 +58,8 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
     if (!m) return 0;
     if (!json_is_string(m)) return api_fail(err, 400, "model", "'model' must be a string");
     const char *name = json_string_value(m);
+    for (int i = 0; i < s->cfg.num_model_aliases; i++)
+        if (!strcmp(name, s->cfg.model_aliases[i])) return 0;
     if (strcmp(name, s->cfg.served_model_name) && (!*s->cfg.model_path || strcmp(name, s->cfg.model_path)))
         return api_fail(err, 404, "model", "The model `%.200s` does not exist.", json_string_value(m));
     return 0;
@@ -384,6 +386,7 @@ static int get_max_tokens(struct server *s, const json_t *body, struct gen_param
                         "the %s, %d in the completion). Please reduce the length of the %s or completion.",
                         mml, (long long)n + mt, n, what, mt, what);
     gp->sp.max_tokens = mt > 0 ? mt : gp->kind == API_CHAT ? mml - n : MIN(16, mml - n);
+    if (gp->max_new_tokens) gp->sp.max_tokens = MIN(gp->sp.max_tokens, gp->max_new_tokens); // as vLLM: the least
     if (gp->sp.min_tokens > gp->sp.max_tokens)
         return api_fail(err, 400, "min_tokens", "'min_tokens' (%d) is larger than max_tokens (%d)", gp->sp.min_tokens,
                         gp->sp.max_tokens);
@@ -413,6 +416,7 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
     memset(gp, 0, sizeof *gp);
     gp->kind = kind;
     vllm_sampling_params_default(&gp->sp);
+    fields_defaults(s, gp);
     int rc = check_unsupported(body, err) || fields_parse(s, body, gp, err) || get_sampling(s, body, gp, err) ||
              get_stream(body, gp, err) || get_logprobs(body, gp, err);
     if (!rc) rc = kind == API_CHAT ? chat_prompt(s, body, &gp->prompt_ids, &gp->num_prompt, err)

@@ -209,18 +209,25 @@ static int authorized(struct server *s, struct evhttp_request *req) {
     return key_matches(s->cfg.api_key, h);
 }
 
-static void handle_models(struct server *s, struct evhttp_request *req) {
+static json_t *model_card(struct server *s, const char *name) {
     json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->cfg.served_model_name));
+    json_object_set_new(m, "id", json_string(name));
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->start_time));
     json_object_set_new(m, "owned_by", json_string("vllm"));
     json_object_set_new(m, "root", json_text(s->cfg.model_path, strlen(s->cfg.model_path)));
     json_object_set_new(m, "parent", json_null());
     json_object_set_new(m, "max_model_len", json_integer(s->info.max_model_len));
-    json_t *list = json_object();
+    return m;
+}
+
+// One card per served name (--served-model-name A B ...), as vLLM lists them.
+static void handle_models(struct server *s, struct evhttp_request *req) {
+    json_t *list = json_object(), *data = json_array();
+    json_array_append_new(data, model_card(s, s->cfg.served_model_name));
+    for (int i = 0; i < s->cfg.num_model_aliases; i++) json_array_append_new(data, model_card(s, s->cfg.model_aliases[i]));
     json_object_set_new(list, "object", json_string("list"));
-    json_object_set_new(list, "data", json_pack("[o]", m));
+    json_object_set_new(list, "data", data);
     send_json(s, req, 200, list);
 }
 
@@ -243,7 +250,8 @@ static void handle_plain(struct server *s, struct evhttp_request *req, const cha
 }
 
 enum route {
-    R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_LOAD, R_NONE
+    R_COMPLETIONS, R_CHAT, R_RESPONSES, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS,
+    R_LOAD, R_NONE
 };
 static const struct {
     const char *path;
@@ -251,6 +259,7 @@ static const struct {
 } routes[R_NONE] = {
     [R_COMPLETIONS] = {"/v1/completions", EVHTTP_REQ_POST},
     [R_CHAT] = {"/v1/chat/completions", EVHTTP_REQ_POST},
+    [R_RESPONSES] = {"/v1/responses", EVHTTP_REQ_POST},
     [R_MODELS] = {"/v1/models", EVHTTP_REQ_GET},
     [R_HEALTH] = {"/health", EVHTTP_REQ_GET},
     [R_PING] = {"/ping", EVHTTP_REQ_GET},
@@ -314,6 +323,7 @@ static void on_request(struct evhttp_request *req, void *arg) {
     switch (r) {
     case R_COMPLETIONS: work_submit(s, req, JOB_COMPLETION); break;
     case R_CHAT: work_submit(s, req, JOB_CHAT); break;
+    case R_RESPONSES: work_submit(s, req, JOB_RESPONSES); break;
     case R_MODELS: handle_models(s, req); break;
     case R_HEALTH:
     case R_PING: handle_health(s, req); break;
@@ -367,10 +377,17 @@ static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
 
 static int max_token_bytes(struct server *s);
 
+static json_t *parse_defaults(const struct vllm_model_info *in) {
+    json_t *d = in->generation_defaults ? json_loads(in->generation_defaults, 0, NULL) : NULL;
+    if (d && !json_object_size(d)) json_decref(d), d = NULL;
+    return d;
+}
+
 void server_set_engine(struct server *s, struct vllm_engine *e, int status) {
     if (e) { // the loop thread reads these only once it has adopted e
         vllm_engine_info(e, &s->info);
         s->max_token_bytes = max_token_bytes(s);
+        s->gen_defaults = parse_defaults(&s->info);
     }
     pthread_mutex_lock(&s->mu);
     s->loaded = e;
@@ -395,6 +412,9 @@ static void on_loaded(evutil_socket_t fd, short what, void *arg) {
         return;
     }
     s->engine = e;
+    pthread_mutex_lock(&s->mu); // the engine thread observes them
+    metrics_init_tokens(&s->m, s->info.max_model_len);
+    pthread_mutex_unlock(&s->mu);
     if (s->stopping) return; // a signal came during the load: it exits with what is left
     printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", s->cfg.served_model_name, s->cfg.host, s->port);
     fflush(stdout);
@@ -468,6 +488,9 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->cfg.model_path = xstrdup(cfg->model_path ? cfg->model_path : "");
     s->cfg.served_model_name = xstrdup(cfg->served_model_name ? cfg->served_model_name : s->cfg.model_path);
     s->cfg.chat_template = dup_or_null(cfg->chat_template);
+    char **aliases = xcalloc(cfg->num_model_aliases + 1, sizeof(char *));
+    for (int i = 0; i < cfg->num_model_aliases; i++) aliases[i] = xstrdup(cfg->model_aliases[i]);
+    s->cfg.model_aliases = (const char *const *)aliases;
     pthread_mutex_init(&s->mu, NULL);
     metrics_init(&s->m);
     int crc = cors_init(s);
@@ -478,6 +501,10 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     }
     json_t *name = json_string(s->cfg.served_model_name); // it goes into every response
     json_decref(name);
+    for (int i = 0; i < s->cfg.num_model_aliases && name; i++) {
+        name = json_string(s->cfg.model_aliases[i]);
+        json_decref(name);
+    }
     if (!name) {
         server_free(s);
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the served model name is not valid UTF-8");
@@ -499,7 +526,11 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->http = evhttp_new(s->base);
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_bevcb(s->http, client_new, s); // conn.c sees every connection's bytes first
-    if (e) s->max_token_bytes = max_token_bytes(s);
+    if (e) {
+        s->max_token_bytes = max_token_bytes(s);
+        s->gen_defaults = parse_defaults(&s->info);
+        metrics_init_tokens(&s->m, s->info.max_model_len);
+    }
     // Every method reaches on_request, which answers 405 as JSON.
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
@@ -549,6 +580,7 @@ void server_free(struct server *s) {
     free(s->batch);
     if (s->wake) event_free(s->wake);
     if (s->loaded_ev) event_free(s->loaded_ev);
+    json_decref(s->gen_defaults);
     cors_free(s);
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);
@@ -561,5 +593,7 @@ void server_free(struct server *s) {
     free((char *)s->cfg.model_path);
     free((char *)s->cfg.served_model_name);
     free((char *)s->cfg.chat_template);
+    for (int i = 0; s->cfg.model_aliases && i < s->cfg.num_model_aliases; i++) free((char *)s->cfg.model_aliases[i]);
+    free((void *)s->cfg.model_aliases);
     free(s);
 }

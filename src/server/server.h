@@ -17,7 +17,9 @@ struct server_config {
     int port;                      // 0: any free port (server_port tells which)
     const char *api_key;           // NULL: no authentication; else every route but /health, /ping, /version
     int metrics_no_auth;           // /metrics without the key too
-    const char *served_model_name; // the name clients send as "model"
+    const char *served_model_name; // the name clients send as "model", and the one answers carry
+    const char *const *model_aliases; // more names clients may send (--served-model-name A B ...)
+    int num_model_aliases;
     const char *model_path;        // shown as "root" in /v1/models
     size_t max_body_bytes;         // larger request bodies get 413
     int io_timeout_s;              // idle connections, stalled writes, and a request's whole read

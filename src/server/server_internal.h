@@ -44,16 +44,25 @@ void hist_observe(struct hist *h, double v);
 
 struct metrics {
     struct hist ttft, itl, e2e;
+    // per finished request (not aborted), as vLLM's dashboard queries them
+    struct hist queue, prefill, decode, inference, tpot;
+    struct hist prompt_tokens, generation_tokens, max_generation_tokens, max_tokens_param;
+    double token_bounds[32]; // 1, 2, 5, 10, ... up to max_model_len
     uint64_t finished[4]; // stop, length, abort, error
 };
 void metrics_init(struct metrics *m);
+// The token-count histograms' buckets, once max_model_len is known.
+void metrics_init_tokens(struct metrics *m, int max_model_len);
+// A request finished (engine thread, under server.mu).
+struct gen;
+void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o);
 // Prometheus text exposition (format 0.0.4) into buf.
 struct server;
 void metrics_render(struct server *s, struct evbuffer *buf);
 
 // ------------------------------------------------------------ requests --
 
-enum api_kind { API_COMPLETION, API_CHAT };
+enum api_kind { API_COMPLETION, API_CHAT, API_RESPONSES };
 
 // A validated request: what vllm_submit gets, and how to answer.
 struct gen_params {
@@ -69,6 +78,8 @@ struct gen_params {
     char *request_id; // the response id's suffix (NULL: a random one)
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
+    int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
+    json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
 // the prompt (tokenized; chat through the template) and the length limit.
@@ -95,6 +106,9 @@ int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, st
 void fields_truncate(struct gen_params *gp);
 int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
 int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
+// generation_config.json's sampling defaults (as vLLM applies them): into
+// gp->sp before the request's own fields are read.
+void fields_defaults(struct server *s, struct gen_params *gp);
 void fields_free(struct gen_params *gp);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
@@ -141,6 +155,8 @@ struct gen {
     int num_ids, cap_ids;
     json_t *logprobs;
     size_t text_offset;              // completions logprobs: offset of the next token
+    char msg_id[48];                 // /v1/responses: the output message's id
+    int seq;                         // /v1/responses: the next event's sequence_number
     // under srv->mu
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
     int queued;
@@ -150,6 +166,14 @@ struct gen {
     // live list (loop thread)
     struct gen *prev, *next;
 };
+
+// /v1/responses (responses.c): the body as a chat request; the final
+// response object; the typed stream events (start, text deltas, the end).
+int responses_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+json_t *responses_final(struct gen *g, const struct gen_events *ev);
+void responses_stream_start(struct gen *g);
+void responses_stream_events(struct gen *g, const struct gen_events *ev);
+void responses_stream_done(struct gen *g, const struct gen_events *ev);
 
 // Starts a generation for a parsed request (takes over gp), or answers the
 // error. Called on the loop thread.
@@ -168,7 +192,7 @@ void gen_free_all(struct server *s);
 // ---------------------------------------------------------- workers --
 
 // Requests whose bodies are parsed (and tokenized) on a worker thread.
-enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT };
+enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT, JOB_RESPONSES };
 struct job;
 // Loop thread: takes the request's body and answers when the job is done.
 void work_submit(struct server *s, struct evhttp_request *req, enum job_kind kind);
@@ -260,6 +284,7 @@ struct server {
     int load_done;       // under mu
     struct event *loaded_ev;
     int fatal;           // under mu: a request failed with a device or internal error: /health is 503
+    json_t *gen_defaults; // info.generation_defaults parsed (NULL: none)
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.

