@@ -395,6 +395,11 @@ static void on_token(struct vllm_engine *e, struct request *r, int pos, const st
     double now = now_s();
     if (r->t_first == 0) r->t_first = now;
     r->t_last = now;
+    if (r->has_cons && r->cons.accept && r->cons.accept(r->cons.user, id)) {
+        r->delivered = num_output - 1;
+        finish(e, r, VLLM_FINISH_ERROR, VLLM_ERR_INTERNAL, "the sampled token is not allowed by the request's constraint");
+        return;
+    }
     vllm_finish_reason reason = stop_reason(e, r, id, num_output);
     char *text = NULL;
     size_t len = 0;
@@ -485,10 +490,27 @@ static void fail_step(struct vllm_engine *e, const struct sched_output *so, int 
     for (int i = 0; i < nf; i++) finish(e, failed[i], VLLM_FINISH_ERROR, rc, msg);
 }
 
+// A constrained request's next mask depends on the token the step in flight
+// samples: while one runs with a token pending, that step is postprocessed
+// before the next is scheduled (its mask then computed from the known
+// token). Unconstrained batches keep the overlap.
+static int needs_sync(const struct vllm_engine *e) {
+    if (e->inflight_step < 0) return 0;
+    for (int i = 0; i < e->sched.num_running; i++)
+        if (e->sched.running[i]->has_cons && e->sched.running[i]->inflight) return 1;
+    return 0;
+}
+
 // step() = schedule, run, postprocess. The step just launched runs on the
 // device while the host postprocesses the one before it.
 static void step(struct vllm_engine *e) {
     handle_cancels(e);
+    if (needs_sync(e)) {
+        struct step_out out;
+        runner_wait(e->runner, e->inflight_step, &out);
+        e->inflight_step = -1;
+        postprocess(e, &out);
+    }
     const struct sched_output *so = sched_schedule(&e->sched);
     int launched = -1;
     if (so->num_entries) {

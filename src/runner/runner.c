@@ -32,7 +32,9 @@ struct step_slot {
     int32_t *pos;              // where each sampled id goes in its request's tokens
     struct request **sched;    // every request of the step
     struct request **admitted; // requests given a token-table row by this step
+    uint32_t *mask;            // [num, mask_words] allowed ids of each sampled row, when masked
     int num, num_sched, num_admitted, any_logprobs, fence;
+    int masked;                // some sampled row has a constraint: the masks go up and apply
 };
 
 #define MAX_GRAPH_BATCH 256
@@ -47,6 +49,7 @@ struct rank {
     int32_t *meta;       // device metadata, uploaded in one copy per step
     float *logits;       // device [logit rows, vocab]
     float *logits_all;   // device [max tokens, vocab] with the hook
+    uint32_t *mask;      // device [max_num_seqs, mask_words] token masks of a masked step
     struct sample_out dev_out;
     void *graphs[MAX_GRAPH_BATCH + 1];
     int graph_epoch;
@@ -66,6 +69,7 @@ struct runner {
     struct team *team; // a thread per rank, rank 0 the caller's
     struct runner_config cfg;
     int vocab, max_blocks, pad_row, pad_slot;
+    int mask_words; // CDIV(vocab, 32)
     struct meta_layout lay;
     struct step_slot slots[RUNNER_INFLIGHT];
     int next_slot;
@@ -134,6 +138,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
     r->rk = xcalloc(tp, sizeof *r->rk);
     r->cfg = *cfg;
     r->vocab = m[0]->spec.vocab_size;
+    r->mask_words = CDIV(r->vocab, 32);
     r->max_blocks = CDIV(cfg->max_model_len, cfg->block_size);
     r->pad_row = cfg->max_num_seqs;
     r->pad_slot = cfg->num_slots;
@@ -155,6 +160,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
         k->dev_out.top_ids = dev_alloc(k, sizeof(int32_t) * SP * mt, &rc, "top logprobs");
         k->dev_out.top_logprobs = dev_alloc(k, sizeof(float) * SP * mt, &rc, "top logprobs");
         k->dev_out.max_top = mt;
+        k->mask = dev_alloc(k, sizeof(uint32_t) * SP * r->mask_words, &rc, "token masks");
     }
     backend_bind(be[0]);
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
@@ -164,6 +170,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
         sl->lp = host_alloc(r, sizeof(float) * SP, &rc);
         sl->top_ids = host_alloc(r, sizeof(int32_t) * SP * mt, &rc);
         sl->top_lp = host_alloc(r, sizeof(float) * SP * mt, &rc);
+        sl->mask = host_alloc(r, sizeof(uint32_t) * SP * r->mask_words, &rc);
         sl->reqs = xcalloc(SP, sizeof(struct request *));
         sl->pos = xcalloc(SP, sizeof(int32_t));
         sl->sched = xcalloc(S, sizeof(struct request *));
@@ -201,7 +208,7 @@ static void free_rank(struct rank *k) {
     be->ops->sync(be);
     caches_release(be, &k->caches);
     void *dev[] = {k->table, k->input_ids, k->meta, k->logits, k->logits_all, k->dev_out.ids, k->dev_out.logprobs,
-                   k->dev_out.top_ids, k->dev_out.top_logprobs};
+                   k->dev_out.top_ids, k->dev_out.top_logprobs, k->mask};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
 }
 
@@ -212,7 +219,7 @@ void runner_free(struct runner *r) {
     struct backend *be = r->rk[0].be;
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
         struct step_slot *sl = &r->slots[k];
-        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp};
+        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp, sl->mask};
         for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
             if (h[i]) be->ops->host_free(be, h[i]);
         free(sl->reqs);
@@ -416,6 +423,7 @@ static void run_step(struct runner *r, struct rank *k, const struct batch *b) {
     op->gather_ids(k->be, b->input_ids, k->table, b->token_src, b->num_tokens);
     k->model->ops->forward(k->model, b, &k->caches, r->hook ? k->logits_all : k->logits, r->hook != NULL);
     if (r->hook) run_hook(r, k, b);
+    if (b->num_sample && r->job.sl->masked) op->mask_logits(k->be, k->logits, b->num_sample, r->vocab, k->mask);
     if (b->num_sample) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
 }
 
@@ -447,6 +455,7 @@ static void launch_rank(void *ctx, int rank) {
         op->upload(be, k->table + (int64_t)q->row * r->cfg.max_model_len, q->tokens, sizeof(int32_t) * q->num_tokens);
     }
     op->upload(be, k->meta, sl->staging, j->meta_bytes); // the step's metadata, one copy
+    if (sl->masked) op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)sl->num * r->mask_words);
     struct batch b = j->b;
     point_batch(r, k, &b);
     if (j->replay) op->graph_launch(be, k->graphs[j->pad]);
@@ -469,6 +478,28 @@ static void launch_rank(void *ctx, int rank) {
     sl->fence = op->fence(be);
 }
 
+// Whether a row this step samples has a constraint (a request samples when
+// the step computes its last known token).
+static int any_constrained(const struct sched_output *so) {
+    for (int i = 0; i < so->num_entries; i++) {
+        const struct request *q = so->entries[i].req;
+        if (q->has_cons && q->num_computed + so->entries[i].num_tokens == q->num_tokens) return 1;
+    }
+    return 0;
+}
+
+// The masks of the sampled rows, on the host: the constraint's for a
+// constrained request, every id for the others.
+static void fill_masks(struct runner *r, struct step_slot *sl) {
+    size_t W = (size_t)r->mask_words;
+    for (int i = 0; i < sl->num; i++) {
+        uint32_t *row = sl->mask + i * W;
+        const struct request *q = sl->reqs[i];
+        memset(row, q->has_cons ? 0 : 0xff, sizeof(uint32_t) * W);
+        if (q->has_cons) q->cons.fill_mask(q->cons.user, row, (int)W);
+    }
+}
+
 int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
     int s = r->next_slot;
     r->next_slot = (s + 1) % RUNNER_INFLIGHT;
@@ -482,7 +513,8 @@ int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
         sl->sched[i] = e->req;
     }
     sl->num_sched = so->num_entries;
-    int pad = graph_size(r, so);
+    sl->masked = any_constrained(so);
+    int pad = sl->masked ? 0 : graph_size(r, so); // a masked step runs eagerly
     for (int k = 0; pad && k < r->tp; k++)
         if (r->rk[k].graph_epoch != r->rk[k].be->graph_epoch) free_graphs(r); // recorded buffers moved
     struct launch *j = &r->job;
@@ -491,6 +523,7 @@ int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
     j->replay = pad && r->rk[0].graphs[pad];
     j->record = pad && !j->replay && r->seen[pad]; // second time at this size: record, then replay
     build_batch(r, so, sl, pad, &j->b);
+    if (sl->masked) fill_masks(r, sl);
     j->meta_bytes = sizeof(int32_t) * (r->lay.sparams + (size_t)j->b.num_sample * (sizeof(struct sample_params) / 4));
     sl->any_logprobs = 0;
     for (int i = 0; i < sl->num; i++) sl->any_logprobs |= j->b.h_sample_params[i].num_logprobs >= 0;

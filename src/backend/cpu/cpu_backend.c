@@ -244,6 +244,18 @@ static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
     return s;
 }
 
+// The reference of every backend's mask_logits.
+static void cpu_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask) {
+    (void)be;
+    size_t W = (size_t)CDIV(vocab, 32);
+    for (int r = 0; r < rows; r++) {
+        float *l = logits + (size_t)r * vocab;
+        const uint32_t *m = mask + r * W;
+        for (int i = 0; i < vocab; i++)
+            if (!((m[i >> 5] >> (i & 31)) & 1u)) l[i] = -INFINITY;
+    }
+}
+
 struct sample_ctx {
     struct backend *be;
     const float *logits;
@@ -353,6 +365,7 @@ static const struct backend_ops cpu_ops = {
     .attn_decode = cpu_attn_decode,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
+    .mask_logits = cpu_mask_logits,
     .sample = cpu_sample,
     .all_reduce = cpu_all_reduce,
     .all_gather = cpu_all_gather,
