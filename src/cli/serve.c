@@ -28,7 +28,10 @@ static void usage(FILE *f) {
             "  --max-queued N               waiting requests at most; more get 429 (default 0: no limit)\n"
             "  --max-body-bytes N           larger request bodies get 413 (default 32 MiB)\n"
             "  --timeout-s N                idle connections, stalled writes and requests not read whole\n"
-            "                               in N s are closed (default 60)\n\n"
+            "                               in N s are closed (default 60)\n"
+            "  --tool-call-parser NAME      hermes, qwen3_coder or llama3_json: tool_calls from the text\n"
+            "  --enable-auto-tool-choice    parse tool calls under tool_choice \"auto\" (needs the parser)\n"
+            "  --reasoning-parser NAME      deepseek_r1, qwen3 or nemotron_v3: reasoning_content\n\n"
             "engine:\n%s",
             cli_engine_help);
 }
@@ -147,6 +150,9 @@ int cli_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-queued")) { VAL(); if (cli_int(f, v, 0, 1 << 30, &ep.max_queued)) return 2; }
         else if (!strcmp(f, "--max-body-bytes")) { VAL(); if (cli_int(f, v, 1024, 1 << 30, &x)) return 2; sc.max_body_bytes = (size_t)x; }
         else if (!strcmp(f, "--timeout-s")) { VAL(); if (cli_int(f, v, 1, 86400, &sc.io_timeout_s)) return 2; }
+        else if (!strcmp(f, "--tool-call-parser")) { VAL(); sc.tool_call_parser = v; }
+        else if (!strcmp(f, "--enable-auto-tool-choice")) sc.enable_auto_tool_choice = 1;
+        else if (!strcmp(f, "--reasoning-parser")) { VAL(); sc.reasoning_parser = v; }
         else {
             fprintf(stderr, "vllm serve: unknown option '%s'\n", f);
             usage(stderr);

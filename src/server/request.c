@@ -65,8 +65,7 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
 
 // Fields that vLLM honours and vllm.c does not: a 400, never a silent ignore.
 static int check_unsupported(const json_t *body, struct api_error *err) {
-    static const char *const never[] = {"suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                        "structured_outputs", NULL};
+    static const char *const never[] = {"suffix", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i])) return api_fail(err, 400, never[i], "'%s' is not supported", never[i]);
     long long n = 1, best_of = 1;
@@ -83,11 +82,7 @@ static int check_unsupported(const json_t *body, struct api_error *err) {
     json_t *lb = field(body, "logit_bias");
     if (lb && (!json_is_object(lb) || json_object_size(lb)))
         return api_fail(err, 400, "logit_bias", "'logit_bias' is not supported");
-    json_t *rf = field(body, "response_format");
-    if (rf && (!json_is_object(rf) || !json_is_string(json_object_get(rf, "type")) ||
-               strcmp(json_string_value(json_object_get(rf, "type")), "text")))
-        return api_fail(err, 400, "response_format", "only the 'text' response_format is supported");
-    return 0;
+    return 0; // response_format, structured_outputs, guided_*: guided.c
 }
 
 static int get_stop(const json_t *body, struct gen_params *gp, struct api_error *err) {
@@ -234,8 +229,9 @@ static json_t *message_content(const json_t *c, size_t i, struct api_error *err)
 
 // "tools" and "tool_choice" against OpenAI's schema: a list of
 // {"type": "function", "function": {"name", "description"?, "parameters"?,
-// "strict"?}}, and "none" | "auto" (what vllm.c honours: "required" and a
-// named function need guided decoding, which it does not have).
+// "strict"?}}, and "none" | "auto" | "required" | {"type": "function",
+// "function": {"name"}} (guided.c constrains the last two by the tools'
+// grammar).
 static int check_tools(const json_t *body, struct api_error *err) {
     json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice"), *t;
     int par = 0;
@@ -265,18 +261,19 @@ static int check_tools(const json_t *body, struct api_error *err) {
     }
     if (!choice) return 0;
     const char *c = json_string_value(choice);
+    if (!json_array_size(tools) && !(c && !strcmp(c, "none")))
+        return api_fail(err, 400, "tool_choice", "When using `tool_choice`, `tools` must be set.");
     if (c && (!strcmp(c, "none") || !strcmp(c, "auto"))) return 0;
-    if (c && !strcmp(c, "required"))
-        return api_fail(err, 400, "tool_choice", "'tool_choice': \"required\" is not supported (it needs guided decoding)");
+    if (c && !strcmp(c, "required")) return 0; // constrained by the tools' grammar (guided.c)
     if (json_is_object(choice)) {
         json_t *type = json_object_get(choice, "type"), *fn = json_object_get(choice, "function");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_object(fn) ||
             !json_is_string(json_object_get(fn, "name")))
             return api_fail(err, 400, "tool_choice",
-                            "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-        return api_fail(err, 400, "tool_choice", "a named 'tool_choice' is not supported (it needs guided decoding)");
+                            "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return 0; // guided.c checks the name against tools
     }
-    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", ...}");
+    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}");
 }
 
 // Names the server sets in the template's variables: chat_template_kwargs
@@ -414,6 +411,7 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
                                    : completion_prompt(s, body, gp, err);
     if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
     if (!rc) rc = get_max_tokens(s, body, gp, err);
+    if (!rc) rc = guided_parse(s, kind, body, gp, err);
     if (rc) gen_params_free(gp);
     return rc ? -1 : 0;
 }
@@ -423,6 +421,7 @@ void gen_params_free(struct gen_params *gp) {
     free(gp->stop);
     free(gp->stop_ids);
     free(gp->prompt_ids);
+    guided_req_free(gp->guided);
     memset(gp, 0, sizeof *gp);
 }
 

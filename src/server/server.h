@@ -21,6 +21,9 @@ struct server_config {
     const char *model_path;        // shown as "root" in /v1/models
     size_t max_body_bytes;         // larger request bodies get 413
     int io_timeout_s;              // idle connections, stalled writes, and a request's whole read
+    const char *tool_call_parser;  // NULL: none; "hermes", "qwen3_coder" or "llama3_json"
+    int enable_auto_tool_choice;   // parse tool calls under tool_choice "auto" (needs the parser)
+    const char *reasoning_parser;  // NULL: none; "deepseek_r1", "qwen3" or "nemotron_v3"
 };
 void server_config_default(struct server_config *c);
 

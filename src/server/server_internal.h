@@ -65,6 +65,7 @@ struct gen_params {
     int num_prompt;
     int stream, include_usage, return_token_ids;
     int logprobs; // -1: none; else top logprobs per token
+    struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
 // the prompt (tokenized; chat through the template) and the length limit.
@@ -83,6 +84,32 @@ json_t *detokenize_reply(struct server *s, const json_t *body, struct api_error 
 json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_error *err);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
+
+// ---------------------------------------- structured output (guided.c) --
+
+struct guided_req;
+// The server's parsers (--tool-call-parser, --reasoning-parser) and grammar
+// registry; an unknown parser name is an error.
+int guided_init(struct server *s);
+void guided_free(struct server *s);
+// A chat / completions body's response_format, structured_outputs,
+// guided_*, tools and tool_choice: compiles the grammar (400 naming the
+// field and what it cannot do); gp->guided stays NULL when none applies.
+int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
+                 struct api_error *err);
+void guided_req_free(struct guided_req *q);
+// The request's vllm_constraint: 1 and *out set when it has a grammar.
+int guided_constraint(struct guided_req *q, struct vllm_constraint *out);
+// Whether the answer goes through the reasoning / tool-call parsers.
+int guided_parses(const struct guided_req *q);
+// Non-streaming: content, reasoning_content and tool_calls into msg; the
+// finish_reason to report instead of the engine's, or NULL.
+const char *guided_message(struct guided_req *q, const char *text, size_t len, vllm_finish_reason reason,
+                           json_t *msg);
+// Streaming: one event's text (fin: the last) into delta's fields; 1 when
+// delta has any.
+int guided_delta(struct guided_req *q, const char *text, size_t len, int fin, json_t *delta);
+const char *guided_stream_finish(const struct guided_req *q, vllm_finish_reason reason);
 
 // --------------------------------------------------------- generations --
 
@@ -220,6 +247,7 @@ struct server {
     struct job *todo, *todo_tail, *done;
     struct event *work_wake;
     int num_jobs; // submitted, not yet answered or dropped (loop thread)
+    struct guided *guided; // guided.c
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.
