@@ -19,3 +19,14 @@ else()
   add_test(NAME server_openai COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
 endif()
 set_tests_properties(server_openai PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+
+# Structured output, tool calls and reasoning end to end (issue 14): every
+# JSON schema of tests/fixtures/structured through the server, each answer
+# validated by ajv; regexes, choices, forced tool calls, reasoning.
+if(VLLM_NODE)
+  add_test(NAME server_structured COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/structured_e2e.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+else()
+  add_test(NAME server_structured COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
+endif()
+set_tests_properties(server_structured PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
