@@ -46,9 +46,9 @@ function check(cond, what) {
   }
 }
 
-function startServer() {
+function startServer(parser = 'hermes') {
   const args = ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--served-model-name',
-                NAME, '--max-model-len', '4096', '--tool-call-parser', 'hermes', '--enable-auto-tool-choice',
+                NAME, '--max-model-len', '4096', '--tool-call-parser', parser, '--enable-auto-tool-choice',
                 '--reasoning-parser', 'qwen3'];
   const proc = spawn(vllm, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
@@ -295,12 +295,61 @@ async function testReasoning(client) {
   check(!off.message.reasoning_content && off.text.length > 0, 'thinking off: all content');
 }
 
+// Recorded model outputs of each format, forced through a one-string
+// guided_choice (the grammar makes the random model say them) under
+// tool_choice auto: the parser's tool_calls and content, streamed == not;
+// malformed calls stay content, nothing lost.
+const RECORDED = {
+  hermes: [
+    ['Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>',
+     [['get_weather', { city: 'Paris', days: 2 }]], 'Let me check.\n'],
+    ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2.5}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n</tool_call>',
+     [['add', { a: 1, b: 2.5 }], ['get_weather', { city: 'Oslo', days: 1 }]], null],
+    // broken after its arguments began: whole, it stays content; streamed, the
+    // fragments already sent stay sent (as vLLM streams it)
+    ['<tool_call>\n{"name": "add", "arguments": {"a": }}\n</tool_call>', [], '<tool_call>\n{"name": "add", "arguments": {"a": }}\n</tool_call>', 'whole'],
+    ['Just text, no call.', [], 'Just text, no call.'],
+  ],
+  qwen3_coder: [
+    ['<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>',
+     [['get_weather', { city: 'Rome', days: 3 }]], null],
+    ['<tool_call>\nhello\n</tool_call> text', [], '<tool_call>\nhello\n</tool_call> text'],
+  ],
+  llama3_json: [
+    ['{"name": "add", "parameters": {"a": 4, "b": 5}}', [['add', { a: 4, b: 5 }]], null],
+    ['Sure! {"name": "add", "parameters": {}}', [], 'Sure! {"name": "add", "parameters": {}}'],
+  ],
+};
+
+async function testRecorded(parser, client) {
+  let n = 0;
+  for (const [text, want, content, only] of RECORDED[parser]) {
+    const body = { tools: TOOLS, guided_choice: [text], max_tokens: 1000, chat_template_kwargs: { enable_thinking: false } };
+    const r = await ask(client, true, false, body), s = await ask(client, true, true, body);
+    for (const [what, x] of [['non-streamed', r], ['streamed', s]]) {
+      if (only === 'whole' && x === s) continue;
+      const calls = (x.message.tool_calls ?? []).map((c) => [c.function.name, JSON.parse(c.function.arguments)]);
+      check(JSON.stringify(calls) === JSON.stringify(want), `${parser} ${what} ${JSON.stringify(text)}: calls ${JSON.stringify(calls)}`);
+      check((x.message.content || null) === content, `${parser} ${what}: content ${JSON.stringify(x.message.content)}, want ${JSON.stringify(content)}`);
+      check(x.finish === (want.length ? 'tool_calls' : 'stop'), `${parser} ${what}: finish ${x.finish}`);
+      n++;
+    }
+  }
+  console.log(`  recorded ${parser}: ${n} answers`);
+}
+
 async function main() {
   const srv = await startServer();
   const client = new OpenAI({ apiKey: 'none', baseURL: `http://127.0.0.1:${srv.port}/v1`, maxRetries: 0, timeout: 600000 });
   const dir = mkdtempSync(join(tmpdir(), 'vllm-structured-'));
   try {
     await testJsonObjectAndErrors(client);
+    await testRecorded('hermes', client);
+    for (const parser of ['qwen3_coder', 'llama3_json']) {
+      const other = await startServer(parser);
+      await testRecorded(parser, new OpenAI({ apiKey: 'none', baseURL: `http://127.0.0.1:${other.port}/v1`, maxRetries: 0 }));
+      check(await stopServer(other) === 0, `the ${parser} server exited cleanly`);
+    }
     await testTools(client);
     await testReasoning(client);
     await testRegexChoice(client);
