@@ -338,7 +338,17 @@ async function testRecorded(parser, client) {
   console.log(`  recorded ${parser}: ${n} answers`);
 }
 
+// Bad parser flags stop `vllm serve` with a message naming them.
+function testFlags() {
+  for (const [args, must] of [[['--tool-call-parser', 'bogus'], "'bogus'"], [['--reasoning-parser', 'r2'], "'r2'"],
+                              [['--enable-auto-tool-choice'], '--tool-call-parser']]) {
+    const r = spawnSync(vllm, ['serve', '--model', model, '--port', '0', ...args], { encoding: 'utf8', timeout: 30000 });
+    check(r.status === 1 && (r.stdout + r.stderr).includes(must), `serve ${args.join(' ')}: exit ${r.status}: ${r.stderr}`);
+  }
+}
+
 async function main() {
+  testFlags();
   const srv = await startServer();
   const client = new OpenAI({ apiKey: 'none', baseURL: `http://127.0.0.1:${srv.port}/v1`, maxRetries: 0, timeout: 600000 });
   const dir = mkdtempSync(join(tmpdir(), 'vllm-structured-'));
