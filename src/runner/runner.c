@@ -38,6 +38,9 @@ struct step_slot {
 };
 
 #define MAX_GRAPH_BATCH 256
+// Graphs by padded batch size, twice: without and with the token mask
+// (constrained decoding adds mask_logits before the sampler).
+#define NUM_GRAPHS (2 * (MAX_GRAPH_BATCH + 1))
 
 // One tensor-parallel rank (the only one without tensor parallelism).
 struct rank {
@@ -51,7 +54,7 @@ struct rank {
     float *logits_all;   // device [max tokens, vocab] with the hook
     uint32_t *mask;      // device [max_num_seqs, mask_words] token masks of a masked step
     struct sample_out dev_out;
-    void *graphs[MAX_GRAPH_BATCH + 1];
+    void *graphs[NUM_GRAPHS];
     int graph_epoch;
 };
 
@@ -61,6 +64,7 @@ struct launch {
     struct batch b; // device pointers of rank 0
     size_t meta_bytes;
     int pad, replay, record;
+    int gi; // graphs[] index: pad, or pad + MAX_GRAPH_BATCH + 1 when masked
 };
 
 struct runner {
@@ -77,7 +81,7 @@ struct runner {
     struct launch job;
     // graphs of pure-decode steps, by padded batch size: seen once (run eagerly,
     // which sizes every buffer), then recorded and replayed (per rank)
-    unsigned char seen[MAX_GRAPH_BATCH + 1];
+    unsigned char seen[NUM_GRAPHS];
     int num_graphs;
     runner_logits_hook hook;
     void *hook_user;
@@ -191,7 +195,7 @@ static void free_graphs(struct runner *r) {
     for (int k = 0; k < r->tp && r->rk[k].be; k++) {
         struct rank *rk = &r->rk[k];
         backend_bind(rk->be);
-        for (int i = 0; i <= MAX_GRAPH_BATCH; i++) {
+        for (int i = 0; i < NUM_GRAPHS; i++) {
             if (rk->graphs[i]) rk->be->ops->graph_free(rk->be, rk->graphs[i]);
             rk->graphs[i] = NULL;
         }
@@ -455,15 +459,15 @@ static void launch_rank(void *ctx, int rank) {
         op->upload(be, k->table + (int64_t)q->row * r->cfg.max_model_len, q->tokens, sizeof(int32_t) * q->num_tokens);
     }
     op->upload(be, k->meta, sl->staging, j->meta_bytes); // the step's metadata, one copy
-    if (sl->masked) op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)sl->num * r->mask_words);
+    if (sl->masked) op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)j->b.num_sample * r->mask_words);
     struct batch b = j->b;
     point_batch(r, k, &b);
-    if (j->replay) op->graph_launch(be, k->graphs[j->pad]);
+    if (j->replay) op->graph_launch(be, k->graphs[j->gi]);
     else if (j->record) {
         op->graph_begin(be);
         run_step(r, k, &b);
-        k->graphs[j->pad] = op->graph_end(be);
-        op->graph_launch(be, k->graphs[j->pad]);
+        k->graphs[j->gi] = op->graph_end(be);
+        op->graph_launch(be, k->graphs[j->gi]);
     } else {
         run_step(r, k, &b);
     }
@@ -490,13 +494,16 @@ static int any_constrained(const struct sched_output *so) {
 
 // The masks of the sampled rows, on the host: the constraint's for a
 // constrained request, every id for the others.
-static void fill_masks(struct runner *r, struct step_slot *sl) {
+// rows: the batch's sampled rows, graph padding included (padding rows
+// allow every id: their samples go nowhere).
+static void fill_masks(struct runner *r, struct step_slot *sl, int rows) {
     size_t W = (size_t)r->mask_words;
-    for (int i = 0; i < sl->num; i++) {
+    for (int i = 0; i < rows; i++) {
         uint32_t *row = sl->mask + i * W;
-        const struct request *q = sl->reqs[i];
-        memset(row, q->has_cons ? 0 : 0xff, sizeof(uint32_t) * W);
-        if (q->has_cons) q->cons.fill_mask(q->cons.user, row, (int)W);
+        const struct request *q = i < sl->num ? sl->reqs[i] : NULL;
+        int c = q && q->has_cons;
+        memset(row, c ? 0 : 0xff, sizeof(uint32_t) * W);
+        if (c) q->cons.fill_mask(q->cons.user, row, (int)W);
     }
 }
 
@@ -514,22 +521,23 @@ int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
     }
     sl->num_sched = so->num_entries;
     sl->masked = any_constrained(so);
-    int pad = sl->masked ? 0 : graph_size(r, so); // a masked step runs eagerly
+    int pad = graph_size(r, so);
     for (int k = 0; pad && k < r->tp; k++)
         if (r->rk[k].graph_epoch != r->rk[k].be->graph_epoch) free_graphs(r); // recorded buffers moved
     struct launch *j = &r->job;
     j->sl = sl;
     j->pad = pad;
-    j->replay = pad && r->rk[0].graphs[pad];
-    j->record = pad && !j->replay && r->seen[pad]; // second time at this size: record, then replay
+    j->gi = pad + (sl->masked ? MAX_GRAPH_BATCH + 1 : 0);
+    j->replay = pad && r->rk[0].graphs[j->gi];
+    j->record = pad && !j->replay && r->seen[j->gi]; // second time at this size: record, then replay
     build_batch(r, so, sl, pad, &j->b);
-    if (sl->masked) fill_masks(r, sl);
+    if (sl->masked) fill_masks(r, sl, j->b.num_sample);
     j->meta_bytes = sizeof(int32_t) * (r->lay.sparams + (size_t)j->b.num_sample * (sizeof(struct sample_params) / 4));
     sl->any_logprobs = 0;
     for (int i = 0; i < sl->num; i++) sl->any_logprobs |= j->b.h_sample_params[i].num_logprobs >= 0;
     if (diag_on("1")) diag_batch(r, so, &j->b, pad > 0);
     team_run(r->team, launch_rank, r);
-    if (pad && !j->replay) r->seen[pad] = 1;
+    if (pad && !j->replay) r->seen[j->gi] = 1;
     r->num_graphs += j->record;
     r->steps++;
     *step = s;

@@ -301,12 +301,18 @@ void guided_req_free(struct guided_req *q) {
 
 // --------------------------------------------------------- constraint --
 
+// After an EOS the grammar is done; a request that goes on (ignore_eos, or
+// an EOS before min_tokens) may then sample anything: what follows the
+// grammar's answer is the request's own business, and an empty mask would
+// leave the sampler nothing to pick.
 static void c_fill(void *user, uint32_t *mask, int words) {
-    (void)words; // >= the vocabulary's words: get_vocab checked the sizes
-    sg_matcher_fill_mask(user, mask);
+    if (sg_matcher_is_done(user)) memset(mask, 0xff, sizeof(uint32_t) * (size_t)words);
+    else sg_matcher_fill_mask(user, mask); // words >= the vocabulary's: get_vocab checked the sizes
 }
 
-static int c_accept(void *user, int32_t id) { return sg_matcher_accept(user, id) != VLLM_OK; }
+static int c_accept(void *user, int32_t id) {
+    return !sg_matcher_is_done(user) && sg_matcher_accept(user, id) != VLLM_OK;
+}
 
 static void c_release(void *user) { sg_matcher_free(user); }
 
