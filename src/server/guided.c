@@ -87,7 +87,7 @@ void guided_free(struct server *s) {
 static struct sg_vocab *get_vocab(struct server *s, struct api_error *err) {
     struct guided *g = s->guided;
     pthread_mutex_lock(&g->mu);
-    if (!g->vocab && s->engine->tok)
+    if (!g->vocab && s->engine && s->engine->tok)
         g->vocab = sg_vocab_create(s->engine->tok, s->info.eos_token_ids, s->info.num_eos_token_ids);
     struct sg_vocab *v = g->vocab;
     pthread_mutex_unlock(&g->mu);
@@ -247,8 +247,7 @@ static int compile(struct server *s, const json_t *body, struct guided_req *q, s
         rc = api_fail(err, 400, sp.param, "'%s' cannot be combined with a forced tool_choice", sp.param);
     if (rc) return json_decref(sp.value), -1;
     if (!sp.param && q->tools != TOOLS_REQUIRED && q->tools != TOOLS_NAMED) return 0;
-    if (!(q->vocab = get_vocab(s, err))) return json_decref(sp.value), -1;
-    if (sp.param) {
+    if (sp.param) { // compiled before the vocabulary is needed: a bad spec is the answer first
         rc = sg_registry_get(gs->reg, sp.kind, sp.value, &q->grammar);
         if (rc) api_fail(err, 400, sp.param, "%s: %s", sp.param, vllm_last_error());
     } else {
@@ -256,7 +255,7 @@ static int compile(struct server *s, const json_t *body, struct guided_req *q, s
         if (rc) api_fail(err, 400, "tools", "the tools' call grammar: %s", vllm_last_error());
     }
     json_decref(sp.value);
-    if (rc) return -1;
+    if (rc || !(q->vocab = get_vocab(s, err))) return -1;
     sg_grammar_warm(q->grammar, q->vocab); // here, on the worker, not inside an engine step
     return 0;
 }
