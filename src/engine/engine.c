@@ -490,27 +490,10 @@ static void fail_step(struct vllm_engine *e, const struct sched_output *so, int 
     for (int i = 0; i < nf; i++) finish(e, failed[i], VLLM_FINISH_ERROR, rc, msg);
 }
 
-// A constrained request's next mask depends on the token the step in flight
-// samples: while one runs with a token pending, that step is postprocessed
-// before the next is scheduled (its mask then computed from the known
-// token). Unconstrained batches keep the overlap.
-static int needs_sync(const struct vllm_engine *e) {
-    if (e->inflight_step < 0) return 0;
-    for (int i = 0; i < e->sched.num_running; i++)
-        if (e->sched.running[i]->has_cons && e->sched.running[i]->inflight) return 1;
-    return 0;
-}
-
 // step() = schedule, run, postprocess. The step just launched runs on the
 // device while the host postprocesses the one before it.
 static void step(struct vllm_engine *e) {
     handle_cancels(e);
-    if (needs_sync(e)) {
-        struct step_out out;
-        runner_wait(e->runner, e->inflight_step, &out);
-        e->inflight_step = -1;
-        postprocess(e, &out);
-    }
     const struct sched_output *so = sched_schedule(&e->sched);
     int launched = -1;
     if (so->num_entries) {
@@ -522,7 +505,11 @@ static void step(struct vllm_engine *e) {
         struct step_out out;
         runner_wait(e->runner, e->inflight_step, &out);
         postprocess(e, &out);
-    } else if (launched < 0) { // nothing could run and nothing is in flight: do not spin
+    }
+    // A constrained row's mask needs the tokens just postprocessed: its
+    // step's sampler is queued now, behind the forward the device is running.
+    if (launched >= 0 && runner_needs_sample(e->runner, launched)) runner_sample(e->runner, launched);
+    if (e->inflight_step < 0 && launched < 0) { // nothing could run and nothing is in flight: do not spin
         pthread_mutex_lock(&e->mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

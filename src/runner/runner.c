@@ -34,7 +34,10 @@ struct step_slot {
     struct request **admitted; // requests given a token-table row by this step
     uint32_t *mask;            // [num, mask_words] allowed ids of each sampled row, when masked
     int num, num_sched, num_admitted, any_logprobs, fence;
-    int masked;                // some sampled row has a constraint: the masks go up and apply
+    // Some sampled row has a constraint: the launch queues gather and forward
+    // only; runner_sample, once the step before is postprocessed (its tokens
+    // advanced the constraints), queues the masks, mask_logits and sample.
+    int masked;
 };
 
 #define MAX_GRAPH_BATCH 256
@@ -64,7 +67,7 @@ struct launch {
     struct batch b; // device pointers of rank 0
     size_t meta_bytes;
     int pad, replay, record;
-    int gi; // graphs[] index: pad, or pad + MAX_GRAPH_BATCH + 1 when masked
+    int gi; // graphs[] index: pad, or pad + MAX_GRAPH_BATCH + 1 when masked (those graphs stop before the sampler)
 };
 
 struct runner {
@@ -421,14 +424,28 @@ static void run_hook(struct runner *r, struct rank *k, const struct batch *b) {
     op->gather_rows(k->be, k->logits, k->logits_all, b->sample_rows, b->num_sample, V);
 }
 
-// gather input ids, forward, sample: the part of a step a graph records
+// gather input ids, forward, sample (not in a masked step: runner_sample):
+// the part of a step a graph records
 static void run_step(struct runner *r, struct rank *k, const struct batch *b) {
     const struct backend_ops *op = k->be->ops;
     op->gather_ids(k->be, b->input_ids, k->table, b->token_src, b->num_tokens);
     k->model->ops->forward(k->model, b, &k->caches, r->hook ? k->logits_all : k->logits, r->hook != NULL);
     if (r->hook) run_hook(r, k, b);
-    if (b->num_sample && r->job.sl->masked) op->mask_logits(k->be, k->logits, b->num_sample, r->vocab, k->mask);
-    if (b->num_sample) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
+    if (b->num_sample && !r->job.sl->masked) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
+}
+
+// Rank 0 queues the copies of the sampled ids (and log-probs) back.
+static void queue_readback(struct rank *k, struct step_slot *sl, int ns) {
+    struct backend *be = k->be;
+    const struct backend_ops *op = be->ops;
+    int mt = k->dev_out.max_top;
+    if (ns) op->download_async(be, sl->ids, k->dev_out.ids, sizeof(int32_t) * ns);
+    if (sl->any_logprobs) {
+        op->download_async(be, sl->lp, k->dev_out.logprobs, sizeof(float) * ns);
+        op->download_async(be, sl->top_ids, k->dev_out.top_ids, sizeof(int32_t) * ns * mt);
+        op->download_async(be, sl->top_lp, k->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    }
+    sl->fence = op->fence(be);
 }
 
 // The padded batch size a pure-decode step replays a graph of, or 0.
@@ -459,7 +476,6 @@ static void launch_rank(void *ctx, int rank) {
         op->upload(be, k->table + (int64_t)q->row * r->cfg.max_model_len, q->tokens, sizeof(int32_t) * q->num_tokens);
     }
     op->upload(be, k->meta, sl->staging, j->meta_bytes); // the step's metadata, one copy
-    if (sl->masked) op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)j->b.num_sample * r->mask_words);
     struct batch b = j->b;
     point_batch(r, k, &b);
     if (j->replay) op->graph_launch(be, k->graphs[j->gi]);
@@ -471,16 +487,27 @@ static void launch_rank(void *ctx, int rank) {
     } else {
         run_step(r, k, &b);
     }
-    if (rank) return;
-    int ns = b.num_sample, mt = k->dev_out.max_top;
-    if (ns) op->download_async(be, sl->ids, k->dev_out.ids, sizeof(int32_t) * ns);
-    if (sl->any_logprobs) {
-        op->download_async(be, sl->lp, k->dev_out.logprobs, sizeof(float) * ns);
-        op->download_async(be, sl->top_ids, k->dev_out.top_ids, sizeof(int32_t) * ns * mt);
-        op->download_async(be, sl->top_lp, k->dev_out.top_logprobs, sizeof(float) * ns * mt);
-    }
-    sl->fence = op->fence(be);
+    if (!rank && !sl->masked) queue_readback(k, sl, b.num_sample);
 }
+
+// Rank k's part of runner_sample: the masks up, then mask_logits and sample
+// behind the forward already queued.
+static void sample_rank(void *ctx, int rank) {
+    struct runner *r = ctx;
+    const struct launch *j = &r->job;
+    struct step_slot *sl = j->sl;
+    struct rank *k = &r->rk[rank];
+    struct backend *be = k->be;
+    const struct backend_ops *op = be->ops;
+    backend_bind(be);
+    struct batch b = j->b;
+    point_batch(r, k, &b);
+    op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)b.num_sample * r->mask_words);
+    op->mask_logits(be, k->logits, b.num_sample, r->vocab, k->mask);
+    op->sample(be, k->logits, r->vocab, k->table, &b, &k->dev_out);
+    if (!rank) queue_readback(k, sl, b.num_sample);
+}
+
 
 // Whether a row this step samples has a constraint (a request samples when
 // the step computes its last known token).
@@ -507,6 +534,16 @@ static void fill_masks(struct runner *r, struct step_slot *sl, int rows) {
     }
 }
 
+int runner_needs_sample(const struct runner *r, int step) { return r->slots[step].masked; }
+
+void runner_sample(struct runner *r, int step) {
+    struct step_slot *sl = &r->slots[step];
+    if (!sl->masked || r->job.sl != sl) return; // the last launch only: its batch is r->job's
+    fill_masks(r, sl, r->job.b.num_sample);
+    team_run(r->team, sample_rank, r);
+    backend_bind(r->rk[0].be);
+}
+
 int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
     int s = r->next_slot;
     r->next_slot = (s + 1) % RUNNER_INFLIGHT;
@@ -531,7 +568,6 @@ int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
     j->replay = pad && r->rk[0].graphs[j->gi];
     j->record = pad && !j->replay && r->seen[j->gi]; // second time at this size: record, then replay
     build_batch(r, so, sl, pad, &j->b);
-    if (sl->masked) fill_masks(r, sl, j->b.num_sample);
     j->meta_bytes = sizeof(int32_t) * (r->lay.sparams + (size_t)j->b.num_sample * (sizeof(struct sample_params) / 4));
     sl->any_logprobs = 0;
     for (int i = 0; i < sl->num; i++) sl->any_logprobs |= j->b.h_sample_params[i].num_logprobs >= 0;
