@@ -3,7 +3,7 @@
 // ids in order, an EOS the mask allows ends the request (EOS), max_tokens
 // still cuts it short (length), constrained and unconstrained requests share
 // batches (the unconstrained keep their greedy ids), a pool small enough to
-// preempt changes nothing, and release runs exactly once (a failed submit
+// preempt and two tensor-parallel ranks change nothing, and release runs exactly once (a failed submit
 // included).
 #include <pthread.h>
 
@@ -66,13 +66,14 @@ static void *run_one(void *arg) {
     return NULL;
 }
 
-static struct vllm_engine *load(int num_kv_blocks) {
+static struct vllm_engine *load(int num_kv_blocks, int tp) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     char *dir = tu_fixture("nh_dense");
     ep.model = dir;
     ep.num_threads = 1;
     ep.num_kv_blocks = num_kv_blocks;
+    ep.tensor_parallel_size = tp;
     ep.max_model_len = 64;
     struct vllm_engine *e = NULL;
     if (vllm_engine_load(&ep, &e)) fprintf(stderr, "load: %s\n", vllm_last_error());
@@ -80,8 +81,8 @@ static struct vllm_engine *load(int num_kv_blocks) {
     return e;
 }
 
-static void check_batch(int num_kv_blocks) {
-    struct vllm_engine *e = load(num_kv_blocks);
+static void check_batch(int num_kv_blocks, int tp) {
+    struct vllm_engine *e = load(num_kv_blocks, tp);
     CHECK(e != NULL);
     if (!e) return;
     struct vllm_model_info info;
@@ -138,7 +139,7 @@ static void check_batch(int num_kv_blocks) {
     vllm_free(alone.out);
     struct vllm_stats st;
     vllm_engine_stats(e, &st);
-    printf("  kv blocks %d: %llu preemptions\n", num_kv_blocks, (unsigned long long)st.num_preemptions);
+    printf("  kv blocks %d, tp %d: %llu preemptions\n", num_kv_blocks, tp, (unsigned long long)st.num_preemptions);
     if (num_kv_blocks) CHECKF(st.num_preemptions > 0, "the small pool preempted nothing");
     for (int i = 0; i < N; i++) vllm_free(runs[i].out);
     // a failed submit releases the constraint too
@@ -159,7 +160,8 @@ static void check_batch(int num_kv_blocks) {
 }
 
 int main(void) {
-    check_batch(0);
-    check_batch(7); // 7 blocks of 16 for 6 requests of up to 38 tokens (3 blocks each): preemption
+    check_batch(0, 1);
+    check_batch(7, 1); // 7 blocks of 16 for 6 requests of up to 38 tokens (3 blocks each): preemption
+    check_batch(0, 2); // two tensor-parallel ranks: each samples under the same masks
     return test_summary("constraint");
 }
