@@ -8,6 +8,10 @@ foreach(t http load equiv)
 endforeach()
 set_tests_properties(server_http server_load server_equiv PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 set_tests_properties(server_equiv PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+# The structured-output glue without HTTP (src/server/guided.c): reasoning first, then the grammar.
+vllm_test_exe(test_guided server/test_guided.c)
+add_test(NAME server_guided COMMAND test_guided)
+set_tests_properties(server_guided PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
 
 # The official `openai` npm client (tools/oracle/server, installed by
 # scripts/install-deps.sh) against a live server.

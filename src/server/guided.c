@@ -12,7 +12,8 @@
 // matcher for masks.
 //
 // Answers (chat only): with --reasoning-parser the text splits into
-// reasoning_content and content; with tools in play (auto under
+// reasoning_content and content (a grammar then waits for the reasoning's
+// end tag while thinking is on); with tools in play (auto under
 // --enable-auto-tool-choice, or a forced choice) content is parsed into
 // tool_calls. Streamed, the same parsers run incrementally.
 #include <time.h>
@@ -21,6 +22,10 @@
 #include "engine/engine.h"
 #include "server/server_internal.h"
 #include "structured/structured.h"
+#include "tokenizer/tokenizer.h"
+
+#define THINK_OPEN "<think>"
+#define THINK_END "</think>"
 
 struct guided {
     struct sg_registry *reg;
@@ -45,6 +50,10 @@ struct guided_req {
     enum sg_reasoning_format rfmt;
     json_t *tool_list; // the request's tools
     uint64_t id_seed;
+    // Reasoning first: the grammar applies from the token after the
+    // reasoning's end tag (vLLM's reasoning-aware structured output).
+    int reason_first;
+    const struct tokenizer *tok;
     // streaming
     struct sg_reasoning_stream *rs;
     struct sg_tool_stream *ts;
@@ -260,6 +269,37 @@ static int compile(struct server *s, const json_t *body, struct guided_req *q, s
     return 0;
 }
 
+// Whether the prompt leaves the reasoning open: its last THINK_OPEN has no
+// THINK_END after it. The tail of the prompt's text, from its last ids.
+static int prompt_state(const struct tokenizer *t, const int32_t *ids, int n) {
+    char tail[512], buf[256];
+    size_t len = 0;
+    for (int i = MAX(0, n - 48); i < n; i++) {
+        int m = tok_token_bytes(t, ids[i], buf, sizeof buf);
+        if (m < 0 || m > (int)sizeof buf) m = 0;
+        if (len + (size_t)m >= sizeof tail) len = 0; // keep the text near the end
+        memcpy(tail + len, buf, (size_t)m);
+        len += (size_t)m;
+    }
+    tail[len] = 0;
+    char *open = NULL, *end = NULL, *p;
+    for (p = tail; (p = strstr(p, THINK_OPEN)); p++) open = p;
+    for (p = tail; (p = strstr(p, THINK_END)); p++) end = p;
+    return open && !(end && end > open) ? 1 : end ? -1 : 0; // 1 open, -1 closed, 0 neither
+}
+
+// With --reasoning-parser and thinking on, a grammar waits for the end of
+// the reasoning (the model's THINK_END), unless the prompt already closed it;
+// with thinking off the answer is all content and the grammar starts at once.
+static void reasoning_first(struct server *s, const struct gen_params *gp, struct guided_req *q) {
+    const struct tokenizer *t = s->engine ? s->engine->tok : NULL;
+    int st = t ? prompt_state(t, gp->prompt_ids, gp->num_prompt) : -1;
+    q->tok = t;
+    q->reason_first = q->thinking && st >= 0;
+    // constrained from its first token, none of the answer is reasoning
+    if (!q->reason_first) q->reasoning = 0;
+}
+
 int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
                  struct api_error *err) {
     struct guided *gs = s->guided;
@@ -280,10 +320,7 @@ int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struc
         guided_req_free(q);
         return -1;
     }
-    // A grammar constrains the whole output from its first token (no
-    // reasoning phase first, as vLLM's reasoning-aware grammars have): none
-    // of it is reasoning.
-    if (q->grammar) q->reasoning = 0;
+    if (q->grammar && q->reasoning) reasoning_first(s, gp, q);
     if (!q->grammar && !q->reasoning && q->tools == TOOLS_OFF) guided_req_free(q), q = NULL;
     gp->guided = q;
     return 0;
@@ -300,24 +337,59 @@ void guided_req_free(struct guided_req *q) {
 
 // --------------------------------------------------------- constraint --
 
-// After an EOS the grammar is done; a request that goes on (ignore_eos, or
-// an EOS before min_tokens) may then sample anything: what follows the
-// grammar's answer is the request's own business, and an empty mask would
-// leave the sampler nothing to pick.
+struct gcons {
+    struct sg_matcher *m;
+    const struct tokenizer *tok; // reasoning first: NULL once the grammar applies
+    char tail[sizeof THINK_END]; // the last bytes of the reasoning so far
+};
+
+// Reasoning, and after an EOS (the grammar is done; a request that goes on,
+// with ignore_eos or before min_tokens, is its own business, and an empty
+// mask would leave the sampler nothing): every id.
 static void c_fill(void *user, uint32_t *mask, int words) {
-    if (sg_matcher_is_done(user)) memset(mask, 0xff, sizeof(uint32_t) * (size_t)words);
-    else sg_matcher_fill_mask(user, mask); // words >= the vocabulary's: get_vocab checked the sizes
+    struct gcons *c = user;
+    if (c->tok || sg_matcher_is_done(c->m)) memset(mask, 0xff, sizeof(uint32_t) * (size_t)words);
+    else sg_matcher_fill_mask(c->m, mask); // words >= the vocabulary's: get_vocab checked the sizes
+}
+
+// A reasoning token: the grammar applies from the next one once the text so
+// far ends in THINK_END (one token or several).
+static void reasoning_token(struct gcons *c, int32_t id) {
+    char buf[64], all[sizeof c->tail + sizeof buf];
+    int n = tok_token_bytes(c->tok, id, buf, sizeof buf);
+    if (n < 0 || n > (int)sizeof buf) n = n > 0 ? (int)sizeof buf : 0;
+    size_t t = strlen(c->tail);
+    memcpy(all, c->tail, t);
+    memcpy(all + t, buf, (size_t)n);
+    all[t + (size_t)n] = 0;
+    if (strlen(all) != t + (size_t)n) all[0] = 0, t = 0, n = 0; // a NUL byte: no tag spans it
+    if (strstr(all, THINK_END)) {
+        c->tok = NULL;
+        return;
+    }
+    size_t len = t + (size_t)n, keep = MIN(len, sizeof c->tail - 1);
+    memcpy(c->tail, all + len - keep, keep);
+    c->tail[keep] = 0;
 }
 
 static int c_accept(void *user, int32_t id) {
-    return !sg_matcher_is_done(user) && sg_matcher_accept(user, id) != VLLM_OK;
+    struct gcons *c = user;
+    if (c->tok) return reasoning_token(c, id), 0;
+    return !sg_matcher_is_done(c->m) && sg_matcher_accept(c->m, id) != VLLM_OK;
 }
 
-static void c_release(void *user) { sg_matcher_free(user); }
+static void c_release(void *user) {
+    struct gcons *c = user;
+    sg_matcher_free(c->m);
+    free(c);
+}
 
 int guided_constraint(struct guided_req *q, struct vllm_constraint *out) {
     if (!q || !q->grammar) return 0;
-    out->user = sg_matcher_create(q->grammar, q->vocab);
+    struct gcons *c = xcalloc(1, sizeof *c);
+    c->m = sg_matcher_create(q->grammar, q->vocab);
+    c->tok = q->reason_first ? q->tok : NULL;
+    out->user = c;
     out->fill_mask = c_fill;
     out->accept = c_accept;
     out->release = c_release;

@@ -93,7 +93,12 @@ async function pool(items, width, fn) {
 
 // One request: chat or completions, streamed or not; returns the text, the
 // finish reason, and for chat the message (tool_calls, reasoning_content).
+// With --reasoning-parser a grammar waits for the model's </think> while
+// thinking is on; these requests turn it off (think: true keeps it).
 async function ask(client, chat, stream, body) {
+  const { think, ...rest } = body;
+  if (chat && !think && !rest.chat_template_kwargs) rest.chat_template_kwargs = { enable_thinking: false };
+  body = rest;
   const base = chat ? { model: NAME, messages: [{ role: 'user', content: 'Answer.' }], ...body }
                     : { model: NAME, prompt: 'Answer:', ...body };
   const api = chat ? client.chat.completions : client.completions;
@@ -287,10 +292,14 @@ async function testTools(client) {
 }
 
 async function testReasoning(client) {
-  const body = { max_tokens: 40, temperature: 1, seed: 11 };
+  const body = { max_tokens: 40, temperature: 1, seed: 11, think: true };
   const r = await ask(client, true, false, body), s = await ask(client, true, true, body);
   check(typeof r.message.reasoning_content === 'string' && r.message.reasoning_content.length > 0, 'reasoning_content (no </think>: all reasoning)');
   check(s.message.reasoning_content === r.message.reasoning_content && s.text === r.text, 'streamed reasoning == non-streamed');
+  // thinking on, a grammar waits for </think>, which the random model never writes: all reasoning, cut by length
+  const wait = await ask(client, true, false, { ...body, guided_choice: ['yes', 'no'] });
+  check(wait.finish === 'length' && wait.message.reasoning_content.length > 0 && !wait.message.content,
+        `a grammar after the reasoning: ${JSON.stringify(wait.message)}`);
   const off = await ask(client, true, false, { ...body, chat_template_kwargs: { enable_thinking: false } });
   check(!off.message.reasoning_content && off.text.length > 0, 'thinking off: all content');
 }
