@@ -29,7 +29,7 @@
 
 struct guided {
     struct sg_registry *reg;
-    pthread_mutex_t mu;      // guards vocab's creation
+    pthread_mutex_t mu;      // guards vocab's creation and seed
     struct sg_vocab *vocab;  // built on first use (a trie of every token)
     int have_tools, have_reasoning, auto_tools;
     enum sg_tool_format tfmt;
@@ -313,9 +313,9 @@ int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struc
     q->thinking = !(json_is_object(kw) && json_is_false(json_object_get(kw, "enable_thinking")));
     q->reasoning = q->chat && gs->have_reasoning;
     q->tool_list = json_incref(field(body, "tools"));
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(&gs->mu); // bodies parse on several workers
     q->id_seed = gs->seed = gs->seed * 6364136223846793005ull + 1442695040888963407ull;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&gs->mu);
     if (compile(s, body, q, err)) {
         guided_req_free(q);
         return -1;
