@@ -104,7 +104,10 @@ static void check_batch(int num_kv_blocks, int tp) {
         r->sp.temperature = i % 2 ? 0.8f : 0.0f;
         r->sp.seed = 100 + i;
         r->sp.max_tokens = 24;
-        r->sp.repetition_penalty = i == 3 ? 1.5f : 1.0f;
+        r->sp.repetition_penalty = i == 3 || i == 4 ? 1.5f : 1.0f; // penalties on masked rows too (-inf stays)
+        r->sp.frequency_penalty = i == 2 ? 1.0f : 0.0f;
+        r->sp.presence_penalty = i == 2 ? -0.5f : 0.0f;
+        r->sp.logprobs = i == 4 ? 2 : -1;
         cs[i].vocab = info.vocab_size;
         cs[i].eos = info.eos_token_ids[0];
         if (i == 0 || i == 3) continue; // unconstrained
