@@ -61,6 +61,8 @@ struct vllm_engine_params {
     const char *device;         // "cpu" (default) or "cuda"
     const char *dtype;          // weights: "auto", "float32", "bfloat16" or "float16"
     const char *load_format;    // "auto" (safetensors) or "dummy" (random weights)
+    const char *quantization;   // "auto" (the checkpoint's; NULL too), "none", "fp8", "nvfp4", "fp8_block":
+                                // a checkpoint must be quantized so; dummy weights are made so (docs/QUANTIZATION.md)
     int block_size;             // tokens per KV block (default 16)
     int64_t kv_cache_bytes;     // KV pool budget in bytes (0: default)
     int num_kv_blocks;          // exact KV block count (0: from kv_cache_bytes)
@@ -78,6 +80,10 @@ struct vllm_engine_params {
     int64_t prefix_state_bytes;    // state checkpoint pool in bytes (0: a quarter of the KV budget)
     int state_checkpoint_interval; // tokens between state checkpoints (0: the least common multiple of
                                    // block_size and the SSD chunk size); a multiple of that
+    // "fcfs" (NULL, the default): requests run in arrival order and the last
+    // admitted is preempted first. "priority": by (vllm_sampling_params.priority,
+    // arrival), lower first; the least urgent running request is preempted first.
+    const char *scheduling_policy;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
@@ -173,6 +179,7 @@ struct vllm_sampling_params {
     int skip_special_tokens;  // in text output (default 1)
     const char *cache_salt;   // prefix caching: requests share cached prefixes only with the same salt
                               // (NULL or "": the unsalted ones)
+    int priority;             // lower runs first; must be 0 unless scheduling_policy is "priority"
     // NULL: none. Copied at vllm_submit, which takes over constraint->user
     // (its release is called once, on failure too).
     const struct vllm_constraint *constraint;
@@ -197,6 +204,10 @@ struct vllm_output {
     const char *error;         // message with a status != OK
     double ttft_s;             // seconds from submit to the first token (0 before)
     int num_cached_tokens;     // prompt tokens found in the prefix cache at the first admission
+    // With VLLM_FINISH_STOP on the last event: what stopped it (vLLM's
+    // stop_reason), the stop string or the stop token id; NULL / -1 otherwise.
+    const char *stop_str;
+    int32_t stop_token_id;
 };
 typedef void (*vllm_stream_fn)(void *user, const struct vllm_output *out);
 
@@ -245,6 +256,10 @@ vllm_status vllm_detokenize(struct vllm_engine *e, const int32_t *ids, int num_i
 // template variables. *out allocated, NUL-terminated (vllm_free).
 vllm_status vllm_apply_chat_template(struct vllm_engine *e, const char *request_json,
                                      char **out);
+// The same with another template's Jinja source (NULL: the model's), keeping
+// the model's bos_token / eos_token.
+vllm_status vllm_apply_chat_template_source(struct vllm_engine *e, const char *template_src,
+                                            const char *request_json, char **out);
 
 #ifdef __cplusplus
 }

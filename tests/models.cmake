@@ -6,3 +6,14 @@ set_tests_properties(config_values PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_
 vllm_test_exe(test_hostile_dirs models/test_hostile_dirs.c proc.c)
 add_test(NAME hostile_dirs COMMAND test_hostile_dirs $<TARGET_FILE:vllm_cli> ${VLLM_FIXTURES}/nh_dense)
 set_tests_properties(hostile_dirs PROPERTIES TIMEOUT 600)
+# Quantized checkpoints (FP8 / NVFP4, ModelOpt and compressed-tensors layouts)
+# made at test time from the qwen3 and nh_moe fixtures: the reference and the
+# fast path against the dequantized fp32 checkpoint, the loader at several
+# scale blocks, and the loader's errors (tests/models/test_quant_checkpoints.c).
+vllm_test_exe(test_quant_checkpoints models/test_quant_checkpoints.c)
+add_test(NAME quant_checkpoints COMMAND test_quant_checkpoints)
+set_tests_properties(quant_checkpoints PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+# Kimi-Linear's config: both spellings of each key, unsupported options and missing keys named.
+vllm_test_exe(test_kimi_config models/test_kimi_config.c)
+add_test(NAME kimi_config COMMAND test_kimi_config)
+set_tests_properties(kimi_config PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")

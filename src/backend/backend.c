@@ -1,4 +1,5 @@
 // backend.c - picks a backend by device name; checks op tables.
+#include <math.h>
 #include <stddef.h>
 
 #include "backend/backend.h"
@@ -28,6 +29,9 @@ size_t wfmt_size(enum wfmt f) {
     case WF_F32: return 4;
     case WF_BF16: return 2;
     case WF_F16: return 2;
+    case WF_FP8:
+    case WF_FP8_B128: return 1;
+    case WF_NVFP4: return 0; // half a byte: wfmt_bytes
     }
     return 4;
 }
@@ -37,6 +41,9 @@ const char *wfmt_name(enum wfmt f) {
     case WF_F32: return "float32";
     case WF_BF16: return "bfloat16";
     case WF_F16: return "float16";
+    case WF_FP8: return "fp8 (e4m3, per-row scales)";
+    case WF_FP8_B128: return "fp8 (e4m3, 128x128 block scales)";
+    case WF_NVFP4: return "nvfp4 (e2m1, 16-element block scales)";
     }
     return "?";
 }
@@ -46,13 +53,16 @@ static float elem_f32(enum wfmt f, const void *src, int64_t i) {
     case WF_F32: return ((const float *)src)[i];
     case WF_BF16: return bf16_to_f32(((const uint16_t *)src)[i]);
     case WF_F16: return f16_to_f32(((const uint16_t *)src)[i]);
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break; // scaled: wfmt_dequant (wfmt_convert copies them only as they are)
     }
-    return 0;
+    return NAN;
 }
 
 void wfmt_convert(enum wfmt dst_fmt, void *dst, enum wfmt src_fmt, const void *src, int64_t n) {
     if (dst_fmt == src_fmt) {
-        memcpy(dst, src, (size_t)n * wfmt_size(src_fmt));
+        memcpy(dst, src, wfmt_bytes(src_fmt, n));
         return;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -61,6 +71,9 @@ void wfmt_convert(enum wfmt dst_fmt, void *dst, enum wfmt src_fmt, const void *s
         case WF_F32: ((float *)dst)[i] = v; break;
         case WF_BF16: ((uint16_t *)dst)[i] = f32_to_bf16(v); break;
         case WF_F16: ((uint16_t *)dst)[i] = f32_to_f16(v); break;
+        case WF_FP8:
+        case WF_FP8_B128:
+        case WF_NVFP4: break; // needs scales: the loader's quantized path, weight_random_quant
         }
     }
 }

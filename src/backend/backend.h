@@ -20,9 +20,22 @@ enum dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
 
 // Weight formats: how a weight's elements are stored. Every branch on a
 // format is an exhaustive switch, so -Wswitch lists each place a new format
-// (FP8, NVFP4: with their scale tensors and block shape in struct weight)
-// must be handled.
-enum wfmt { WF_F32 = 0, WF_BF16 = 1, WF_F16 = 2 };
+// must be handled. The quantized formats (docs/QUANTIZATION.md) carry their
+// scales in struct weight, always per row, so that weights assembled from
+// several checkpoint tensors (q | k | v, stacked experts) keep each part's
+// scales:
+// - WF_FP8: e4m3 codes [rows, cols] (1 byte each); scale [rows] fp32, W[r][c]
+//   = e4m3(code) * scale[r] (a per-tensor scale repeated over its rows, or
+//   per-channel scales as they are).
+// - WF_FP8_B128: e4m3 codes [rows, cols]; scale [rows, ceil(cols/128)] fp32,
+//   W[r][c] = e4m3(code) * scale[r][c/128] (a 128x128 block's scale repeated
+//   over its 128 rows).
+// - WF_NVFP4: e2m1 codes [rows, cols/2] bytes, element 2i in the low nibble
+//   of byte i; bscale [rows, cols/16] e4m3 (one per block of 16); scale
+//   [rows] fp32 (weight_scale_2): W[r][c] = (e2m1 * e4m3(bscale)) * scale[r].
+enum wfmt { WF_F32 = 0, WF_BF16 = 1, WF_F16 = 2, WF_FP8 = 3, WF_FP8_B128 = 4, WF_NVFP4 = 5 };
+#define WF_B128 128 // columns of a WF_FP8_B128 scale block
+#define WF_NVFP4_GROUP 16
 
 // A row-major [rows, cols] matrix on the device: y = x @ W^T (+ bias)
 // multiplies by it. A backend may lay the elements out its own way (the CPU
@@ -31,7 +44,9 @@ struct weight {
     void *data;
     enum wfmt fmt;
     int64_t rows, cols;
-    float *bias; // [rows] fp32 on the device, added by matmul; NULL: none
+    float *bias;    // [rows] fp32 on the device, added by matmul; NULL: none
+    float *scale;   // quantized formats: [rows, wfmt_scale_cols] fp32 on the device (weight_alloc makes it)
+    uint8_t *bscale; // WF_NVFP4: [rows, cols/16] e4m3 block scales on the device
 };
 
 enum act { ACT_RELU2, ACT_SILU, ACT_GELU_TANH };
@@ -60,6 +75,23 @@ struct attn_dims {
     float scale;
 };
 
+// Kimi Delta Attention (KDA): H heads of head_dim K (keys and values alike),
+// a state [K, K] per head (key channel i, value channel j), causal convs of
+// conv_kernel taps on q | k | v.
+struct kda_dims {
+    int heads, head_dim;          // H, K
+    int conv_kernel, chunk_size;  // chunk_size: checkpoint positions are multiples of it
+};
+
+// Multi-head latent attention (MLA, DeepSeek-V2 / Kimi): the cache keeps per
+// token the normalized latent c [R] then the shared key part k_r [P]; head h
+// scores q_nope_h . (W_kb_h c) + q_r_h . k_r and reads W_vb_h c.
+struct mla_dims {
+    int heads, nope, rope, v_dim, rank; // H, N, P, V, R
+    int block_size;
+    float scale;
+};
+
 // How a router scores experts.
 enum route_kind {
     ROUTE_SIGMOID_GROUPED, // sigmoid + correction bias, top groups then top-k (NemotronH, DeepSeek-V3, Kimi)
@@ -79,7 +111,7 @@ struct moe_route_cfg {
 // there, with an error naming it, never mid-run; the backend also reserves
 // the scratch the op needs for max_tokens rows, so the step path allocates
 // nothing.
-enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS };
+enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS, OP_KDA, OP_MLA };
 struct op_query {
     enum op_kind op;
     int max_tokens, max_seq_len;       // rows of a step, tokens of a sequence
@@ -88,6 +120,8 @@ struct op_query {
     const struct mamba_dims *mamba;    // OP_MAMBA
     const struct moe_route_cfg *route; // OP_MOE_ROUTE
     const struct moe_experts *moe;     // OP_MOE_EXPERTS (top_k: route->top_k)
+    const struct kda_dims *kda;        // OP_KDA (kda_gate, kda_prefill, kda_decode, head_norm_gate)
+    const struct mla_dims *mla;        // OP_MLA (mla_kv_write, mla_attn; KV in the backend's kv_dtype)
 };
 
 struct backend;
@@ -212,6 +246,40 @@ struct backend_ops {
     void (*attn_decode)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                         const void *v_cache, const struct batch *b, const struct attn_dims *d);
 
+    // Kimi Delta Attention (struct kda_dims; NULL on a backend without it,
+    // which refuses OP_KDA at load). proj: [T, ld] rows q | k | v [H*K each,
+    // after the conv] | b [H] (beta logits). g: [T, H*K] the forget gate's
+    // log-decays (kda_gate). Per token and head, with q, k L2-normalized and q
+    // scaled by 1/sqrt(K), beta = sigmoid(b):
+    //   S[i][:] *= exp(g[i]);  S[i][j] += k[i] * beta * (v[j] - sum_i' S[i'][j] k[i'])
+    //   y[j] = sum_i S[i][j] q[i]
+    // y: [T, H*K]; state: [slots, H, K, K] fp32. Prefill sequences [seq0,
+    // seq1) start from slot state_src (zeros for -1, a checkpoint's copy), end
+    // in their state slot, and write the state after each checkpoint position
+    // to its slot; decodes continue their own slot.
+    void (*kda_prefill)(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                        const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
+    void (*kda_decode)(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                       const struct batch *b, const struct kda_dims *d);
+    // The channel-wise forget gate, in place: g[t][h*K + i] =
+    // -exp(A_log[h]) * softplus(g + dt_bias[h*K + i]); A_log: [H], dt_bias: [H*K].
+    void (*kda_gate)(struct backend *be, float *g, const float *A_log, const float *dt_bias, int n,
+                     const struct kda_dims *d);
+    // y = rmsnorm(y_h) * w * sigmoid(gate_h) per head of head_dim: y, gate:
+    // [n, heads*head_dim], w: [head_dim] (KDA's output norm and gate).
+    void (*head_norm_gate)(struct backend *be, float *y, const float *gate, const float *w, int n, int heads,
+                           int head_dim, float eps);
+    // MLA (struct mla_dims; NULL where refused at load). lat: [T, ld] rows of
+    // c [R] (normalized) | k_r [P], written to cache: [blocks, block_size, R+P]
+    // at slot_mapping[t].
+    void (*mla_kv_write)(struct backend *be, void *cache, const float *lat, int ld, const struct batch *b,
+                         const struct mla_dims *d);
+    // Causal attention of sequences [seq0, seq1) over the cached latents.
+    // q: [T, H*(N+P)] (q_nope | q_r per head); kv_b: [H*(N+V), R] fp32 (head
+    // h's W_kb rows then its W_vb rows); out: [T, H*V].
+    void (*mla_attn)(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                     const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
+
     // MoE. logits: [n, E] fp32 -> ids, weights: [n, top_k] (struct
     // moe_route_cfg); bias: [E] (ROUTE_SIGMOID_GROUPED, may be NULL).
     void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
@@ -282,8 +350,29 @@ int backend_check_ops(const struct backend_ops *o);
 
 size_t dtype_size(enum dtype d);
 const char *dtype_name(enum dtype d);
-size_t wfmt_size(enum wfmt f); // bytes per element as a checkpoint stores it
+size_t wfmt_size(enum wfmt f); // bytes per element as a checkpoint stores it (WF_NVFP4: 0, see wfmt_bytes)
+size_t wfmt_bytes(enum wfmt f, int64_t n); // bytes of n elements of a row (WF_NVFP4: n/2, n even)
 const char *wfmt_name(enum wfmt f);
+int wfmt_quantized(enum wfmt f); // WF_FP8, WF_FP8_B128, WF_NVFP4
+// fp32 scales per row of a quantized [rows, cols] weight (0 unquantized)
+int64_t wfmt_scale_cols(enum wfmt f, int64_t cols);
+// Bytes a [rows, cols] weight of format f reads from memory in a product:
+// its elements and its scales.
+int64_t wfmt_weight_bytes(enum wfmt f, int64_t rows, int64_t cols);
+// Element [r][c] of a quantized weight as fp32, from host copies of its
+// codes (rows of wfmt_bytes(f, cols)), scale and bscale: the exact
+// dequantization every backend's reference holds to.
+float wfmt_dequant(enum wfmt f, const uint8_t *codes, const float *scale, const uint8_t *bscale, int64_t cols,
+                   int64_t r, int64_t c);
+// Dummy quantized weights for any backend: uniform values of standard
+// deviation std (the xorshift64 stream of weight_random), quantized on the
+// host in blocks of rows with scales from each row's (block's) largest
+// magnitude, uploaded through weight_upload_raw and upload.
+int weight_random_quant(struct backend *be, struct weight *w, uint64_t seed, float std);
+// Writes rows [row0, row0 + n) of a quantized weight's scales from host
+// arrays ([n, wfmt_scale_cols] fp32; bscale [n, cols/16] e4m3, NVFP4 only).
+void weight_upload_scales(struct backend *be, struct weight *w, int64_t row0, int64_t n, const float *scale,
+                          const uint8_t *bscale);
 // weight_alloc + weight_upload_raw of a host fp32 [rows, cols] matrix (tests,
 // tensors assembled on the host).
 int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const float *src, int64_t rows, int64_t cols);

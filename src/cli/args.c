@@ -15,6 +15,8 @@ const char *const cli_engine_help =
     "  --kv-cache-dtype auto|float32|bfloat16  KV cache dtype (default auto: bf16 on cuda with\n"
     "                               16-bit weights, else fp32)\n"
     "  --load-format auto|dummy     dummy: random weights from config.json alone\n"
+    "  --quantization auto|none|fp8|nvfp4|fp8_block  quantized weights (default auto: the\n"
+    "                               checkpoint's; with dummy weights, the linears made so)\n"
     "  --max-num-seqs N             running requests at most (default 64)\n"
     "  --max-num-batched-tokens N   token budget of one step (default 2048)\n"
     "  --max-model-len N            prompt + output at most (default: the config's)\n"
@@ -115,6 +117,7 @@ int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p)
     else if (!strcmp(f, "--device")) { VAL(); p->device = v; }
     else if (!strcmp(f, "--dtype")) { VAL(); p->dtype = v; }
     else if (!strcmp(f, "--load-format")) { VAL(); p->load_format = v; }
+    else if (!strcmp(f, "--quantization")) { VAL(); p->quantization = v; }
     else if (!strcmp(f, "--kv-cache-dtype")) { VAL(); p->kv_cache_dtype = v; }
     else if (!strcmp(f, "--max-num-seqs")) { VAL(); if (cli_int(f, v, 1, 4096, &p->max_num_seqs)) return -1; }
     else if (!strcmp(f, "--max-num-batched-tokens")) { VAL(); if (cli_int(f, v, 1, 1 << 20, &p->max_num_batched_tokens)) return -1; }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -29,6 +30,14 @@ static void usage(FILE *f) {
             "  --max-body-bytes N           larger request bodies get 413 (default 32 MiB)\n"
             "  --timeout-s N                idle connections, stalled writes and requests not read whole\n"
             "                               in N s are closed (default 60)\n"
+            "  --scheduling-policy P        fcfs (default) or priority: requests' \"priority\" field orders\n"
+            "                               the waiting queue (lower first) and the least urgent is preempted first\n"
+            "  --chat-template T            a template file, or the Jinja source itself, for every chat request\n"
+            "  --trust-request-chat-template  let requests send their own \"chat_template\"\n"
+            "  --allowed-origins JSON       CORS: allowed origins (default [\"*\"])\n"
+            "  --allowed-methods JSON       CORS: allowed methods (default [\"*\"])\n"
+            "  --allowed-headers JSON       CORS: allowed headers (default [\"*\"])\n"
+            "  --allow-credentials          CORS: allow credentials (the origin is echoed, not \"*\")\n"
             "  --tool-call-parser NAME      hermes, qwen3_coder or llama3_json: tool_calls from the text\n"
             "  --enable-auto-tool-choice    parse tool calls under tool_choice \"auto\" (needs the parser)\n"
             "  --reasoning-parser NAME      deepseek_r1, qwen3 or nemotron_v3: reasoning_content\n\n"
@@ -90,6 +99,24 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
     return VLLM_OK;
 }
 
+// The model loads on its own thread while the server already answers
+// (/health 503, every model route 503), as vLLM's API server does.
+struct loader {
+    const struct vllm_engine_params *ep;
+    struct server *srv;
+};
+
+static void *loader_main(void *arg) {
+    struct loader *l = arg;
+    struct vllm_engine *e = NULL;
+    // docs/ENVIRONMENT.md: a test holds the load back to see the server answer meanwhile
+    const char *delay = getenv("VLLM_TEST_LOAD_DELAY_MS");
+    if (delay) usleep((useconds_t)atoi(delay) * 1000);
+    int rc = load(l->ep, &e);
+    server_set_engine(l->srv, rc ? NULL : e, rc);
+    return NULL;
+}
+
 // An API key: printable ASCII, no spaces (it is compared with what follows
 // "Bearer " in the Authorization header).
 static int key_ok(const char *k, const char *from) {
@@ -114,6 +141,20 @@ static char *key_from_file(const char *path) {
     return data;
 }
 
+// --chat-template FILE_OR_STRING, as vLLM takes it: a file's contents, or
+// the template itself when no such file exists and it looks like Jinja.
+static char *template_source(const char *arg) {
+    char *data = NULL;
+    if (file_exists(arg)) {
+        if (!read_file(arg, &data, NULL)) return data;
+        fprintf(stderr, "vllm serve: --chat-template: %s\n", vllm_last_error());
+        return NULL;
+    }
+    if (strpbrk(arg, "{}\n")) return xstrdup(arg);
+    fprintf(stderr, "vllm serve: --chat-template: no such file '%s' (and it is no Jinja template)\n", arg);
+    return NULL;
+}
+
 // The directory's name: what clients send as "model" by default.
 static char *default_name(const char *path) {
     size_t n = strlen(path);
@@ -132,7 +173,7 @@ int cli_serve(int argc, char **argv) {
     ep.enable_prefix_caching = 1; // as in vLLM; --no-enable-prefix-caching turns it off
     struct server_config sc;
     server_config_default(&sc);
-    const char *v, *key_file = NULL;
+    const char *v, *key_file = NULL, *chat_template = NULL;
     int x;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
@@ -150,6 +191,21 @@ int cli_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-queued")) { VAL(); if (cli_int(f, v, 0, 1 << 30, &ep.max_queued)) return 2; }
         else if (!strcmp(f, "--max-body-bytes")) { VAL(); if (cli_int(f, v, 1024, 1 << 30, &x)) return 2; sc.max_body_bytes = (size_t)x; }
         else if (!strcmp(f, "--timeout-s")) { VAL(); if (cli_int(f, v, 1, 86400, &sc.io_timeout_s)) return 2; }
+        else if (!strcmp(f, "--scheduling-policy")) {
+            VAL();
+            if (strcmp(v, "fcfs") && strcmp(v, "priority")) {
+                fprintf(stderr, "vllm serve: --scheduling-policy must be fcfs or priority, got '%s'\n", v);
+                return 2;
+            }
+            ep.scheduling_policy = v;
+            sc.priority_scheduling = !strcmp(v, "priority");
+        }
+        else if (!strcmp(f, "--chat-template")) { VAL(); chat_template = v; }
+        else if (!strcmp(f, "--trust-request-chat-template")) sc.trust_request_chat_template = 1;
+        else if (!strcmp(f, "--allowed-origins")) { VAL(); sc.allowed_origins = v; }
+        else if (!strcmp(f, "--allowed-methods")) { VAL(); sc.allowed_methods = v; }
+        else if (!strcmp(f, "--allowed-headers")) { VAL(); sc.allowed_headers = v; }
+        else if (!strcmp(f, "--allow-credentials")) sc.allow_credentials = 1;
         else if (!strcmp(f, "--tool-call-parser")) { VAL(); sc.tool_call_parser = v; }
         else if (!strcmp(f, "--enable-auto-tool-choice")) sc.enable_auto_tool_choice = 1;
         else if (!strcmp(f, "--reasoning-parser")) { VAL(); sc.reasoning_parser = v; }
@@ -164,7 +220,8 @@ int cli_serve(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    char *key = NULL, *name = NULL;
+    char *key = NULL, *name = NULL, *tmpl = NULL;
+    if (chat_template && !(sc.chat_template = tmpl = template_source(chat_template))) return 2;
     const char *env = getenv("VLLM_API_KEY");
     if (sc.api_key) {
         if (!key_ok(sc.api_key, "--api-key")) return 2;
@@ -187,19 +244,26 @@ int cli_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); // a client that left is noticed by the server, not by a signal
     sc.model_path = ep.model;
     if (!sc.served_model_name) sc.served_model_name = name = default_name(ep.model);
-    struct vllm_engine *e;
     struct server *s = NULL;
-    int rc = load(&ep, &e);
-    if (!rc && (rc = server_create(e, &sc, &s))) fprintf(stderr, "vllm serve: %s\n", vllm_last_error());
+    int rc = server_create(NULL, &sc, &s);
     if (rc) {
-        free(key), free(name);
+        fprintf(stderr, "vllm serve: %s\n", vllm_last_error());
+        free(key), free(name), free(tmpl);
         return 1;
     }
-    printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", sc.served_model_name, sc.host,
-           server_port(s));
+    printf("vllm serve: listening on %s port %d; /health is 503 until the model is loaded\n", sc.host, server_port(s));
+    struct loader l = {&ep, s};
+    pthread_t th;
+    if (pthread_create(&th, NULL, loader_main, &l)) {
+        fprintf(stderr, "vllm serve: cannot start the loading thread\n");
+        server_free(s);
+        free(key), free(name), free(tmpl);
+        return 1;
+    }
     rc = server_run(s);
+    pthread_join(th, NULL); // a signal during the load waits for it: it cannot be interrupted
     server_free(s);
-    free(key), free(name);
+    free(key), free(name), free(tmpl);
     printf("vllm serve: stopped\n");
     return rc ? 1 : 0;
 }

@@ -104,6 +104,7 @@ static struct request *request_new(struct vllm_engine *e, int32_t *ids, int n, c
     r->num_prompt = r->num_tokens = n;
     r->cap_tokens = n;
     r->slot = r->row = -1;
+    r->stop_token = -1;
     r->sp = *sp;
     if (sp->num_stop_token_ids) {
         r->stop_ids = xmalloc(sizeof(int32_t) * sp->num_stop_token_ids);
@@ -128,6 +129,10 @@ static int submit_checks(struct vllm_engine *e, const struct vllm_prompt *prompt
     if (!e || !prompt || !sp || !out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL argument");
     *out = NULL;
     TRY(check_sampling(sp));
+    if (sp->priority && !e->priority)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT,
+                        "priority %d needs the engine's scheduling_policy \"priority\" (vllm serve --scheduling-policy "
+                        "priority); with fcfs it must be 0", sp->priority);
     if (sp->constraint && !sp->constraint->fill_mask)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "a constraint without fill_mask");
     if (sp->num_stop && !e->tok)
@@ -335,5 +340,20 @@ vllm_status vllm_apply_chat_template(struct vllm_engine *e, const char *request_
     TRY(json_parse_python(request_json, strlen(request_json), "chat request", &req));
     int rc = chat_template_render(e->chat, req, out);
     json_decref(req);
+    return rc;
+}
+
+vllm_status vllm_apply_chat_template_source(struct vllm_engine *e, const char *template_src, const char *request_json,
+                                            char **out) {
+    if (!template_src) return vllm_apply_chat_template(e, request_json, out);
+    vllm_err_clear();
+    if (!e || !request_json || !out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL argument");
+    struct chat_template *ct;
+    TRY(chat_template_from_source(template_src, e->chat, &ct));
+    json_t *req = NULL;
+    int rc = json_parse_python(request_json, strlen(request_json), "chat request", &req);
+    if (!rc) rc = chat_template_render(ct, req, out);
+    json_decref(req);
+    chat_template_free(ct);
     return rc;
 }

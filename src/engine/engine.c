@@ -5,6 +5,7 @@
 #include "core/common.h"
 #include "core/json.h"
 #include "engine/engine.h"
+#include "models/quant.h"
 #include "tokenizer/tokenizer.h"
 
 // ------------------------------------------------------------------ load --
@@ -63,6 +64,11 @@ static int check_params(const struct vllm_engine_params *p) {
         strcmp(p->load_format, "dummy"))
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown load_format '%s' (expected auto, safetensors or dummy)",
                         p->load_format);
+    enum quant_mode qm;
+    TRY(quant_mode_parse(p->quantization, &qm));
+    if (p->scheduling_policy && strcmp(p->scheduling_policy, "fcfs") && strcmp(p->scheduling_policy, "priority"))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown scheduling_policy '%s' (expected fcfs or priority)",
+                        p->scheduling_policy);
     return VLLM_OK;
 }
 
@@ -185,8 +191,10 @@ static int engine_init(struct vllm_engine *e) {
     e->be = xcalloc(e->tp, sizeof *e->be);
     e->model = xcalloc(e->tp, sizeof *e->model);
     TRY(backend_create_group(p->device, e->tp, p->num_threads, kvdt, e->be));
+    enum quant_mode qm = QUANT_AUTO;
+    TRY(quant_mode_parse(p->quantization, &qm));
     struct model_load_opts o = {wfmt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,
-                                p->max_num_batched_tokens, p->max_num_seqs, p->max_model_len};
+                                p->max_num_batched_tokens, p->max_num_seqs, p->max_model_len, (int)qm};
     for (int k = 0; k < e->tp; k++) { // rank k loads its shards onto its device
         backend_bind(e->be[k]);
         TRY(model_load(e->model_dir, NULL, &o, e->be[k], &e->model[k]));
@@ -200,7 +208,7 @@ static int engine_init(struct vllm_engine *e) {
     int64_t ckpt_bytes;
     TRY(size_ckpts(e, num_blocks, &interval, &ckpts, &ckpt_bytes));
     struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots,
-                              p->enable_prefix_caching != 0, ckpts, interval};
+                              p->enable_prefix_caching != 0, ckpts, interval, e->priority};
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
                                p->block_size, num_blocks, slots, VLLM_MAX_LOGPROBS, !getenv("VLLM_NO_GRAPHS"),
                                ckpts, sched_max_ckpt_writes(&sc)};
@@ -237,6 +245,7 @@ static void engine_destroy(struct vllm_engine *e) {
     free((char *)e->params.device);
     free((char *)e->params.dtype);
     free((char *)e->params.load_format);
+    free((char *)e->params.quantization);
     free((char *)e->params.kv_cache_dtype);
     free(e);
 }
@@ -252,7 +261,10 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->params.device = xstrdup(p->device ? p->device : "cpu");
     e->params.dtype = xstrdup(p->dtype ? p->dtype : "auto");
     e->params.load_format = xstrdup(p->load_format ? p->load_format : "auto");
+    e->params.quantization = xstrdup(p->quantization ? p->quantization : "auto");
     e->params.kv_cache_dtype = xstrdup(p->kv_cache_dtype ? p->kv_cache_dtype : "auto");
+    e->priority = p->scheduling_policy && !strcmp(p->scheduling_policy, "priority");
+    e->params.scheduling_policy = NULL; // the caller's string is not kept
     e->model_dir = xstrdup(p->model);
     e->params.model = e->model_dir;
     size_t n = strlen(e->model_dir);
@@ -344,6 +356,11 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     o.error = error;
     o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     o.num_cached_tokens = MAX(r->num_cached, 0);
+    o.stop_token_id = -1;
+    if (reason == VLLM_FINISH_STOP) {
+        o.stop_token_id = r->stop_token;
+        o.stop_str = r->stop_token < 0 && r->ts ? text_stream_stop(r->ts) : NULL;
+    }
     r->cb(r->user, &o);
 }
 
@@ -381,7 +398,10 @@ static int is_eos(const struct vllm_engine *e, int32_t id) {
 static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, int32_t id, int num_output) {
     if (num_output >= r->sp.min_tokens) {
         for (int i = 0; i < r->sp.num_stop_token_ids; i++)
-            if (r->stop_ids[i] == id) return VLLM_FINISH_STOP;
+            if (r->stop_ids[i] == id) {
+                r->stop_token = id; // vLLM's stop_reason
+                return VLLM_FINISH_STOP;
+            }
         if (!r->sp.ignore_eos && is_eos(e, id)) return VLLM_FINISH_EOS;
     }
     return VLLM_FINISH_NONE;

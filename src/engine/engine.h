@@ -16,6 +16,7 @@ struct tokenizer;
 struct chat_template;
 
 struct vllm_engine {
+    int priority; // scheduling_policy "priority"
     struct vllm_engine_params params; // strings below owned
     char *model_dir, *model_name;
     int tp;               // tensor-parallel ranks (1: none)

@@ -52,6 +52,7 @@ struct request {
     uint64_t seed;
     int max_tokens; // clamped to what max_model_len leaves
     int delivered;  // output tokens streamed to the caller (tokens in flight are not)
+    int32_t stop_token; // the stop_token_ids entry that finished it; -1: none
 
     vllm_stream_fn cb;
     void *user;

@@ -40,7 +40,7 @@ static const struct {
     size_t size;
 } dtypes[] = {
     {"F32", ST_F32, 4}, {"BF16", ST_BF16, 2}, {"F16", ST_F16, 2}, {"I64", ST_I64, 8},
-    {"I32", ST_I32, 4}, {"U8", ST_U8, 1},     {"BOOL", ST_BOOL, 1},
+    {"I32", ST_I32, 4}, {"U8", ST_U8, 1},     {"BOOL", ST_BOOL, 1}, {"F8_E4M3", ST_F8_E4M3, 1},
 };
 
 size_t st_dtype_size(enum st_dtype d) {
@@ -418,6 +418,11 @@ int st_read_f32(const struct st_tensor *t, float *dst) {
             memcpy(&h, src + 2 * i, 2);
             dst[i] = f16_to_f32(h);
         }
+        return VLLM_OK;
+    }
+    case ST_F8_E4M3: { // scales of quantized checkpoints
+        const uint8_t *src = t->data;
+        for (int64_t i = 0; i < t->numel; i++) dst[i] = fp8e4m3_to_f32(src[i]);
         return VLLM_OK;
     }
     default:

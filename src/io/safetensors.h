@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum st_dtype { ST_F32, ST_BF16, ST_F16, ST_I64, ST_I32, ST_U8, ST_BOOL };
+enum st_dtype { ST_F32, ST_BF16, ST_F16, ST_I64, ST_I32, ST_U8, ST_BOOL, ST_F8_E4M3 };
 
 struct st_tensor {
     char *name;

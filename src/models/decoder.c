@@ -185,7 +185,7 @@ int dec_load(const struct dec_family *f, const struct model_ops *ops, const char
     m->rope = rope;
     if (!m->max_seq_len) m->max_seq_len = c->max_position ? c->max_position : 4096;
     struct loader l;
-    rc = loader_open(&l, dir, o->dummy, o->seed, o->weight_fmt, be);
+    rc = loader_open_opts(&l, dir, o, be);
     if (!rc) rc = load_weights(m, &l, f, c);
     int64_t bytes = l.device_bytes;
     loader_close(&l);

@@ -28,7 +28,9 @@ struct block *lm_add_block(struct lm *m, enum blk_kind kind) {
     b->cache = -1;
     switch (kind) {
     case BLK_ATTN:
-    case BLK_MAMBA2: b->cache = m->num_caches++; break;
+    case BLK_MAMBA2:
+    case BLK_KDA:
+    case BLK_MLA: b->cache = m->num_caches++; break;
     case BLK_MLP:
     case BLK_MOE: break;
     }
@@ -92,7 +94,7 @@ int lm_load_embed_head(struct lm *m, struct loader *l, const char *embed, const 
     TRY(loader_matrix(l, embed, V, D, all, 0, 0, WL_EMBED, &m->embed));
     TRY(lm_require(m, (struct op_query){.op = OP_EMBED, .w = &m->embed}, "the embedding"));
     struct wpiece p = {head, 2, {V, D}, vs};
-    if (loader_has(l, head)) TRY(loader_weight(l, &p, 1, 0, 0, Vp - vs.len, 0, &m->lm_head));
+    if (loader_has(l, head)) TRY(loader_weight(l, &p, 1, 0, 0, Vp - vs.len, WL_NOQUANT, &m->lm_head));
     else if (tie && m->tp == 1) m->lm_head = m->embed;
     else if (tie) {
         p.name = embed;
@@ -119,6 +121,8 @@ static void fill_cache_spec(const struct lm *m, const struct block *b, struct la
         s->state_align = d->chunk_size;
         break;
     }
+    case BLK_KDA:
+    case BLK_MLA: kimi_cache_spec(b, s); break;
     case BLK_MLP:
     case BLK_MOE: break;
     }
@@ -153,6 +157,8 @@ static void plan_ws(struct lm *m) {
             w->wide = MAX(w->wide, b->m.proj_dim);
             w->mid = MAX(w->mid, (int64_t)b->m.d.heads * b->m.d.head_dim);
             break;
+        case BLK_KDA:
+        case BLK_MLA: kimi_plan_ws(b, w); break;
         }
     }
 }
@@ -180,7 +186,7 @@ static int alloc_ws(struct lm *m) {
     return VLLM_OK;
 }
 
-static int64_t wbytes(const struct weight *w) { return w->data ? w->rows * w->cols * (int64_t)wfmt_size(w->fmt) : 0; }
+static int64_t wbytes(const struct weight *w) { return w->data ? wfmt_weight_bytes(w->fmt, w->rows, w->cols) : 0; }
 
 // The roofline's inputs (struct model_cost), this rank's shards.
 static void fill_cost(struct lm *m) {
@@ -216,6 +222,8 @@ static void fill_cost(struct lm *m) {
             c->experts = e->route.num_experts, c->top_k = e->route.top_k;
             break;
         }
+        case BLK_KDA:
+        case BLK_MLA: kimi_cost(b, c, &dense, &flops); break;
         }
         for (int k = 0; k < 4; k++)
             if (ws[k] && ws[k]->data) dense += wbytes(ws[k]), flops += 2.0 * ws[k]->rows * ws[k]->cols;
@@ -247,8 +255,12 @@ int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *e
 static void free_weight(struct backend *be, struct weight *w) {
     if (w->data) be->ops->free(be, w->data);
     if (w->bias) be->ops->free(be, w->bias);
+    if (w->scale) be->ops->free(be, w->scale);
+    if (w->bscale) be->ops->free(be, w->bscale);
     w->data = NULL;
     w->bias = NULL;
+    w->scale = NULL;
+    w->bscale = NULL;
 }
 
 static void free_block(struct backend *be, struct block *b) {
@@ -280,6 +292,8 @@ static void free_block(struct backend *be, struct block *b) {
         for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) be->ops->free(be, v[k]);
         break;
     }
+    case BLK_KDA:
+    case BLK_MLA: kimi_free_block(be, b); break;
     }
 }
 
@@ -331,6 +345,8 @@ static void block_fwd(struct lm *m, const struct block *blk, const struct batch 
         lm_tick(m, T_MLP);
         break;
     case BLK_MOE: moe_fwd(m, &blk->e, ws->x, ws->mix, T); break;
+    case BLK_KDA: kda_fwd(m, &blk->k, blk->cache, b, c, ws->x, ws->mix); break;
+    case BLK_MLA: mla_fwd(m, &blk->l, blk->cache, b, c, ws->x, ws->mix); break;
     }
     lm_all_reduce(m, ws->mix, (int64_t)T * m->hidden);
 }

@@ -4,6 +4,8 @@
 #include "core/common.h"
 #include "io/dtype.h"
 #include "models/loader.h"
+#include "models/model.h"
+#include "models/quant.h"
 
 int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, enum wfmt fmt, struct backend *be) {
     memset(l, 0, sizeof *l);
@@ -14,7 +16,22 @@ int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, enu
     return st_open_dir(dir, &l->st);
 }
 
+int loader_open_opts(struct loader *l, const char *dir, const struct model_load_opts *o, struct backend *be) {
+    TRY(loader_open(l, dir, o->dummy, o->seed, o->weight_fmt, be));
+    enum quant_mode m = (enum quant_mode)o->quantization;
+    if (o->dummy) {
+        l->dummy_quant = quant_mode_dummy_fmt(m, &l->dummy_qfmt);
+        return VLLM_OK;
+    }
+    int rc = quant_cfg_read(dir, &l->quant);
+    if (!rc) rc = quant_mode_check(m, l->quant);
+    if (rc) loader_close(l);
+    return rc;
+}
+
 void loader_close(struct loader *l) {
+    quant_cfg_free(l->quant);
+    l->quant = NULL;
     st_close(l->st);
     free(l->tmp);
     l->st = NULL;
@@ -125,8 +142,13 @@ static int tensor_fmt(struct loader *l, const struct st_tensor *t, enum wfmt *f)
     case ST_I64:
     case ST_I32:
     case ST_U8:
-    case ST_BOOL: break;
+    case ST_BOOL:
+    case ST_F8_E4M3: break;
     }
+    if (t->dtype == ST_F8_E4M3)
+        return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s is F8_E4M3 but %s", st_file_path(l->st, t->file), t->name,
+                        l->quant ? "this layer is not quantized (it runs in fp32)"
+                                 : "the checkpoint has no quantization config (hf_quant_config.json or quantization_config)");
     return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s has dtype %s, not a float type", st_file_path(l->st, t->file),
                     t->name, st_dtype_name(t->dtype));
 }
@@ -180,10 +202,13 @@ int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t 
     enum wfmt fmt = (flags & WL_F32) ? WF_F32 : l->fmt;
     memset(w, 0, sizeof *w);
     const struct st_tensor *t;
+    if (l->st && (t = st_find(l->st, pieces[0].name)) && loader_is_quantized(l, t))
+        return loader_weight_quant(l, pieces, n, c0, c1, pad_rows, flags, w);
+    if (!l->st && l->dummy_quant && !(flags & (WL_F32 | WL_NOQUANT))) fmt = l->dummy_qfmt;
     for (int i = 0; l->st && i < n; i++) // shapes against the file before anything is allocated
         TRY(find_shaped(l, pieces[i].name, pieces[i].ndim, pieces[i].dims, &t));
     TRY(be->ops->weight_alloc(be, w, fmt, rows, c1 - c0));
-    l->device_bytes += (int64_t)wfmt_size(fmt) * rows * (c1 - c0);
+    l->device_bytes += wfmt_weight_bytes(fmt, rows, c1 - c0);
     if (!l->st) { // dummy: made on the device, seeded by the name and where the part starts
         uint64_t at = (uint64_t)pieces[0].rows.off * 1000003u + (uint64_t)c0;
         float std = (flags & WL_EMBED) == WL_EMBED ? 1.0f : 0.02f;

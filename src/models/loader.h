@@ -28,11 +28,19 @@ struct loader {
     const char *keep_fp32; // name suffix of vectors kept exact (e.g. e_score_correction_bias)
     float *tmp;
     size_t tmp_cap;
+    struct quant_cfg *quant; // the checkpoint's quantization (quant.h), NULL: none
+    int dummy_quant;         // dummy linears in dummy_qfmt (--quantization with --load-format dummy)
+    enum wfmt dummy_qfmt;
 };
+struct quant_cfg;
+struct model_load_opts;
 
 // fmt: the weight format of the model's linears (bf16 models: vectors are
 // rounded to bf16 values too, as when a model is cast to bf16).
 int loader_open(struct loader *l, const char *dir, int dummy, uint64_t seed, enum wfmt fmt, struct backend *be);
+// The same with o's options, --quantization among them (o->quantization,
+// held to the checkpoint's quantization config).
+int loader_open_opts(struct loader *l, const char *dir, const struct model_load_opts *o, struct backend *be);
 void loader_close(struct loader *l);
 // The first of two spellings of a checkpoint prefix present (e.g. "backbone"
 // vs "model"), probing with `probe` appended; returns a or b.
@@ -57,6 +65,7 @@ struct wpiece {
 };
 #define WL_F32 1u   // keep this weight in fp32 whatever the model's format (routers)
 #define WL_EMBED 3u // an embedding table: fp32, and dummy values of unit scale
+#define WL_NOQUANT 4u // never quantized by --quantization with dummy weights (lm_head)
 
 // A weight of the pieces' rows (plus pad_rows zero rows), columns [c0, c1)
 // of the tensors' last dim (c1 == 0: all). Dummy: one random weight of that
@@ -79,5 +88,14 @@ int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, 
 int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **dev);
 // Host scratch of at least n floats, owned by the loader.
 float *loader_tmp(struct loader *l, size_t n);
+
+// loader_quant.c: a weight whose pieces are stored quantized (F8_E4M3 or U8
+// codes), in the checkpoint config's format with its scales; the shapes of
+// codes and scales checked against the config's, each error naming the
+// tensor. Called by loader_weight when the first piece's dtype says so.
+int loader_weight_quant(struct loader *l, const struct wpiece *pieces, int n, int64_t c0, int64_t c1, int64_t pad_rows,
+                        unsigned flags, struct weight *w);
+// Whether tensor t holds quantized codes (F8_E4M3, or U8 in an NVFP4 checkpoint).
+int loader_is_quantized(const struct loader *l, const struct st_tensor *t);
 
 #endif

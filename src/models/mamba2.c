@@ -100,7 +100,7 @@ static int m2_load(const char *dir, const json_t *config, const struct model_loa
     m->eps = c->eps;
     if (!m->max_seq_len) m->max_seq_len = 4096;
     struct loader l;
-    rc = loader_open(&l, dir, o->dummy, o->seed, o->weight_fmt, be);
+    rc = loader_open_opts(&l, dir, o, be);
     if (!rc) rc = load_weights(m, &l, c);
     int64_t bytes = l.device_bytes;
     loader_close(&l);

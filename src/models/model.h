@@ -78,6 +78,7 @@ struct model_load_opts {
     int max_tokens;     // rows of the step workspace (max_num_batched_tokens)
     int max_logit_rows; // rows of logits one forward may produce
     int max_seq_len;    // tokens of one sequence, at most (0: the config's max_position_embeddings)
+    int quantization;   // enum quant_mode (models/quant.h): --quantization
 };
 
 struct model;

@@ -57,6 +57,9 @@ static void events_append(struct gen_events *ev, const struct vllm_output *o, in
         ev->done = 1;
         ev->reason = o->finish_reason;
         ev->status = o->status;
+        free(ev->stop_str);
+        ev->stop_str = o->stop_str ? xstrdup(o->stop_str) : NULL;
+        ev->stop_token = o->stop_token_id;
         snprintf(ev->error, sizeof ev->error, "%s", o->error ? o->error : "");
     }
 }
@@ -78,6 +81,8 @@ void gen_on_output(void *user, const struct vllm_output *o) {
         else hist_observe(&s->m.itl, now - g->t_last);
         g->t_last = now;
     }
+    if (o->finish_reason == VLLM_FINISH_ERROR && (o->status == VLLM_ERR_BACKEND || o->status == VLLM_ERR_INTERNAL))
+        s->fatal = 1; // the device or the engine broke: /health says so
     if (o->finish_reason != VLLM_FINISH_NONE) {
         if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - g->t_arrival);
         s->m.finished[finish_index(o->finish_reason)]++;
@@ -98,7 +103,7 @@ void gen_on_output(void *user, const struct vllm_output *o) {
 
 static void events_free(struct gen_events *ev) {
     if (!ev) return;
-    free(ev->text), free(ev->ids), free(ev->lp), free(ev->top_ids), free(ev->top_lp);
+    free(ev->text), free(ev->stop_str), free(ev->ids), free(ev->lp), free(ev->top_ids), free(ev->top_lp);
     free(ev);
 }
 
@@ -178,6 +183,14 @@ static void set_streaming(struct gen *g, int on) {
 
 static const char *finish_string(vllm_finish_reason r) {
     return r == VLLM_FINISH_LENGTH ? "length" : r == VLLM_FINISH_ABORT ? "abort" : "stop";
+}
+
+// vLLM's stop_reason: the stop string or stop token id that finished the
+// request; null for EOS, a length limit, or a request still running.
+static json_t *stop_reason_json(const struct gen_events *ev) {
+    if (!ev->done || ev->reason != VLLM_FINISH_STOP) return json_null();
+    if (ev->stop_str) return json_text(ev->stop_str, strlen(ev->stop_str));
+    return ev->stop_token >= 0 ? json_integer(ev->stop_token) : json_null();
 }
 
 static json_t *ids_json(const int32_t *ids, int n) {
@@ -318,7 +331,7 @@ static void stream_events(struct gen *g, const struct gen_events *ev) {
     if (g->p.logprobs >= 0 && ev->n) append_logprobs(g, lp = logprobs_new(g), ev);
     json_object_set_new(choice, "logprobs", lp);
     json_object_set_new(choice, "finish_reason", fin ? json_string(fin_reason) : json_null());
-    if (g->p.kind == API_COMPLETION) json_object_set_new(choice, "stop_reason", json_null());
+    json_object_set_new(choice, "stop_reason", stop_reason_json(ev));
     if (g->p.return_token_ids) json_object_set_new(choice, "token_ids", ids_json(ev->ids, ev->n));
     sse_send(g, stream_chunk(g, choice));
 }
@@ -394,7 +407,7 @@ static void reply_final(struct gen *g, const struct gen_events *ev) {
     if (g->p.logprobs >= 0 && !g->logprobs) g->logprobs = logprobs_new(g);
     json_object_set(choice, "logprobs", g->logprobs ? g->logprobs : json_null());
     json_object_set_new(choice, "finish_reason", json_string(fin));
-    if (!chat) json_object_set_new(choice, "stop_reason", json_null());
+    json_object_set_new(choice, "stop_reason", stop_reason_json(ev));
     if (g->p.return_token_ids) {
         json_object_set_new(chat ? r : choice, "prompt_token_ids", ids_json(g->p.prompt_ids, g->p.num_prompt));
         json_object_set_new(choice, "token_ids", ids_json(g->ids, g->num_ids));
@@ -444,7 +457,7 @@ void gen_handle_ready(struct server *s) {
 // The field an engine message is about ("temperature must be ..."), if any.
 static const char *param_of(const char *msg) {
     static const char *const names[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                                        "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", NULL};
+                                        "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "priority", NULL};
     for (int i = 0; names[i]; i++) {
         size_t n = strlen(names[i]);
         if (!strncmp(msg, names[i], n) && msg[n] == ' ') return names[i];
@@ -459,7 +472,8 @@ void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *
     memset(gp, 0, sizeof *gp);
     g->pend = xcalloc(1, sizeof *g->pend);
     g->work = xcalloc(1, sizeof *g->work);
-    server_new_id(s, g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    if (g->p.request_id) snprintf(g->id, sizeof g->id, "%s%s", g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->p.request_id);
+    else server_new_id(s, g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
     g->created = (long long)time(NULL);
     g->t_arrival = now_s();
     g->next = s->live;

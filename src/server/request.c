@@ -322,6 +322,10 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
         return NULL;
     }
     if (kw) json_object_update(req, kw);
+    if (fields_documents(body, req, err)) {
+        json_decref(req);
+        return NULL;
+    }
     json_object_set_new(req, "add_generation_prompt", json_boolean(gen_prompt && !cont));
     json_object_set_new(req, "continue_final_message", json_boolean(cont));
     if (tools) json_object_set(req, "tools", tools);
@@ -330,8 +334,9 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
 
 static int chat_prompt(struct server *s, const json_t *body, int32_t **ids, int *n, struct api_error *err) {
     int add_special = 0; // the template writes BOS itself
-    if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
-    if (!s->info.has_chat_template)
+    const char *tmpl;
+    if (get_bool(body, "add_special_tokens", &add_special, err) || fields_chat_template(s, body, &tmpl, err)) return -1;
+    if (!s->info.has_chat_template && !tmpl)
         return api_fail(err, 400, "messages", "the model has no chat template (tokenizer_config.json chat_template)");
     size_t text_bytes;
     json_t *req = chat_template_input(body, &text_bytes, err);
@@ -339,7 +344,7 @@ static int chat_prompt(struct server *s, const json_t *body, int32_t **ids, int 
     if (check_text_len(s, text_bytes, "messages", err)) return json_decref(req), -1;
     char *js = json_dumps(req, JSON_COMPACT), *text = NULL;
     json_decref(req);
-    int rc = vllm_apply_chat_template(s->engine, js, &text);
+    int rc = vllm_apply_chat_template_source(s->engine, tmpl, js, &text);
     free(js);
     if (rc) return api_fail(err, 400, "messages", "applying the chat template: %s", vllm_last_error());
     rc = check_text_len(s, strlen(text), "messages", err) ||
@@ -405,10 +410,11 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
     memset(gp, 0, sizeof *gp);
     gp->kind = kind;
     vllm_sampling_params_default(&gp->sp);
-    int rc = check_unsupported(body, err) || get_sampling(s, body, gp, err) || get_stream(body, gp, err) ||
-             get_logprobs(body, gp, err);
+    int rc = check_unsupported(body, err) || fields_parse(s, body, gp, err) || get_sampling(s, body, gp, err) ||
+             get_stream(body, gp, err) || get_logprobs(body, gp, err);
     if (!rc) rc = kind == API_CHAT ? chat_prompt(s, body, &gp->prompt_ids, &gp->num_prompt, err)
                                    : completion_prompt(s, body, gp, err);
+    if (!rc) fields_truncate(gp);
     if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
     if (!rc) rc = get_max_tokens(s, body, gp, err);
     if (!rc) rc = guided_parse(s, kind, body, gp, err);
@@ -421,6 +427,7 @@ void gen_params_free(struct gen_params *gp) {
     free(gp->stop);
     free(gp->stop_ids);
     free(gp->prompt_ids);
+    fields_free(gp);
     guided_req_free(gp->guided);
     memset(gp, 0, sizeof *gp);
 }

@@ -65,6 +65,10 @@ struct gen_params {
     int num_prompt;
     int stream, include_usage, return_token_ids;
     int logprobs; // -1: none; else top logprobs per token
+    // fields.c
+    char *request_id; // the response id's suffix (NULL: a random one)
+    char *cache_salt; // sp.cache_salt
+    int truncate;     // keep the prompt's last N tokens (0: all)
     struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
@@ -82,6 +86,17 @@ json_t *detokenize_reply(struct server *s, const json_t *body, struct api_error 
 // chat_template_kwargs, which may not set what the server sets. NULL with a
 // 400 in *err. *text_bytes: the messages' text.
 json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_error *err);
+// fields.c: the fields beyond sampling and the prompt. fields_parse checks
+// the rejected ones and reads priority, request_id, cache_salt and
+// truncate_prompt_tokens; fields_truncate applies the last once the prompt is
+// tokenized; fields_chat_template gives the template source for a chat body
+// (the request's, when trusted, or --chat-template's; NULL: the model's);
+// fields_documents adds "documents" to the template's variables.
+int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+void fields_truncate(struct gen_params *gp);
+int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
+int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
+void fields_free(struct gen_params *gp);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
 
@@ -117,6 +132,8 @@ const char *guided_stream_finish(const struct guided_req *q, vllm_finish_reason 
 struct gen_events {
     char *text;
     size_t text_len, text_cap;
+    char *stop_str;     // with done: the stop string that finished it (vLLM's stop_reason), or NULL
+    int32_t stop_token; // with done: the stop token id that finished it, or -1
     int32_t *ids;
     float *lp;          // [n] sampled-token logprobs (when asked)
     int32_t *top_ids;   // [n * k]
@@ -142,7 +159,7 @@ struct gen {
     struct vllm_request *vreq;       // NULL once released
     int engine_done;
     int started;                     // streaming: headers sent
-    char id[48];
+    char id[160];                    // "chatcmpl-" + request_id or 32 hex digits
     long long created;
     // non-streaming: the answer so far
     char *text;
@@ -205,11 +222,25 @@ struct server *server_of_http(void *http);
 // The reason phrase of an HTTP status.
 const char *http_reason(int status);
 
+// --------------------------------------------------------------- CORS --
+
+struct str_list {
+    char **v;
+    int n, cap;
+};
+void str_list_free(struct str_list *l);
+// Parses --allowed-origins / --allowed-methods / --allowed-headers.
+int cors_init(struct server *s);
+void cors_free(struct server *s);
+// First in on_request: adds the CORS headers for an allowed Origin, and
+// answers a preflight (then returns 1).
+int cors_handle(struct server *s, struct evhttp_request *req);
+
 // -------------------------------------------------------------- server --
 
 struct server {
     struct server_config cfg; // strings owned
-    struct vllm_engine *engine;
+    struct vllm_engine *engine; // NULL while the model loads (server_set_engine)
     struct vllm_model_info info;
     struct event_base *base;
     struct evhttp *http;
@@ -247,6 +278,15 @@ struct server {
     struct job *todo, *todo_tail, *done;
     struct event *work_wake;
     int num_jobs; // submitted, not yet answered or dropped (loop thread)
+
+    struct str_list cors_origins, cors_methods, cors_headers;
+    // loading (server_set_engine): the loaded engine waits here, under mu,
+    // until the loop thread adopts it
+    struct vllm_engine *loaded;
+    int load_status;     // != VLLM_OK: the load failed, the server exits
+    int load_done;       // under mu
+    struct event *loaded_ev;
+    int fatal;           // under mu: a request failed with a device or internal error: /health is 503
     struct guided *guided; // guided.c
 };
 

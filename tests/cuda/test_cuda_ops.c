@@ -69,6 +69,8 @@ struct tb_ckpt {
     int src[8], num[8], pos[16], slot[16];
 };
 
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
 static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const int *init, int nd, int block_size,
                     int mbps, const struct tb_ckpt *ck) {
     int T = 0, nck = 0;
@@ -78,6 +80,8 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
     size_t off[NARR], tot = 0;
     for (int i = 0; i < NARR; i++) off[i] = tot, tot += sz[i];
     int32_t *h = t->h = xcalloc(tot, sizeof(int32_t));
+    int mul = 7; // scattered blocks: a multiplier coprime with the pool, so no two sequences share one
+    while (gcd(mul, n * mbps) != 1) mul += 2;
     for (int s = 0, tk = 0; s < n; s++) {
         h[off[QSL] + s] = tk;
         h[off[CTX] + s] = ctx[s];
@@ -85,7 +89,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         h[off[STATE] + s] = (s * 5 + 3) % 16; // scattered slots
         h[off[SRC] + s] = ck && ck->src[s] != -2 ? ck->src[s] : init[s] ? h[off[STATE] + s] : -1;
         h[off[CK_START] + s + 1] = h[off[CK_START] + s] + (ck ? ck->num[s] : 0);
-        for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (s * mbps + j) * 7 % (n * mbps);
+        for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (int)((int64_t)(s * mbps + j) * mul % (n * mbps));
         for (int i = 0; i < qlen[s]; i++, tk++) {
             int p = ctx[s] + i;
             h[off[POS] + tk] = p;
@@ -251,25 +255,36 @@ static void test_mamba(void) {
     free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
 }
 
-static void test_attention(enum dtype kv, double tol) {
-    struct attn_dims d = {32, 2, 128, 16, 0};
-    d.scale = 1.0f / sqrtf(128.0f);
-    int qlen[] = {1, 1, 200, 5, 1}, ctx[] = {1100, 30, 0, 700, 0}, init[] = {1, 1, 0, 1, 0};
-    int mbps = 80; // 1280 tokens
+// Four decodes (contexts of 1,101, 31, 256 and 2,001 tokens: one chunk of the
+// decode kernel, a chunk boundary, several chunks) and three prefills, at the
+// GQA shapes in use: 16 and 8 query heads a KV head (NemotronH, Qwen3), 32
+// (two head groups a block), 3 (a partial group), MHA at head_dim 64, and a
+// head_dim that is not a multiple of 8 (the generic kernel). `fixed` runs the
+// decode as a recorded graph would (splits sized for max_model_len).
+struct attn_case {
+    int heads, kv_heads, head_dim, fixed;
+};
+
+static void test_attention(const struct attn_case *ac, enum dtype kv, double tol) {
+    struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, 16, 0};
+    d.scale = 1.0f / sqrtf((float)d.head_dim);
+    enum { NS = 7, ND = 4 };
+    int qlen[NS] = {1, 1, 1, 1, 200, 5, 1}, ctx[NS] = {1100, 30, 255, 2000, 0, 700, 0}, init[NS] = {1, 1, 1, 1, 0, 1, 0};
+    int mbps = 130; // 2,080 tokens
     struct tb t;
-    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps, NULL);
+    make_tb(&t, NS, qlen, ctx, init, ND, 16, mbps, NULL);
     int T = t.c.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
-    size_t cn = (size_t)5 * mbps * 16 * kvd;
+    size_t cn = (size_t)NS * mbps * 16 * kvd;
     float *kc = rnd(cn, 1), *vc = rnd(cn, 1), *qkv = rnd((size_t)T * ld, 1);
     gpu->kv_dtype = kv;
     struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     memcpy(pk.c, kc, cn * 4), memcpy(pv.c, vc, cn * 4);
     // the context positions of every sequence, written through kv_write on both sides
-    int cq[5], zero[5] = {0};
-    for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
+    int cq[NS], zero[NS] = {0};
+    for (int s = 0; s < NS; s++) cq[s] = ctx[s] + qlen[s];
     struct tb full;
-    make_tb(&full, 5, cq, zero, init, 0, 16, mbps, NULL);
+    make_tb(&full, NS, cq, zero, init, 0, 16, mbps, NULL);
     int TF = full.c.num_tokens;
     float *fq = rnd((size_t)TF * ld, 1);
     struct pair pfq = up(fq, sizeof(float) * TF * ld);
@@ -279,10 +294,15 @@ static void test_attention(enum dtype kv, double tol) {
     cpu->ops->kv_write(cpu, pk.c, pv.c, pq.c, ld, &t.c, &d);
     gpu->ops->kv_write(gpu, pk.g, pv.g, pq.g, ld, &t.g, &d);
     cpu->ops->attn_decode(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, &d);
+    t.g.fixed_shapes = ac->fixed, t.g.max_model_len = mbps * 16;
     gpu->ops->attn_decode(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, &d);
-    cpu->ops->attn_prefill(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, 2, 5, &d);
-    gpu->ops->attn_prefill(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, 2, 5, &d);
-    cmp(kv == DT_BF16 ? "attention, bf16 KV" : "attention, fp32 KV", po, (size_t)T * qd, tol);
+    t.g.fixed_shapes = 0;
+    cpu->ops->attn_prefill(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, ND, NS, &d);
+    gpu->ops->attn_prefill(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, ND, NS, &d);
+    char name[96];
+    snprintf(name, sizeof name, "attention %d/%d heads of %d, %s KV%s", d.heads, d.kv_heads, d.head_dim,
+             kv == DT_BF16 ? "bf16" : "fp32", ac->fixed ? ", graph splits" : "");
+    cmp(name, po, (size_t)T * qd, tol);
     struct pair all[] = {pk, pv, pfq, pq, po};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free_tb(&t), free_tb(&full);
@@ -451,8 +471,12 @@ int main(void) {
     if (backend_cpu_create(0, DT_F32, &cpu)) return 1;
     test_dense();
     test_mamba();
-    test_attention(DT_F32, 1e-5);
-    test_attention(DT_BF16, 2e-2);
+    static const struct attn_case attn[] = {{32, 2, 128, 0}, {32, 4, 128, 1}, {64, 2, 128, 0},
+                                            {24, 8, 96, 1},  {16, 16, 64, 0}, {12, 3, 20, 0}};
+    for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) {
+        test_attention(&attn[i], DT_F32, 1e-5);
+        test_attention(&attn[i], DT_BF16, 2e-2);
+    }
     test_moe();
     test_sample();
     test_mask_logits();

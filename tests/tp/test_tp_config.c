@@ -103,7 +103,7 @@ static void test_engine(void) {
     ops.all_reduce = NULL;
     be->ops = &ops;
     be->tp_size = 2;
-    struct model_load_opts o = {WF_F32, 0, 0, 8, 1, 0};
+    struct model_load_opts o = {WF_F32, 0, 0, 8, 1, 0, 0};
     struct model *m = NULL;
     rc = model_load(dir, NULL, &o, be, &m);
     CHECKF(rc == VLLM_ERR_UNSUPPORTED && !m && strstr(vllm_last_error(), "has no collectives"), "rc %d '%s'", rc,

@@ -75,7 +75,7 @@ static int inst_load(struct inst *s, const char *dir, int tp) {
     memset(s, 0, sizeof *s);
     s->tp = tp;
     if (backend_create_group("cpu", tp, tp, DT_F32, s->be)) return -1;
-    struct model_load_opts o = {WF_F32, 0, 0, MAXT, 4, 0}; // 4 logit rows: lm_head runs in chunks of 4 rows
+    struct model_load_opts o = {WF_F32, 0, 0, MAXT, 4, 0, 0}; // 4 logit rows: lm_head runs in chunks of 4 rows
     for (int k = 0; k < tp; k++) {
         if (model_load(dir, NULL, &o, s->be[k], &s->m[k])) {
             fprintf(stderr, "load %s, rank %d of %d: %s\n", dir, k, tp, vllm_last_error());

@@ -89,12 +89,30 @@ void cpu_route_tokens(int32_t *ids, float *weights, const float *logits, const f
                       const struct moe_route_cfg *c, void *scratch);
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                      const int32_t *ids, const float *weights, int n, int top_k);
+// ops in cpu_kimi.c (Kimi-Linear: KDA, MLA)
+void cpu_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                     const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
+void cpu_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                    const struct batch *b, const struct kda_dims *d);
+void cpu_kda_gate(struct backend *be, float *g, const float *A_log, const float *dt_bias, int n,
+                  const struct kda_dims *d);
+void cpu_head_norm_gate(struct backend *be, float *y, const float *gate, const float *w, int n, int heads,
+                        int head_dim, float eps);
+void cpu_mla_kv_write(struct backend *be, void *cache, const float *lat, int ld, const struct batch *b,
+                      const struct mla_dims *d);
+void cpu_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                  const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
 // y: [n, nr] = x @ W[row0 .. row0 + nr)^T, W dequantized to fp32 first.
 void cpu_matmul_rows(struct backend *be, float *y, const float *x, const struct weight *w, int64_t row0, int64_t nr,
                      int n);
 // Rows [row0, row0 + n) of w as fp32 (the weight itself for WF_F32, else a
 // dequantized copy valid until the next call).
 const float *cpu_weight_f32(struct backend *be, const struct weight *w, int64_t row0, int64_t n);
+// Quantized weights (row-major codes, scales beside, backend.h), shared with
+// the fast path: the scales of w (fmt, rows, cols set), and rows of codes
+// uploaded as they are (src_fmt must be w->fmt; ld in elements).
+int cpu_quant_alloc(struct backend *be, struct weight *w);
+int cpu_quant_upload(struct weight *w, int64_t row0, int64_t n, const void *src, enum wfmt src_fmt, int64_t ld);
 // collectives in cpu_tp.c
 void cpu_all_reduce(struct backend *be, float *x, int64_t n);
 void cpu_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);

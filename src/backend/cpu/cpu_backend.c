@@ -80,20 +80,46 @@ static void cpu_fence_wait(struct backend *be, int fence) { (void)be, (void)fenc
 // Reference weights hold their format's elements as they are (row-major);
 // products dequantize them exactly to fp32 (cpu_weight_f32) and compute in
 // fp32.
+// Quantized formats keep their codes row-major too, their scales beside
+// them (struct weight).
+int cpu_quant_alloc(struct backend *be, struct weight *w) {
+    int64_t g = wfmt_scale_cols(w->fmt, w->cols);
+    if (w->fmt == WF_NVFP4 && w->cols % WF_NVFP4_GROUP)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "an nvfp4 weight needs columns in multiples of 16, not %lld",
+                        (long long)w->cols);
+    w->scale = cpu_alloc(be, sizeof(float) * (size_t)(w->rows * g));
+    if (w->fmt == WF_NVFP4) w->bscale = cpu_alloc(be, (size_t)(w->rows * (w->cols / WF_NVFP4_GROUP)));
+    if (!w->scale || (w->fmt == WF_NVFP4 && !w->bscale))
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the scales of a weight");
+    return VLLM_OK;
+}
+
 static int cpu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
     memset(w, 0, sizeof *w);
-    size_t bytes = (size_t)rows * cols * wfmt_size(fmt);
+    size_t bytes = (size_t)rows * wfmt_bytes(fmt, cols);
     w->data = cpu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
     w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
+    return wfmt_quantized(fmt) ? cpu_quant_alloc(be, w) : VLLM_OK;
+}
+
+// A quantized weight takes rows of its own format only (codes as they are;
+// scales through weight_upload_scales). ld: elements.
+int cpu_quant_upload(struct weight *w, int64_t row0, int64_t n, const void *src, enum wfmt src_fmt, int64_t ld) {
+    if (src_fmt != w->fmt)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "a %s weight cannot be made from %s rows", wfmt_name(w->fmt),
+                        wfmt_name(src_fmt));
+    size_t rb = wfmt_bytes(w->fmt, w->cols), lb = wfmt_bytes(w->fmt, ld);
+    for (int64_t r = 0; r < n; r++) memcpy((char *)w->data + (size_t)(row0 + r) * rb, (const char *)src + r * lb, rb);
     return VLLM_OK;
 }
 
 static int cpu_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
                                  enum wfmt src_fmt, int64_t ld) {
     (void)be;
+    if (wfmt_quantized(w->fmt)) return cpu_quant_upload(w, row0, n, src, src_fmt, ld);
     size_t es = wfmt_size(w->fmt), ss = wfmt_size(src_fmt);
     for (int64_t r = 0; r < n; r++)
         wfmt_convert(w->fmt, (char *)w->data + (size_t)(row0 + r) * w->cols * es, src_fmt,
@@ -104,7 +130,7 @@ static int cpu_weight_upload_raw(struct backend *be, struct weight *w, int64_t r
 // xorshift64, uniform with standard deviation std (the fast path makes the
 // same stream), stored in the weight's format
 static int cpu_weight_random(struct backend *be, struct weight *w, uint64_t seed, float std) {
-    (void)be;
+    if (wfmt_quantized(w->fmt)) return weight_random_quant(be, w, seed, std);
     float a = std * 1.7320508f * 0x1.0p-31f, buf[256];
     uint64_t x = seed | 1;
     size_t es = wfmt_size(w->fmt), n = (size_t)w->rows * w->cols;
@@ -123,7 +149,10 @@ const float *cpu_weight_f32(struct backend *be, const struct weight *w, int64_t 
     switch (w->fmt) {
     case WF_F32: return (const float *)w->data + row0 * w->cols;
     case WF_BF16:
-    case WF_F16: break;
+    case WF_F16:
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break;
     }
     struct cpu_impl *c = cpu_of(be);
     size_t need = sizeof(float) * (size_t)n * w->cols;
@@ -131,6 +160,12 @@ const float *cpu_weight_f32(struct backend *be, const struct weight *w, int64_t 
         free(c->deq);
         c->deq = xmalloc(need);
         c->deq_size = need;
+    }
+    if (wfmt_quantized(w->fmt)) { // exactly wfmt_dequant, element by element
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t k = 0; k < w->cols; k++)
+                c->deq[r * w->cols + k] = wfmt_dequant(w->fmt, w->data, w->scale, w->bscale, w->cols, row0 + r, k);
+        return c->deq;
     }
     wfmt_convert(WF_F32, c->deq, w->fmt, (const char *)w->data + (size_t)row0 * w->cols * wfmt_size(w->fmt),
                  n * w->cols);
@@ -322,6 +357,17 @@ int cpu_supports(struct backend *be, const struct op_query *q) {
         return cpu_reserve(be, sizeof(float) * A * ((size_t)w->dim + U + w->dim) + sizeof(int32_t) * 2 * A,
                            "the MoE experts");
     }
+    case OP_KDA: { // the q | k | v conv (conv1d_fwd) and one head's step
+        const struct kda_dims *d = q->kda;
+        size_t conv = sizeof(float) * (size_t)(d->conv_kernel - 1 + T) * 3 * d->heads * d->head_dim;
+        return cpu_reserve(be, MAX(conv, sizeof(float) * 3 * (size_t)d->head_dim), "Kimi Delta Attention");
+    }
+    case OP_MLA: {
+        const struct mla_dims *d = q->mla;
+        if (be->kv_dtype != DT_F32)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "MLA: the CPU backend keeps the KV cache in float32 only");
+        return cpu_reserve(be, sizeof(float) * ((size_t)2 * d->rank + d->rope + S), "multi-head latent attention");
+    }
     }
     return VLLM_OK;
 }
@@ -363,6 +409,12 @@ static const struct backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,
+    .kda_prefill = cpu_kda_prefill,
+    .kda_decode = cpu_kda_decode,
+    .kda_gate = cpu_kda_gate,
+    .head_norm_gate = cpu_head_norm_gate,
+    .mla_kv_write = cpu_mla_kv_write,
+    .mla_attn = cpu_mla_attn,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .mask_logits = cpu_mask_logits,

@@ -16,6 +16,9 @@
 //   multiplies them by broadcast activations (no horizontal sums), and the
 //   bf16 dot kernel feeds the lanes to vdpbf16ps as they are.
 // - WF_F16: not kept (supports() refuses it: use bfloat16 or float32).
+// - WF_FP8, WF_FP8_B128, WF_NVFP4: row-major codes with their scales, as the
+//   reference keeps them (backend.h); mm_q dequantizes in registers
+//   (fast_quant.c).
 #ifndef VLLM_BACKEND_CPU_FAST_H
 #define VLLM_BACKEND_CPU_FAST_H
 
@@ -49,6 +52,12 @@ struct fast_kern {
     // row-major fp32 weight
     void (*mm_f32)(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                    int64_t c1);
+    // quantized weight (WF_FP8, WF_FP8_B128, WF_NVFP4), fp32 activations and
+    // arithmetic, codes dequantized in the kernel; for few rows (decode)
+    void (*mm_q)(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                 int64_t c1);
+    // rows [r0, r0 + nr) of a quantized weight as fp32: dst [nr, cols]
+    void (*deq_q)(float *dst, const struct weight *w, int64_t r0, int64_t nr);
     void (*vexp)(float *y, const float *x, int64_t n);  // y = exp(x), in place allowed
     void (*vsilu)(float *y, const float *x, int64_t n); // y = x * sigmoid(x), in place allowed
     void (*to_bf16)(uint16_t *y, const float *x, int64_t n); // round to nearest even
@@ -104,7 +113,23 @@ extern const struct fast_kern fast_kern_avx2, fast_kern_avx512;
 void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
                                const struct weight *w, int64_t c0, int64_t c1);
 void fast_to_bf16_avx512bf16(uint16_t *y, const float *x, int64_t n);
+// quantized weights (fast_quant_avx512.c)
+void fast_mm_q_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                      int64_t c1);
+void fast_deq_q_avx512(float *dst, const struct weight *w, int64_t r0, int64_t nr);
+void fast_quant_avx512_init(void);
 #endif
+// quantized weights, portable (fast_quant.c)
+void fast_mm_q_scalar(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                      int64_t c1);
+void fast_deq_q_scalar(float *dst, const struct weight *w, int64_t r0, int64_t nr);
+// The scales of a quantized weight whose codes are allocated (w->fmt, rows, cols set).
+int fast_quant_alloc(struct weight *w);
+// Pack scratch floats of a many-row product with a quantized weight of K columns.
+size_t fast_quant_pack_floats(int64_t K);
+// A many-row product: chunks of weight rows dequantized (deq_q), then the fp32 GEMM.
+void fast_mm_q_many(struct backend *be, int thread, float *y, int64_t ldy, const float *x, int64_t ldx, int n,
+                    const struct weight *w, int64_t c0, int64_t c1);
 
 enum fast_isa { FAST_SCALAR, FAST_AVX2, FAST_AVX512, FAST_AVX512_BF16 };
 // The best ISA this CPU (and OS) supports.
@@ -138,6 +163,8 @@ size_t fast_pk_bytes(int64_t rows, int64_t cols);
 size_t fast_attn_scratch(const struct attn_dims *d, int max_seq_len);
 size_t fast_ssd_scratch(const struct mamba_dims *d);
 int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_tokens, int top_k);
+// The pack scratch of n-row products with w when it is quantized.
+int fast_quant_reserve(struct backend *be, const struct weight *w, int n);
 
 // y [n, ldy] (columns [c0, c1) of x @ W^T, written at y[i*ldy + c - c0]),
 // x [n, ldx]: the fast matmul on a column range, threaded.

@@ -54,7 +54,7 @@ static void attn_task(void *ctx, int task, int thread) {
     }
     if (nq == 1) { // one query (decode): dot products and axpys, nothing to pack
         const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + kvh * hg * Dh; // the group's hg heads, adjacent
-        struct weight kw = {kk, WF_F32, n, Dh, NULL};
+        struct weight kw = {.data = kk, .fmt = WF_F32, .rows = n, .cols = Dh};
         k->mm_f32(sc, n, q, Dh, hg, &kw, 0, n); // sc [hg, n]
         for (int hh = 0; hh < hg; hh++) {
             float *r = sc + (int64_t)hh * n, mx = -FLT_MAX, sum = 0;

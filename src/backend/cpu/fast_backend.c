@@ -55,6 +55,13 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
     }
 #endif
     if (!k->to_bf16) k->to_bf16 = fast_kern_scalar.to_bf16;
+    k->mm_q = fast_mm_q_scalar, k->deq_q = fast_deq_q_scalar;
+#if defined(__x86_64__)
+    if (isa >= FAST_AVX512) {
+        fast_quant_avx512_init();
+        k->mm_q = fast_mm_q_avx512, k->deq_q = fast_deq_q_avx512;
+    }
+#endif
 }
 
 int fast_reserve_shared(struct backend *be, int slot, size_t bytes, const char *what) {
@@ -149,6 +156,9 @@ int fast_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64
     case WF_BF16: bytes = fast_pk_bytes(rows, cols); break;
     case WF_F16:
         return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no float16 weights (use bfloat16 or float32)");
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: bytes = (size_t)rows * wfmt_bytes(fmt, cols) + 64; break; // + 64: the kernels' 16-byte loads
     }
     w->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
@@ -156,7 +166,7 @@ int fast_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64
     w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
-    return VLLM_OK;
+    return wfmt_quantized(fmt) ? fast_quant_alloc(w) : VLLM_OK;
 }
 
 struct pack_ctx {
@@ -172,6 +182,9 @@ static uint32_t bf16_bits(const void *row, enum wfmt f, int64_t i) {
     case WF_F32: return f32_to_bf16(((const float *)row)[i]);
     case WF_BF16: return ((const uint16_t *)row)[i]; // checkpoint bytes as they are
     case WF_F16: return f32_to_bf16(f16_to_f32(((const uint16_t *)row)[i]));
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break; // never packed (fast_weight_upload_raw)
     }
     return 0;
 }
@@ -208,6 +221,9 @@ int fast_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, i
         return VLLM_OK;
     }
     case WF_F16: break;
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: return cpu_quant_upload(w, row0, n, src, src_fmt, ld);
     }
     return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no %s weights", wfmt_name(w->fmt));
 }
@@ -215,6 +231,7 @@ int fast_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, i
 // The reference's values (the same xorshift64 stream), rounded to bf16 and
 // packed 64 rows at a time when the weight is bf16.
 int fast_weight_random(struct backend *be, struct weight *w, uint64_t seed, float std) {
+    if (wfmt_quantized(w->fmt)) return weight_random_quant(be, w, seed, std);
     int64_t rows = w->rows, cols = w->cols;
     float a = std * 1.7320508f * 0x1.0p-31f;
     uint64_t x = seed | 1;
@@ -248,6 +265,11 @@ void fast_embed(struct backend *be, float *out, const struct weight *table, cons
             break;
         }
         case WF_F16: break; // refused by fast_supports
+        case WF_FP8:
+        case WF_FP8_B128:
+        case WF_NVFP4: // never made by the loader (embeddings stay fp32); exact anyway
+            for (int64_t k = 0; k < d; k++) o[k] = wfmt_dequant(table->fmt, table->data, table->scale, table->bscale, d, ids[t], k);
+            break;
         }
     }
 }
@@ -280,6 +302,12 @@ void fast_mm_serial(struct backend *be, int thread, float *y, int64_t ldy, const
         return;
     case WF_F32: break;
     case WF_F16: return; // refused by fast_supports
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4:
+        if (n <= F32_KERNEL_MAX_ROWS) k->mm_q(y, ldy, x, ldx, n, w, c0, c1);
+        else fast_mm_q_many(be, thread, y, ldy, x, ldx, n, w, c0, c1);
+        return;
     }
     if (n <= F32_KERNEL_MAX_ROWS) {
         k->mm_f32(y, ldy, x, ldx, n, w, c0, c1);
@@ -389,6 +417,12 @@ static int matmul_reserve(struct backend *be, const struct weight *w, int n) {
     if (w->fmt == WF_F32 && n > F32_KERNEL_MAX_ROWS && fast_k(be)->sgemm_pack_b)
         TRY(reserve_pack(be, fast_sgemm_b_floats((int)MIN(w->rows, sgemm_per(w->rows, be->num_threads)), (int)K),
                          "matmul"));
+    return fast_quant_reserve(be, w, n);
+}
+
+int fast_quant_reserve(struct backend *be, const struct weight *w, int n) {
+    if (wfmt_quantized(w->fmt) && n > F32_KERNEL_MAX_ROWS)
+        return reserve_pack(be, fast_quant_pack_floats(w->cols), "a quantized matmul");
     return VLLM_OK;
 }
 
@@ -418,6 +452,13 @@ int fast_supports(struct backend *be, const struct op_query *q) {
             return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path has no float16 weights (use bfloat16 or float32)");
         return fast_moe_reserve(be, w, n, q->route->top_k);
     }
+    case OP_KDA:
+        // the reference's KDA ops (shared with this table) and the fast conv1d
+        if (q->kda->conv_kernel > 8)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path's conv1d takes conv_kernel <= 8, not %d",
+                            q->kda->conv_kernel);
+        return VLLM_OK;
+    case OP_MLA: return VLLM_OK; // the reference's MLA ops (plain fp32 arrays, no packed weights)
     }
     return VLLM_OK;
 }

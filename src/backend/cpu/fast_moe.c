@@ -154,6 +154,8 @@ int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_to
     size_t need[4] = {0, sizeof(int) * (3 * E + 3 * A), (sizeof(float) + sizeof(uint16_t)) * A * (ldx + ldh),
                       sizeof(float) * A * L};
     for (int s = 1; s < 4; s++) TRY(fast_reserve_shared(be, s, need[s], "the MoE experts"));
+    TRY(fast_quant_reserve(be, &w->up, (int)A));
+    TRY(fast_quant_reserve(be, &w->down, (int)A));
     // per thread: a gated task's up block [m, up_per] (up_per <= I rounded
     // to a group), or the few-rows down block [m, L]
     size_t per = MAX(A * (I + PKG) * (w->gated ? 1 : 0), (size_t)MANY_ROWS * L);

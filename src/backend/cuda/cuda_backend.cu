@@ -104,6 +104,9 @@ static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be
 
 static int cu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
     memset(w, 0, sizeof *w);
+    if (wfmt_quantized(fmt)) // refused at load, naming the format (docs/QUANTIZATION.md)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend has no %s weights yet (the CPU backend runs them)",
+                        wfmt_name(fmt));
     size_t bytes = (size_t)rows * cols * wfmt_size(fmt);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
@@ -158,6 +161,9 @@ static int cu_weight_random(struct backend *be, struct weight *w, uint64_t seed,
     case WF_F32: k_random<<<4096, 256, 0, s>>>((float *)w->data, n, seed, std); break;
     case WF_BF16: k_random<<<4096, 256, 0, s>>>((__nv_bfloat16 *)w->data, n, seed, std); break;
     case WF_F16: k_random<<<4096, 256, 0, s>>>((__half *)w->data, n, seed, std); break;
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend has no %s weights", wfmt_name(w->fmt));
     }
     LAUNCH_CHECK();
     return VLLM_OK;
@@ -189,6 +195,9 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
     case WF_F32: k_embed<<<n, 256, 0, s>>>(out, (const float *)table->data, ids, d); break;
     case WF_BF16: k_embed<<<n, 256, 0, s>>>(out, (const __nv_bfloat16 *)table->data, ids, d); break;
     case WF_F16: k_embed<<<n, 256, 0, s>>>(out, (const __half *)table->data, ids, d); break;
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break; // refused by cu_weight_alloc
     }
     LAUNCH_CHECK();
 }
@@ -311,6 +320,9 @@ static cudaDataType_t cuda_type(enum wfmt f) {
     case WF_F32: return CUDA_R_32F;
     case WF_BF16: return CUDA_R_16BF;
     case WF_F16: return CUDA_R_16F;
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break; // refused by cu_weight_alloc
     }
     return CUDA_R_32F;
 }
@@ -369,6 +381,9 @@ static void blas_matmul(struct backend *be, float *y, const float *x, const stru
         xin = cuda_scratch(be, (size_t)nk * 2);
         k_to_16<<<grid, 256, 0, c->stream>>>((__half *)xin, x, nk);
         break;
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: return; // refused by cu_weight_alloc
     }
     LAUNCH_CHECK();
     if (p && p->ok &&
@@ -688,6 +703,10 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         need = 4 * (3 * (size_t)(w->num_experts + 1) + 1 + 2 * nk) + 256 + 4 * (nk * (U + w->inter + w->dim) + T * w->dim);
         break;
     }
+    // Kimi-Linear's ops have only the CPU reference so far (issue 18): refused
+    // here at load, never a NULL op mid-run.
+    case OP_KDA: why = "Kimi Delta Attention (kda_prefill, kda_decode, kda_gate, head_norm_gate): not implemented"; break;
+    case OP_MLA: why = "multi-head latent attention (mla_kv_write, mla_attn): not implemented"; break;
     }
     if (why) return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend cannot run %s", why);
     return scratch_grow(be, need); // now: no step grows it (nor a graph's recording)

@@ -322,6 +322,9 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
     case WF_F32: experts_mm(st, (const float *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
     case WF_BF16: experts_mm(st, (const __nv_bfloat16 *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
     case WF_F16: experts_mm(st, (const __half *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break; // refused by cu_weight_alloc
     }
 }
 

@@ -1,0 +1,79 @@
+// fast_quant.c - the fast path's quantized weights (WF_FP8, WF_FP8_B128,
+// WF_NVFP4): kept row-major as the reference keeps them, dequantized inside
+// the kernels (1 or 0.5 bytes per weight read), fp32 arithmetic. The
+// portable kernels here; AVX-512 ones in fast_quant_avx512.c.
+#include <cblas.h>
+#undef I // complex.h's imaginary unit, pulled in by cblas.h
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+#include "io/dtype.h"
+
+// Row r of w, columns [0, K), as fp32 into dst: the products the kernels
+// form are of these values (the scale applied per row or block after the
+// sum in the fast kernels; before it here and in the reference).
+static void deq_row(float *dst, const struct weight *w, int64_t r) {
+    for (int64_t k = 0; k < w->cols; k++) dst[k] = wfmt_dequant(w->fmt, w->data, w->scale, w->bscale, w->cols, r, k);
+}
+
+void fast_deq_q_scalar(float *dst, const struct weight *w, int64_t r0, int64_t nr) {
+    for (int64_t r = 0; r < nr; r++) deq_row(dst + r * w->cols, w, r0 + r);
+}
+
+void fast_mm_q_scalar(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                      int64_t c1) {
+    int64_t K = w->cols;
+    float row[4096], *wr = K <= 4096 ? row : xmalloc(sizeof(float) * (size_t)K);
+    for (int64_t c = c0; c < c1; c++) {
+        deq_row(wr, w, c);
+        for (int i = 0; i < m; i++) {
+            const float *xr = x + (int64_t)i * ldx;
+            float acc[8] = {0};
+            int64_t k = 0;
+            for (; k + 8 <= K; k += 8)
+                for (int l = 0; l < 8; l++) acc[l] += xr[k + l] * wr[k + l];
+            float s = 0;
+            for (int l = 0; l < 8; l++) s += acc[l];
+            for (; k < K; k++) s += xr[k] * wr[k];
+            y[(int64_t)i * ldy + c - c0] = s;
+        }
+    }
+    if (wr != row) free(wr);
+}
+
+int fast_quant_alloc(struct weight *w) {
+    int64_t g = wfmt_scale_cols(w->fmt, w->cols);
+    if (w->fmt == WF_NVFP4 && w->cols % WF_NVFP4_GROUP)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "an nvfp4 weight needs columns in multiples of 16, not %lld",
+                        (long long)w->cols);
+    w->scale = calloc((size_t)MAX(w->rows * g, 1), sizeof(float));
+    if (w->fmt == WF_NVFP4) w->bscale = calloc((size_t)MAX(w->rows * (w->cols / WF_NVFP4_GROUP), 1), 1);
+    if (!w->scale || (w->fmt == WF_NVFP4 && !w->bscale))
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the scales of a weight");
+    return VLLM_OK;
+}
+
+// Weight rows per chunk of a many-row product: dequantized to fp32, then the
+// fp32 GEMM on them.
+#define Q_CHUNK 32
+
+size_t fast_quant_pack_floats(int64_t K) { return fast_sgemm_b_floats(Q_CHUNK, (int)K) + (size_t)Q_CHUNK * K + 32; }
+
+void fast_mm_q_many(struct backend *be, int thread, float *y, int64_t ldy, const float *x, int64_t ldx, int n,
+                    const struct weight *w, int64_t c0, int64_t c1) {
+    const struct fast_kern *k = fast_k(be);
+    int K = (int)w->cols;
+    float *bp = fast_pack_scratch(be, thread, fast_quant_pack_floats(K));
+    float *deq = bp + ((fast_sgemm_b_floats(Q_CHUNK, K) + 15) & ~(size_t)15);
+    for (int64_t a = c0; a < c1; a += Q_CHUNK) {
+        int nc = (int)MIN(Q_CHUNK, c1 - a);
+        k->deq_q(deq, w, a, nc);
+        if (k->sgemm_pack_b) {
+            k->sgemm_pack_b(bp, nc, K, deq, K, 1);
+            k->sgemm_packed(n, nc, K, 1.0f, x, (int)ldx, 0, bp, 0.0f, y + (a - c0), (int)ldy, NULL);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nc, K, 1.0f, x, (int)ldx, deq, K, 0.0f, y + (a - c0),
+                        (int)ldy);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+// fast_quant_avx512.c - AVX-512 kernels of the quantized weights
+// (fast_quant.c): codes dequantized in registers, exactly (the fp32 value of
+// each code), fp32 FMAs against up to 4 activation rows at a time; the
+// per-row or per-block scale applied to each partial sum.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+#include "io/dtype.h"
+
+// 16 e4m3 codes -> fp32. Sign-extended, shifted so the 4 exponent and 3
+// mantissa bits land at fp32's bits 23..26 and 20..22 (the sign at 31, from
+// the extension): an fp32 of exponent e - 127 (subnormal for e = 0), and
+// times 2^120 rebias it to e - 7: exact for every finite code.
+static inline __m512 fp8_cvt(__m128i b) {
+    __m512i v = _mm512_cvtepi8_epi32(b);
+    __m512i bits = _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32((int)0x87f00000u));
+    return _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(0x1.0p120f));
+}
+
+// 16 e2m1 codes from 8 bytes (element 2i in the low nibble of byte i), in order.
+static inline __m512 e2m1_cvt(const uint8_t *p, __m512 table) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m512i dup = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), v);
+    __m512i code = _mm512_and_si512(_mm512_srlv_epi32(dup, _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4)),
+                                    _mm512_set1_epi32(15));
+    return _mm512_permutexvar_ps(code, table);
+}
+
+// e4m3 block scales of NVFP4 as fp32 (filled once, by fast_kern_for)
+static float fp8_lut[256];
+void fast_quant_avx512_init(void) {
+    for (int i = 0; i < 256; i++) fp8_lut[i] = fp8e4m3_to_f32((uint8_t)i);
+}
+
+// FP8 rows [c0, c1), MI activation rows; scale groups of g columns.
+static inline __attribute__((always_inline)) void mm_fp8_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                                              const struct weight *w, int64_t c0, int64_t c1,
+                                                              const int MI) {
+    int64_t K = w->cols, g = w->fmt == WF_FP8_B128 ? WF_B128 : K, G = wfmt_scale_cols(w->fmt, K);
+    for (int64_t r = c0; r < c1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * K;
+        const float *sc = w->scale + r * G;
+        __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b0 = 0, bi = 0; b0 < K; b0 += g, bi++) {
+            int64_t e = MIN(K, b0 + g), k = b0;
+            __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            for (; k + 16 <= e; k += 16) {
+                __m512 wv = fp8_cvt(_mm_loadu_si128((const __m128i *)(row + k)));
+                for (int i = 0; i < MI; i++) part[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * ldx + k), part[i]);
+            }
+            if (k < e) {
+                __mmask16 mk = (__mmask16)((1u << (e - k)) - 1);
+                __m512 wv = fp8_cvt(_mm_maskz_loadu_epi8(mk, row + k));
+                for (int i = 0; i < MI; i++) part[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mk, x + i * ldx + k), part[i]);
+            }
+            __m512 s = _mm512_set1_ps(sc[bi]);
+            for (int i = 0; i < MI; i++) tot[i] = _mm512_fmadd_ps(part[i], s, tot[i]);
+        }
+        for (int i = 0; i < MI; i++) y[i * ldy + r - c0] = _mm512_reduce_add_ps(tot[i]);
+    }
+}
+
+static inline __attribute__((always_inline)) void mm_nvfp4_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                                                const struct weight *w, int64_t c0, int64_t c1,
+                                                                const int MI) {
+    int64_t K = w->cols, nb = K / WF_NVFP4_GROUP;
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
+                                        -3.0f, -4.0f, -6.0f);
+    for (int64_t r = c0; r < c1; r++) {
+        const uint8_t *row = (const uint8_t *)w->data + r * (K / 2), *bs = w->bscale + r * nb;
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t b = 0; b < nb; b++) {
+            __m512 wv = _mm512_mul_ps(e2m1_cvt(row + b * 8, table), _mm512_set1_ps(fp8_lut[bs[b]]));
+            for (int i = 0; i < MI; i++) acc[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * ldx + b * 16), acc[i]);
+        }
+        for (int i = 0; i < MI; i++) y[i * ldy + r - c0] = _mm512_reduce_add_ps(acc[i]) * w->scale[r];
+    }
+}
+
+#define DISPATCH(fn)                                                                                                   \
+    switch (mi) {                                                                                                      \
+    case 1: fn(yy, ldy, xx, ldx, w, c0, c1, 1); break;                                                                 \
+    case 2: fn(yy, ldy, xx, ldx, w, c0, c1, 2); break;                                                                 \
+    case 3: fn(yy, ldy, xx, ldx, w, c0, c1, 3); break;                                                                 \
+    default: fn(yy, ldy, xx, ldx, w, c0, c1, 4); break;                                                                \
+    }
+
+void fast_mm_q_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                      int64_t c1) {
+    for (int i0 = 0; i0 < m; i0 += 4) {
+        int mi = MIN(4, m - i0);
+        float *yy = y + (int64_t)i0 * ldy;
+        const float *xx = x + (int64_t)i0 * ldx;
+        switch (w->fmt) {
+        case WF_FP8:
+        case WF_FP8_B128: DISPATCH(mm_fp8_rows); break;
+        case WF_NVFP4: DISPATCH(mm_nvfp4_rows); break;
+        case WF_F32:
+        case WF_BF16:
+        case WF_F16: return; // not quantized: fast_mm_serial's other kernels
+        }
+    }
+}
+
+// Rows [r0, r0 + nr) dequantized to fp32 (the many-row products), the
+// reference's values: code * scale (NVFP4: (code * block scale) * scale).
+void fast_deq_q_avx512(float *dst, const struct weight *w, int64_t r0, int64_t nr) {
+    int64_t K = w->cols, G = wfmt_scale_cols(w->fmt, K);
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
+                                        -3.0f, -4.0f, -6.0f);
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        float *d = dst + (r - r0) * K;
+        switch (w->fmt) {
+        case WF_FP8:
+        case WF_FP8_B128: {
+            const uint8_t *row = (const uint8_t *)w->data + r * K;
+            int64_t k = 0;
+            for (; k + 16 <= K; k += 16) {
+                __m512 s = w->fmt == WF_FP8 ? _mm512_set1_ps(w->scale[r]) : _mm512_set1_ps(w->scale[r * G + k / WF_B128]);
+                _mm512_storeu_ps(d + k, _mm512_mul_ps(fp8_cvt(_mm_loadu_si128((const __m128i *)(row + k))), s));
+            }
+            for (; k < K; k++) d[k] = fp8_lut[row[k]] * w->scale[r * G + (w->fmt == WF_FP8 ? 0 : k / WF_B128)];
+            break;
+        }
+        case WF_NVFP4: {
+            const uint8_t *row = (const uint8_t *)w->data + r * (K / 2), *bs = w->bscale + r * (K / WF_NVFP4_GROUP);
+            __m512 s2 = _mm512_set1_ps(w->scale[r]);
+            for (int64_t b = 0; b < K / WF_NVFP4_GROUP; b++)
+                _mm512_storeu_ps(d + b * 16,
+                                 _mm512_mul_ps(_mm512_mul_ps(e2m1_cvt(row + b * 8, table), _mm512_set1_ps(fp8_lut[bs[b]])), s2));
+            break;
+        }
+        case WF_F32:
+        case WF_BF16:
+        case WF_F16: return;
+        }
+    }
+}
+#endif
