@@ -54,6 +54,8 @@ struct guided_req {
     // reasoning's end tag (vLLM's reasoning-aware structured output).
     int reason_first;
     const struct tokenizer *tok;
+    uint32_t *allow; // allowed_token_ids as a mask [CDIV(vocab_size, 32)], or NULL
+    int allow_words;
     // streaming
     struct sg_reasoning_stream *rs;
     struct sg_tool_stream *ts;
@@ -300,6 +302,26 @@ static void reasoning_first(struct server *s, const struct gen_params *gp, struc
     if (!q->reason_first) q->reasoning = 0;
 }
 
+// vLLM's allowed_token_ids: only these ids may be sampled (EOS too only if
+// listed), with a grammar or without; the same mask path.
+static int allowed_ids(struct server *s, const json_t *body, struct guided_req *q, struct api_error *err) {
+    json_t *a = field(body, "allowed_token_ids"), *v;
+    if (!a) return 0;
+    int V = s->info.vocab_size;
+    if (!json_is_array(a) || !json_array_size(a))
+        return api_fail(err, 400, "allowed_token_ids", "'allowed_token_ids' must be a non-empty list of token ids");
+    q->allow_words = CDIV(V, 32);
+    q->allow = xcalloc((size_t)q->allow_words, sizeof *q->allow);
+    size_t i;
+    json_array_foreach(a, i, v) {
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (id < 0 || id >= V)
+            return api_fail(err, 400, "allowed_token_ids", "allowed_token_ids[%zu] is not a token id in [0, %d)", i, V);
+        q->allow[id >> 5] |= 1u << (id & 31);
+    }
+    return 0;
+}
+
 int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
                  struct api_error *err) {
     struct guided *gs = s->guided;
@@ -321,7 +343,11 @@ int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struc
         return -1;
     }
     if (q->grammar && q->reasoning) reasoning_first(s, gp, q);
-    if (!q->grammar && !q->reasoning && q->tools == TOOLS_OFF) guided_req_free(q), q = NULL;
+    if (allowed_ids(s, body, q, err)) {
+        guided_req_free(q);
+        return -1;
+    }
+    if (!q->grammar && !q->allow && !q->reasoning && q->tools == TOOLS_OFF) guided_req_free(q), q = NULL;
     gp->guided = q;
     return 0;
 }
@@ -332,24 +358,33 @@ void guided_req_free(struct guided_req *q) {
     json_decref(q->tool_list);
     if (q->rs) sg_reasoning_stream_free(q->rs);
     if (q->ts) sg_tool_stream_free(q->ts);
+    free(q->allow);
     free(q);
 }
 
 // --------------------------------------------------------- constraint --
 
+// A request's constraint: owns what it uses (the engine may release it after
+// the gen and its guided_req are gone).
 struct gcons {
+    struct sg_grammar *g;        // a reference; NULL: allowed_token_ids only
     struct sg_matcher *m;
     const struct tokenizer *tok; // reasoning first: NULL once the grammar applies
     char tail[sizeof THINK_END]; // the last bytes of the reasoning so far
+    uint32_t *allow;             // [allow_words] or NULL
+    int allow_words;
 };
 
 // Reasoning, and after an EOS (the grammar is done; a request that goes on,
 // with ignore_eos or before min_tokens, is its own business, and an empty
-// mask would leave the sampler nothing): every id.
+// mask would leave the sampler nothing): every id. allowed_token_ids
+// narrows whatever the grammar allows.
 static void c_fill(void *user, uint32_t *mask, int words) {
     struct gcons *c = user;
-    if (c->tok || sg_matcher_is_done(c->m)) memset(mask, 0xff, sizeof(uint32_t) * (size_t)words);
+    if (!c->m || c->tok || sg_matcher_is_done(c->m)) memset(mask, 0xff, sizeof(uint32_t) * (size_t)words);
     else sg_matcher_fill_mask(c->m, mask); // words >= the vocabulary's: get_vocab checked the sizes
+    if (c->allow)
+        for (int i = 0; i < words; i++) mask[i] &= i < c->allow_words ? c->allow[i] : 0;
 }
 
 // A reasoning token: the grammar applies from the next one once the text so
@@ -374,6 +409,7 @@ static void reasoning_token(struct gcons *c, int32_t id) {
 
 static int c_accept(void *user, int32_t id) {
     struct gcons *c = user;
+    if (!c->m) return 0;
     if (c->tok) return reasoning_token(c, id), 0;
     return !sg_matcher_is_done(c->m) && sg_matcher_accept(c->m, id) != VLLM_OK;
 }
@@ -381,13 +417,23 @@ static int c_accept(void *user, int32_t id) {
 static void c_release(void *user) {
     struct gcons *c = user;
     sg_matcher_free(c->m);
+    sg_grammar_free(c->g);
+    free(c->allow);
     free(c);
 }
 
 int guided_constraint(struct guided_req *q, struct vllm_constraint *out) {
-    if (!q || !q->grammar) return 0;
+    if (!q || (!q->grammar && !q->allow)) return 0;
     struct gcons *c = xcalloc(1, sizeof *c);
-    c->m = sg_matcher_create(q->grammar, q->vocab);
+    if (q->grammar) {
+        c->g = sg_grammar_ref(q->grammar); // the registry may evict it, the gen may go first
+        c->m = sg_matcher_create(c->g, q->vocab);
+    }
+    if (q->allow) {
+        c->allow_words = q->allow_words;
+        c->allow = xmalloc(sizeof *c->allow * (size_t)q->allow_words);
+        memcpy(c->allow, q->allow, sizeof *c->allow * (size_t)q->allow_words);
+    }
     c->tok = q->reason_first ? q->tok : NULL;
     out->user = c;
     out->fill_mask = c_fill;

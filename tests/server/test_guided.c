@@ -3,7 +3,8 @@
 // grammar token by token; with --reasoning-parser and thinking on, the
 // grammar starts only after the model's </think> (one token or several),
 // unless the prompt closed the reasoning; the answer then splits into
-// reasoning_content and the constrained content.
+// reasoning_content and the constrained content; allowed_token_ids narrows
+// the grammar's mask.
 #include "core/common.h"
 #include "engine/engine.h"
 #include "server/server_internal.h"
@@ -100,6 +101,19 @@ static void check_reasoning_first(void) {
         c.release(c.user);
         guided_req_free(q);
     }
+    // allowed_token_ids narrows the grammar's mask: of "yes" / "no", only no's first token
+    int nn;
+    int32_t *no = ids_of("no", &nn);
+    char js[256];
+    snprintf(js, sizeof js, "{\"guided_choice\": [\"yes\", \"no\"], \"allowed_token_ids\": [%d, 3], "
+                            "\"chat_template_kwargs\": {\"enable_thinking\": false}}", no ? no[0] : 0);
+    q = parse(js, "<|im_start|>assistant\n", &c);
+    memset(m, 0, sizeof *m * words);
+    c.fill_mask(c.user, m, words);
+    CHECKF(no && popcount_mask(m, words) == 1 && (m[no[0] / 32] >> (no[0] % 32) & 1), "allowed_token_ids and a grammar");
+    vllm_free(no);
+    c.release(c.user);
+    guided_req_free(q);
     // an open <think> in the prompt: reasoning first
     q = parse(body, "<|im_start|>assistant\n<think>\n", &c);
     memset(m, 0, sizeof *m * words);
