@@ -44,6 +44,7 @@ struct guided_req {
     struct sg_vocab *vocab;
     int chat;
     int reasoning, thinking;
+    int include_reasoning; // false: reasoning_content is dropped (vLLM's include_reasoning)
     enum tool_mode tools;
     int parallel;
     enum sg_tool_format tfmt;
@@ -248,10 +249,35 @@ static int tool_mode(struct server *s, const json_t *body, struct guided_req *q,
                     *name ? *name : "");
 }
 
+// The issue-14 fields of the schemas that vllm.c does not do: a 400 naming
+// them, never a silent ignore. guided_decoding_backend is accepted (there is
+// one backend); include_reasoning is a boolean.
+static int check_fields(const json_t *body, struct guided_req *q, struct api_error *err) {
+    static const char *const no[][2] = {
+        {"structural_tag", "structural tags are not supported"},
+        {"guided_whitespace_pattern", "the grammars' whitespace is fixed (docs: src/structured/structured.h)"},
+        {"functions", "it is deprecated: use tools"},
+        {"function_call", "it is deprecated: use tool_choice"},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (field(body, no[i][0])) return api_fail(err, 400, no[i][0], "'%s' is not supported: %s", no[i][0], no[i][1]);
+    json_t *v;
+    if ((v = field(body, "guided_decoding_backend")) && !json_is_string(v))
+        return api_fail(err, 400, "guided_decoding_backend", "'guided_decoding_backend' must be a string");
+    if ((v = field(body, "include_reasoning")) && !json_is_boolean(v))
+        return api_fail(err, 400, "include_reasoning", "'include_reasoning' must be a boolean");
+    q->include_reasoning = !json_is_false(v);
+    const char *e = json_string_value(field(body, "reasoning_effort"));
+    if (field(body, "reasoning_effort") && (!e || (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))))
+        return api_fail(err, 400, "reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
+    return 0;
+}
+
 static int compile(struct server *s, const json_t *body, struct guided_req *q, struct api_error *err) {
     struct guided *gs = s->guided;
     struct spec sp = {0};
-    int rc = response_format(body, &sp, err) || structured_outputs(body, &sp, err) || guided_fields(body, &sp, err);
+    int rc = check_fields(body, q, err) || response_format(body, &sp, err) || structured_outputs(body, &sp, err) ||
+             guided_fields(body, &sp, err);
     const char *name = NULL;
     if (!rc && q->chat) rc = tool_mode(s, body, q, &name, err);
     if (!rc && sp.param && (q->tools == TOOLS_REQUIRED || q->tools == TOOLS_NAMED))
@@ -466,7 +492,8 @@ const char *guided_message(struct guided_req *q, const char *text, size_t len, v
     else content = dup_n(text, len);
     json_object_set_new(msg, "content", json_null());
     if (q->reasoning) json_object_set_new(msg, "reasoning_content", json_null());
-    set_text(msg, "reasoning_content", reasoning);
+    if (q->include_reasoning) set_text(msg, "reasoning_content", reasoning);
+    else json_object_del(msg, "reasoning_content");
     int called = 0;
     if (q->tools != TOOLS_OFF && content) {
         struct sg_tool_result r = {0};
@@ -540,7 +567,7 @@ int guided_delta(struct guided_req *q, const char *text, size_t len, int fin, js
     } else if (len) {
         content = dup_n(text, len);
     }
-    set_text(delta, "reasoning_content", reasoning);
+    if (q->include_reasoning) set_text(delta, "reasoning_content", reasoning);
     json_t *calls = json_array();
     if (q->ts) tools_delta(q, content ? content : "", content ? strlen(content) : 0, fin, delta, &calls);
     else set_text(delta, "content", content);

@@ -329,6 +329,8 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
     json_object_set_new(req, "add_generation_prompt", json_boolean(gen_prompt && !cont));
     json_object_set_new(req, "continue_final_message", json_boolean(cont));
     if (tools) json_object_set(req, "tools", tools);
+    json_t *effort = field(body, "reasoning_effort"); // a template variable (gpt-oss's); guided.c checks it
+    if (json_is_string(effort)) json_object_set(req, "reasoning_effort", effort);
     return req;
 }
 

@@ -232,6 +232,11 @@ async function testJsonObjectAndErrors(client) {
     [{ guided_regex: 'a', guided_choice: ['x'] }, 'guided_choice'],
     [{ response_format: { type: 'structural_tag' } }, 'structural_tag'],
     [{ guided_choice: [] }, 'guided_choice'],
+    [{ structural_tag: '{}' }, 'structural_tag'],
+    [{ guided_json: { type: 'object' }, guided_whitespace_pattern: ' ' }, 'guided_whitespace_pattern'],
+    [{ functions: [{ name: 'f' }] }, 'functions'],
+    [{ reasoning_effort: 'max' }, 'reasoning_effort'],
+    [{ allowed_token_ids: [] }, 'allowed_token_ids'],
   ];
   for (const [body, must] of bad) {
     try {
@@ -300,6 +305,10 @@ async function testReasoning(client) {
   const wait = await ask(client, true, false, { ...body, guided_choice: ['yes', 'no'] });
   check(wait.finish === 'length' && wait.message.reasoning_content.length > 0 && !wait.message.content,
         `a grammar after the reasoning: ${JSON.stringify(wait.message)}`);
+  const hidden = await ask(client, true, false, { ...body, include_reasoning: false });
+  check(!('reasoning_content' in hidden.message) && hidden.text === '', `include_reasoning false: ${JSON.stringify(hidden.message)}`);
+  const effort = await ask(client, true, false, { ...body, reasoning_effort: 'low', guided_decoding_backend: 'xgrammar' });
+  check(effort.finish === 'length', 'reasoning_effort and guided_decoding_backend are accepted');
   const off = await ask(client, true, false, { ...body, chat_template_kwargs: { enable_thinking: false } });
   check(!off.message.reasoning_content && off.text.length > 0, 'thinking off: all content');
 }
