@@ -6,14 +6,6 @@ if(VLLM_CUDA)
   add_test(NAME gpu_ops COMMAND ${GPU} $<TARGET_FILE:test_cuda_ops>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
   foreach(fx ${VLLM_GATE_FIXTURES})
-    if("${fx}" IN_LIST VLLM_CPU_ONLY_FIXTURES)
-      # ops with only a CPU reference: the device refuses the model at load, naming the op
-      add_test(NAME gpu_refuses_${fx}
-               COMMAND ${GPU} $<TARGET_FILE:vllm_cli> generate --model ${VLLM_FIXTURES}/${fx}
-                       --golden ${VLLM_FIXTURES}/${fx}/golden.json --device cuda --dtype float32)
-      set_tests_properties(gpu_refuses_${fx} PROPERTIES PASS_REGULAR_EXPRESSION "the CUDA backend cannot run")
-      continue()
-    endif()
     foreach(mode ${VLLM_GATE_MODES})
       vllm_gate_mode("${mode}" mname parts)
       if("${fx}" IN_LIST VLLM_NO_KV_FIXTURES AND mname MATCHES "preempt")

@@ -191,6 +191,13 @@ static int parse_moe(const struct cfg_reader *r, struct kl_config *c) {
     TRY(cfg_int(r, KEYS("topk_group"), 1, c->n_group, &c->topk_group));
     TRY(cfg_float(r, KEYS("routed_scaling_factor"), CFG_POSITIVE(1e4), &c->routed_scale));
     TRY(cfg_int_opt(r, KEYS("num_shared_experts", "n_shared_experts"), 0, 64, 0, &c->shared));
+    // use_grouped_topk false asks for one top-k over every expert, which
+    // transformers' router does not do (it always groups): the same only with one group
+    int grouped = 1;
+    TRY(cfg_bool_opt(r, KEYS("use_grouped_topk"), 1, &grouped));
+    if (!grouped && c->n_group > 1)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: use_grouped_topk false with num_expert_group %d > 1 is ambiguous "
+                        "(transformers groups anyway): not supported", r->what, c->n_group);
     const char *fn = NULL;
     TRY(cfg_str_opt(r, KEYS("moe_router_activation_func", "scoring_func"), &fn));
     if (fn && strcmp(fn, "sigmoid"))
@@ -216,6 +223,14 @@ static int check_unsupported(const struct cfg_reader *r) {
     int arb = 0;
     TRY(cfg_int_opt(r, KEYS("attn_res_block_size"), 0, 1 << 30, 0, &arb));
     if (arb > 0) return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: attn_res_block_size %d > 0 is not supported", r->what, arb);
+    // later Kimi variants' options: present and set (not false / null / 0), they change the model
+    static const char *const later[] = {"mla_use_output_gate", "routed_expert_hidden_size", "latent_moe_use_norm",
+                                        "use_full_rank_gate", "swiglu_limit", "mhc"};
+    for (size_t i = 0; i < sizeof later / sizeof later[0]; i++) {
+        const json_t *v = cfg_get(r, (const char *const[]){later[i], NULL});
+        if (v && !json_is_null(v) && !json_is_false(v) && !(json_is_integer(v) && !json_integer_value(v)))
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: \"%s\" is not supported", r->what, later[i]);
+    }
     int bias = 0;
     TRY(cfg_bool_opt(r, KEYS("attention_bias"), 0, &bias));
     if (bias) return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: attention_bias is not supported", r->what);
@@ -298,6 +313,33 @@ static int load_weights(struct lm *m, struct loader *l, const struct kl_config *
     return VLLM_OK;
 }
 
+// Tensor parallelism splits KDA and MLA heads whole (docs/TENSOR_PARALLEL.md);
+// MLP and expert widths split unevenly but must leave every rank a part.
+static int check_tp(const struct kl_config *c, const struct backend *be, const char *what) {
+    int tp = be->tp_size, any_kda = count(c->kda, c->layers), any_moe = count(c->moe, c->layers);
+    const char *why = "tensor_parallel_size";
+    if (tp == 1) return VLLM_OK;
+    if (!be->ops->all_reduce || !be->ops->all_gather)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "backend %s has no collectives: it cannot run %s %d", be->ops->name, why, tp);
+    if (any_kda && c->k_heads % tp)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: linear_attn_config.num_heads (%d) is not divisible by %s %d", what,
+                        c->k_heads, why, tp);
+    if (any_kda < c->layers && c->heads % tp)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: num_attention_heads (%d) is not divisible by %s %d", what, c->heads,
+                        why, tp);
+    struct {
+        int on, n;
+        const char *key;
+    } widths[] = {{1, c->vocab, "vocab_size"},
+                  {any_moe < c->layers, c->inter, "intermediate_size"},
+                  {any_moe > 0, c->moe_inter, "moe_intermediate_size"}};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        if (widths[i].on && widths[i].n < tp)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: %s (%d) is smaller than %s %d: a rank would hold none of it",
+                            what, widths[i].key, widths[i].n, why, tp);
+    return VLLM_OK;
+}
+
 static int kl_load(const char *dir, const json_t *config, const struct model_load_opts *o, struct backend *be,
                    struct model **out) {
     struct kl_config *c = xcalloc(1, sizeof *c);
@@ -305,9 +347,7 @@ static int kl_load(const char *dir, const json_t *config, const struct model_loa
     int rc = json_is_object(config) ? VLLM_OK : vllm_err(VLLM_ERR_FORMAT, "%s: not a JSON object", what);
     struct cfg_reader r = {config, what};
     if (!rc) rc = parse_parts(&r, c);
-    if (!rc && be->tp_size > 1)
-        rc = vllm_err(VLLM_ERR_UNSUPPORTED, "%s: Kimi-Linear does not split over tensor_parallel_size %d yet", what,
-                      be->tp_size);
+    if (!rc) rc = check_tp(c, be, what);
     free(what);
     if (rc) {
         kl_config_free(c);

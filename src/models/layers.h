@@ -203,7 +203,7 @@ int attn_load(struct lm *m, struct loader *l, const char *prefix, const struct a
 int mlp_load(struct lm *m, struct loader *l, const char *prefix, const struct mlp_cfg *c, struct mlp_layer *f);
 int moe_load(struct lm *m, struct loader *l, const char *prefix, const struct moe_cfg *c, struct moe_layer *e);
 int mamba2_load(struct lm *m, struct loader *l, const char *prefix, const struct mamba2_cfg *c, struct mamba2_layer *w);
-// Kimi-Linear's mixers (layers_kimi.c); one rank only (tp 1).
+// Kimi-Linear's mixers (layers_kimi.c), split by heads over the ranks.
 int kda_load(struct lm *m, struct loader *l, const char *prefix, const struct kda_cfg *c, struct kda_layer *w);
 int mla_load(struct lm *m, struct loader *l, const char *prefix, const struct mla_cfg *c, struct mla_layer *w);
 

@@ -1,6 +1,6 @@
 // layers_kimi.c - Kimi-Linear's mixers over the layer library (layers.h):
 // Kimi Delta Attention (KDA) and multi-head latent attention (MLA, NoPE).
-// One rank only: kimi_linear.c refuses tensor parallelism.
+// Tensor parallelism splits both by heads (kimi_linear.c checks they divide).
 #include <math.h>
 
 #include "core/common.h"
@@ -23,41 +23,50 @@ static void free_weight(struct backend *be, struct weight *w) {
 
 // ------------------------------------------------------------------ KDA --
 
-// Reads the three [C, 1, K] conv taps (q, k, v) into one [3C, K] device array.
-static int load_kda_conv(struct loader *l, const char *p, int64_t C, int64_t K, float **dev) {
+// Reads channels cs of the three [C, 1, K] conv taps (q, k, v) into one
+// [3 * cs.len, K] device array.
+static int load_kda_conv(struct loader *l, const char *p, int64_t C, int64_t K, struct span cs, float **dev) {
     static const char *const which[3] = {"q", "k", "v"};
-    float *dst = xmalloc(sizeof(float) * (size_t)(3 * C * K));
+    float *all = xmalloc(sizeof(float) * (size_t)(C * K)), *dst = xmalloc(sizeof(float) * (size_t)(3 * cs.len * K));
     char n[256];
     int rc = VLLM_OK;
-    for (int i = 0; i < 3 && !rc; i++)
-        rc = loader_read(l, NAME(n, "%s%s_conv1d.weight", p, which[i]), 3, (int64_t[]){C, 1, K}, dst + i * C * K,
-                         DUMMY_NORMAL, 0.2f);
-    if (!rc) rc = loader_upload_vector(l, dst, 3 * C * K, dev);
+    for (int i = 0; i < 3 && !rc; i++) {
+        rc = loader_read(l, NAME(n, "%s%s_conv1d.weight", p, which[i]), 3, (int64_t[]){C, 1, K}, all, DUMMY_NORMAL,
+                         0.2f);
+        if (!rc) memcpy(dst + i * cs.len * K, all + cs.off * K, sizeof(float) * (size_t)(cs.len * K));
+    }
+    if (!rc) rc = loader_upload_vector(l, dst, 3 * cs.len * K, dev);
+    free(all);
     free(dst);
     return rc;
 }
 
+// A rank's KDA part: heads [r*H/tp, ...) with their q, k, v channels, beta
+// rows, gate rows, conv channels, A_log and dt_bias; the gates' low-rank
+// inputs (f_a, g_a) are replicated, o_proj split by the same columns.
 int kda_load(struct lm *m, struct loader *l, const char *p, const struct kda_cfg *c, struct kda_layer *w) {
     int64_t H = c->heads, K = c->head_dim, HK = H * K, D = m->hidden;
-    w->d = (struct kda_dims){c->heads, c->head_dim, c->conv_kernel, c->chunk_size};
+    struct span hs = lm_part(m, H), cs = {hs.off * K, hs.len * K}; // this rank's heads, their channels
+    int64_t HKr = cs.len;
+    w->d = (struct kda_dims){(int)hs.len, c->head_dim, c->conv_kernel, c->chunk_size};
     // conv1d_fwd reads its channels at column heads*head_dim of a row: 0 here
-    w->conv = (struct mamba_dims){.conv_kernel = c->conv_kernel, .chunk_size = c->chunk_size, .conv_dim = (int)(3 * HK)};
+    w->conv = (struct mamba_dims){.conv_kernel = c->conv_kernel, .chunk_size = c->chunk_size, .conv_dim = (int)(3 * HKr)};
     char nq[256], nk[256], nv[256], nb[256], n[256];
-    struct wpiece in[4] = {{NAME(nq, "%sq_proj.weight", p), 2, {HK, D}, {0, HK}},
-                           {NAME(nk, "%sk_proj.weight", p), 2, {HK, D}, {0, HK}},
-                           {NAME(nv, "%sv_proj.weight", p), 2, {HK, D}, {0, HK}},
-                           {NAME(nb, "%sb_proj.weight", p), 2, {H, D}, {0, H}}};
+    struct wpiece in[4] = {{NAME(nq, "%sq_proj.weight", p), 2, {HK, D}, cs},
+                           {NAME(nk, "%sk_proj.weight", p), 2, {HK, D}, cs},
+                           {NAME(nv, "%sv_proj.weight", p), 2, {HK, D}, cs},
+                           {NAME(nb, "%sb_proj.weight", p), 2, {H, D}, hs}};
     TRY(loader_weight(l, in, 4, 0, 0, 0, 0, &w->in_proj));
-    struct span all_k = {0, K}, all_hk = {0, HK};
+    struct span all_k = {0, K};
     TRY(loader_matrix(l, NAME(n, "%sf_a_proj.weight", p), K, D, all_k, 0, 0, 0, &w->f_a));
-    TRY(loader_matrix(l, NAME(n, "%sf_b_proj.weight", p), HK, K, all_hk, 0, 0, 0, &w->f_b));
+    TRY(loader_matrix(l, NAME(n, "%sf_b_proj.weight", p), HK, K, cs, 0, 0, 0, &w->f_b));
     TRY(loader_matrix(l, NAME(n, "%sg_a_proj.weight", p), K, D, all_k, 0, 0, 0, &w->g_a));
-    TRY(loader_matrix(l, NAME(n, "%sg_b_proj.weight", p), HK, K, all_hk, 0, 0, 0, &w->g_b));
-    TRY(loader_matrix(l, NAME(n, "%so_proj.weight", p), D, HK, (struct span){0, D}, 0, 0, 0, &w->o));
-    TRY(load_kda_conv(l, p, HK, c->conv_kernel, &w->conv_w));
+    TRY(loader_matrix(l, NAME(n, "%sg_b_proj.weight", p), HK, K, cs, 0, 0, 0, &w->g_b));
+    TRY(loader_matrix(l, NAME(n, "%so_proj.weight", p), D, HK, (struct span){0, D}, cs.off, cs.off + cs.len, 0, &w->o));
+    TRY(load_kda_conv(l, p, HK, c->conv_kernel, cs, &w->conv_w));
     // A_log is stored [1, 1, H, 1]; size-1 dims are ignored
-    TRY(loader_vector(l, NAME(n, "%sA_log", p), H, (struct span){0, H}, &w->A_log, DUMMY_ALOG, 0));
-    TRY(loader_vector(l, NAME(n, "%sdt_bias", p), HK, all_hk, &w->dt_bias, DUMMY_CONST, 1.0f));
+    TRY(loader_vector(l, NAME(n, "%sA_log", p), H, hs, &w->A_log, DUMMY_ALOG, 0));
+    TRY(loader_vector(l, NAME(n, "%sdt_bias", p), HK, cs, &w->dt_bias, DUMMY_CONST, 1.0f));
     TRY(loader_vector(l, NAME(n, "%so_norm.weight", p), K, all_k, &w->norm_w, DUMMY_CONST, 1.0f));
     const struct weight *ws[] = {&w->in_proj, &w->f_a, &w->f_b, &w->g_a, &w->g_b, &w->o};
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) TRY(require_matmul(m, ws[i], "KDA projection"));
@@ -96,10 +105,14 @@ void kda_fwd(struct lm *m, const struct kda_layer *w, int cache, const struct ba
 
 // ------------------------------------------------------------------ MLA --
 
+// A rank's MLA part: heads [r*H/tp, ...): their q rows, kv_b rows and
+// o_proj columns; the latent (kv_a, its norm, q_a and its norm) is
+// replicated, so every rank caches the whole latent.
 int mla_load(struct lm *m, struct loader *l, const char *p, const struct mla_cfg *c, struct mla_layer *w) {
     int64_t H = c->heads, N = c->nope, P = c->rope, V = c->v_dim, R = c->rank, Q = c->q_lora, D = m->hidden;
+    struct span hs = lm_part(m, H), qs = {hs.off * (N + P), hs.len * (N + P)};
     int64_t qw = H * (N + P);
-    w->d = (struct mla_dims){c->heads, c->nope, c->rope, c->v_dim, c->rank, 0, 1.0f / sqrtf((float)(N + P))};
+    w->d = (struct mla_dims){(int)hs.len, c->nope, c->rope, c->v_dim, c->rank, 0, 1.0f / sqrtf((float)(N + P))};
     w->q_lora = c->q_lora;
     w->norm_eps = c->norm_eps;
     char n[256];
@@ -107,22 +120,23 @@ int mla_load(struct lm *m, struct loader *l, const char *p, const struct mla_cfg
         TRY(loader_matrix(l, NAME(n, "%sq_a_proj.weight", p), Q, D, (struct span){0, Q}, 0, 0, 0, &w->q_a));
         TRY(loader_vector(l, NAME(n, "%sq_a_layernorm.weight", p), Q, (struct span){0, Q}, &w->q_a_norm, DUMMY_CONST,
                           1.0f));
-        TRY(loader_matrix(l, NAME(n, "%sq_b_proj.weight", p), qw, Q, (struct span){0, qw}, 0, 0, 0, &w->q_b));
+        TRY(loader_matrix(l, NAME(n, "%sq_b_proj.weight", p), qw, Q, qs, 0, 0, 0, &w->q_b));
         TRY(require_matmul(m, &w->q_a, "MLA q_a_proj"));
         TRY(require_matmul(m, &w->q_b, "MLA q_b_proj"));
     } else {
-        TRY(loader_matrix(l, NAME(n, "%sq_proj.weight", p), qw, D, (struct span){0, qw}, 0, 0, 0, &w->q));
+        TRY(loader_matrix(l, NAME(n, "%sq_proj.weight", p), qw, D, qs, 0, 0, 0, &w->q));
         TRY(require_matmul(m, &w->q, "MLA q_proj"));
     }
     TRY(loader_matrix(l, NAME(n, "%skv_a_proj_with_mqa.weight", p), R + P, D, (struct span){0, R + P}, 0, 0, 0,
                       &w->kv_a));
     TRY(loader_vector(l, NAME(n, "%skv_a_layernorm.weight", p), R, (struct span){0, R}, &w->kv_a_norm, DUMMY_CONST,
                       1.0f));
-    int64_t kvb = H * (N + V) * R;
-    float *tmp = loader_tmp(l, (size_t)kvb);
+    int64_t per = (N + V) * R; // one head's kv_b rows
+    float *tmp = loader_tmp(l, (size_t)(H * per));
     TRY(loader_read(l, NAME(n, "%skv_b_proj.weight", p), 2, (int64_t[]){H * (N + V), R}, tmp, DUMMY_NORMAL, 0.05f));
-    TRY(loader_upload_vector(l, tmp, kvb, &w->kv_b));
-    TRY(loader_matrix(l, NAME(n, "%so_proj.weight", p), D, H * V, (struct span){0, D}, 0, 0, 0, &w->o));
+    TRY(loader_upload_vector(l, tmp + hs.off * per, hs.len * per, &w->kv_b));
+    TRY(loader_matrix(l, NAME(n, "%so_proj.weight", p), D, H * V, (struct span){0, D}, hs.off * V, (hs.off + hs.len) * V,
+                      0, &w->o));
     TRY(require_matmul(m, &w->kv_a, "MLA kv_a_proj_with_mqa"));
     TRY(require_matmul(m, &w->o, "MLA o_proj"));
     return lm_require(m, (struct op_query){.op = OP_MLA, .mla = &w->d}, "multi-head latent attention");

@@ -1,7 +1,7 @@
 // test_cuda_ops.c - every CUDA op against its CPU reference op of the same
 // name, on random inputs at real shapes (Nemotron-3-Nano: hidden 2688, 64
 // Mamba heads of 64, state 128, 8 groups, 128 experts top-6, 32/2 heads of
-// 128). fp32 weights: relative error <= 1e-5; bf16: the tolerances vLLM's
+// 128; Kimi-Linear-48B's KDA and MLA). fp32 weights: relative error <= 1e-5; bf16: the tolerances vLLM's
 // tests use for these ops (2e-2). Exits 77 (skip) without a GPU.
 #include <math.h>
 #include <stdlib.h>
@@ -436,6 +436,91 @@ static void test_sample(void) {
     free(lg), free(table);
 }
 
+// Kimi-Linear at Kimi-Linear-48B-A3B's shapes: KDA of 32 heads of 128 (the
+// q | k | v conv through conv1d, then the recurrence with checkpoints and a
+// restored slot), its gate and gated norm; MLA of 32 heads over a latent of
+// 512 + 64 (fp32 and bf16 KV).
+static void test_kimi_kda(void) {
+    struct kda_dims d = {32, 128, 4, 64};
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 8, slots = 16;
+    struct mamba_dims conv = {.conv_kernel = 4, .chunk_size = 64, .conv_dim = 3 * HK};
+    int qlen[] = {1, 1, 1, 200, 70, 1}, ctx[] = {40, 9, 500, 0, 64, 0}, init[] = {1, 1, 1, 0, 1, 0};
+    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {64, 128, 128}, {15, 14, 10}};
+    struct tb t;
+    make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
+    int T = t.c.num_tokens;
+    size_t sn = (size_t)slots * H * K * K;
+    float *x = rnd((size_t)T * ld, 1), *cw = rnd((size_t)3 * HK * 4, 0.5f), *cs = rnd((size_t)slots * 3 * 3 * HK, 1);
+    float *st = rnd(sn, 0.2f), *g = rnd((size_t)T * HK, 2), *Al = rnd(H, 1), *dtb = rnd(HK, 1), *w = rnd(K, 1);
+    float *z = rnd((size_t)T * HK, 2);
+    struct pair px = up(x, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * 3 * HK * 4);
+    struct pair pcs = up(cs, sizeof(float) * slots * 3 * 3 * HK), pst = up(st, sizeof(float) * sn);
+    struct pair pg = up(g, sizeof(float) * T * HK), pAl = up(Al, sizeof(float) * H), pdt = up(dtb, sizeof(float) * HK);
+    struct pair pw = up(w, sizeof(float) * K), pz = up(z, sizeof(float) * T * HK), py = up(z, sizeof(float) * T * HK);
+    cpu->ops->kda_gate(cpu, pg.c, pAl.c, pdt.c, T, &d);
+    gpu->ops->kda_gate(gpu, pg.g, pAl.g, pdt.g, T, &d);
+    cmp("kda_gate", pg, (size_t)T * HK, 1e-5);
+    cpu->ops->conv1d_update(cpu, px.c, ld, pcw.c, NULL, pcs.c, &t.c, &conv);
+    gpu->ops->conv1d_update(gpu, px.g, ld, pcw.g, NULL, pcs.g, &t.g, &conv);
+    cpu->ops->conv1d_fwd(cpu, px.c, ld, pcw.c, NULL, pcs.c, &t.c, 3, 6, &conv);
+    gpu->ops->conv1d_fwd(gpu, px.g, ld, pcw.g, NULL, pcs.g, &t.g, 3, 6, &conv);
+    cmp("KDA q | k | v conv", px, (size_t)T * ld, 1e-5);
+    cpu->ops->kda_decode(cpu, py.c, px.c, ld, pg.c, pst.c, &t.c, &d);
+    gpu->ops->kda_decode(gpu, py.g, px.g, ld, pg.g, pst.g, &t.g, &d);
+    cpu->ops->kda_prefill(cpu, py.c, px.c, ld, pg.c, pst.c, &t.c, 3, 6, &d);
+    gpu->ops->kda_prefill(gpu, py.g, px.g, ld, pg.g, pst.g, &t.g, 3, 6, &d);
+    cmp("kda_decode + kda_prefill (y)", py, (size_t)T * HK, 1e-5);
+    cmp("KDA state (and checkpoints)", pst, sn, 1e-5);
+    cpu->ops->head_norm_gate(cpu, py.c, pz.c, pw.c, T, H, K, 1e-5f);
+    gpu->ops->head_norm_gate(gpu, py.g, pz.g, pw.g, T, H, K, 1e-5f);
+    cmp("head_norm_gate", py, (size_t)T * HK, 1e-5);
+    struct pair all[] = {px, pcw, pcs, pst, pg, pAl, pdt, pw, pz, py};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t);
+    free(x), free(cw), free(cs), free(st), free(g), free(Al), free(dtb), free(w), free(z);
+}
+
+static void test_kimi_mla(enum dtype kv, double tol) {
+    struct mla_dims d = {32, 128, 64, 128, 512, 16, 0};
+    d.scale = 1.0f / sqrtf(192.0f);
+    int H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), mbps = 40;
+    int qlen[] = {1, 1, 30, 5, 1}, ctx[] = {600, 30, 0, 200, 0}, init[] = {1, 1, 0, 1, 0};
+    struct tb t;
+    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps, NULL);
+    int T = t.c.num_tokens;
+    // the context of every sequence, written through mla_kv_write on both sides
+    int cq[5], zero[5] = {0};
+    for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
+    struct tb full;
+    make_tb(&full, 5, cq, zero, init, 0, 16, mbps, NULL);
+    size_t cn = (size_t)5 * mbps * 16 * W;
+    gpu->kv_dtype = kv;
+    struct pair pc = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    float *fl = rnd((size_t)full.c.num_tokens * W, 1), *lat = rnd((size_t)T * (W + 3), 1), *q = rnd((size_t)T * qw, 1);
+    float *kvb = rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.05f);
+    if (kv == DT_BF16) // the CPU reference keeps fp32: give both the same bf16-representable latents
+        for (size_t i = 0; i < (size_t)full.c.num_tokens * W; i++) fl[i] = (float)(int)(fl[i] * 64) / 64;
+    if (kv == DT_BF16)
+        for (size_t i = 0; i < (size_t)T * (W + 3); i++) lat[i] = (float)(int)(lat[i] * 64) / 64;
+    struct pair pfl = up(fl, sizeof(float) * full.c.num_tokens * W), plat = up(lat, sizeof(float) * T * (W + 3));
+    struct pair pq = up(q, sizeof(float) * T * qw), pkvb = up(kvb, sizeof(float) * H * (d.nope + d.v_dim) * d.rank);
+    struct pair po = up(q, sizeof(float) * T * H * d.v_dim);
+    cpu->ops->mla_kv_write(cpu, pc.c, pfl.c, W, &full.c, &d);
+    gpu->ops->mla_kv_write(gpu, pc.g, pfl.g, W, &full.g, &d);
+    cpu->ops->mla_kv_write(cpu, pc.c, plat.c, W + 3, &t.c, &d);
+    gpu->ops->mla_kv_write(gpu, pc.g, plat.g, W + 3, &t.g, &d);
+    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 0, 2, &d);
+    gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 0, 2, &d);
+    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 2, 5, &d);
+    gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 2, 5, &d);
+    cmp(kv == DT_BF16 ? "MLA, bf16 KV" : "MLA, fp32 KV", po, (size_t)T * H * d.v_dim, tol);
+    struct pair all[] = {pc, pfl, plat, pq, pkvb, po};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t), free_tb(&full);
+    free(fl), free(lat), free(q), free(kvb);
+    gpu->kv_dtype = DT_F32;
+}
+
 // Constrained decoding's mask: a vocabulary that is no multiple of 32 (a last
 // partial word), rows of every density; the logits must match bit for bit.
 static void test_mask_logits(void) {
@@ -478,6 +563,9 @@ int main(void) {
         test_attention(&attn[i], DT_BF16, 2e-2);
     }
     test_moe();
+    test_kimi_kda();
+    test_kimi_mla(DT_F32, 1e-5);
+    test_kimi_mla(DT_BF16, 1e-4);
     test_sample();
     test_mask_logits();
     backend_free(gpu);

@@ -2,7 +2,8 @@
 // load; each key's other spelling (linear_attn_config vs flat keys vs
 // layer_types, mlp_layer_types vs first_k_dense_replace, the MoE aliases)
 // loads the same model; an option this engine lacks, or a key the model
-// needs that is missing, is an error naming that key.
+// needs that is missing, is an error naming that key; so are heads that do not
+// split over the tensor-parallel ranks.
 #include "core/common.h"
 #include "core/json.h"
 #include "models/model.h"
@@ -90,6 +91,9 @@ int main(void) {
         {"kimi_linear", "transformers' MoE names",
          E("num_experts=", "num_local_experts=8", "num_experts_per_token=", "num_experts_per_tok=2", "moe_renormalize=",
            "norm_topk_prob=true", "num_expert_group=", "n_group=2", "num_shared_experts=", "n_shared_experts=1")},
+        {"kimi_linear", "use_grouped_topk false with one group, later options off",
+         E("use_grouped_topk=false", "num_expert_group=1", "topk_group=1", "mla_use_output_gate=false",
+           "routed_expert_hidden_size=null")},
         {"kimi_linear", "num_key_value_heads 1 (MLA: every head from the one latent)", E("num_key_value_heads=1")},
         {"kimi_linear", "qk_rope_head_dim 0 (NoPE without the shared part)", E("qk_rope_head_dim=0", "x=0")},
     };
@@ -109,6 +113,9 @@ int main(void) {
     const struct bad_case bads[] = {
         {"kimi_linear", E("hidden_act=\"situ\""), "hidden_act"},
         {"kimi_linear", E("attn_res_block_size=4"), "attn_res_block_size"},
+        {"kimi_linear", E("mla_use_output_gate=true"), "mla_use_output_gate"},
+        {"kimi_linear", E("use_grouped_topk=false"), "use_grouped_topk"},
+        {"kimi_linear", E("routed_expert_hidden_size=32"), "routed_expert_hidden_size"},
         {"kimi_linear", E("moe_router_activation_func=\"softmax\""), "moe_router_activation_func"},
         {"kimi_linear", E("mla_use_nope=false"), "mla_use_nope"},
         {"kimi_linear", E("forget_gate_lower_bound=-5.0"), "forget_gate_lower_bound"},
@@ -146,6 +153,16 @@ int main(void) {
         CHECKF(rc != 0 && strstr(msg, bads[i].needle), "%s %s: an error naming %s, got %d \"%s\"", bads[i].fx,
                bads[i].edits[0], bads[i].needle, rc, msg);
         json_decref(c);
+    }
+    // tensor parallelism: 3 ranks do not split 4 KDA heads; the error names the key (rank 0 of a 3-rank CPU group)
+    struct backend *grp[3];
+    if (!backend_create_group("cpu", 3, 3, DT_F32, grp)) {
+        int rc = try_load(grp[0], "kimi_linear", base[0], msg, sizeof msg);
+        CHECKF(rc != 0 && strstr(msg, "num_heads") && strstr(msg, "tensor_parallel_size"),
+               "tp 3: an error naming num_heads and tensor_parallel_size: %s", msg);
+        for (int i = 0; i < 3; i++) backend_free(grp[i]);
+    } else {
+        CHECKF(0, "a 3-rank CPU group: %s", vllm_last_error());
     }
     json_decref(base[0]);
     json_decref(base[1]);

@@ -90,6 +90,15 @@ void cpu_route_tokens(int32_t *ids, float *weights, const float *logits, const f
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                      const int32_t *ids, const float *weights, int n, int top_k);
 // ops in cpu_kimi.c (Kimi-Linear: KDA, MLA)
+// The KDA recurrence over sequences [seq0, seq1) (decode: continuing their
+// slots; else from state_src, with checkpoints), a task per (sequence, head).
+// step runs one token of one head (st [K, K] updated in place, y [K]
+// written, scr 3K floats): the reference's loops or the fast path's kernels.
+void cpu_kda_run(struct backend *be,
+                 void (*step)(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H,
+                              int K, float *scr),
+                 float *y, const float *proj, int ld, const float *g, float *state, const struct batch *b, int seq0,
+                 int seq1, int decode, const struct kda_dims *d);
 void cpu_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                      const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
 void cpu_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,

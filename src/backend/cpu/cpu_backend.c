@@ -465,6 +465,9 @@ static void fast_ops_init(struct backend_ops *o) {
     o->attn_decode = fast_attn_decode;
     o->moe_route = fast_moe_route;
     o->moe_experts = fast_moe_experts;
+    o->mla_attn = fast_mla_attn;
+    o->kda_prefill = fast_kda_prefill;
+    o->kda_decode = fast_kda_decode;
 }
 
 int cpu_backend_create(int num_threads, int reference, int isa, struct backend **out) {

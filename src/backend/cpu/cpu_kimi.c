@@ -20,7 +20,9 @@ static void l2norm_scaled(float *out, const float *x, int n, float scale) {
 
 // One token of one head: decay, delta-rule write, read. st: [K, K] (key
 // channel i, value channel j); scratch: 3K floats.
-static void kda_step(float *st, const float *row, const float *g, float *y, int h, int H, int K, float *scr) {
+static void kda_step(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H, int K,
+                     float *scr) {
+    (void)be;
     float *q = scr, *k = q + K, *mem = k + K;
     const float *v = row + 2 * H * K + h * K;
     l2norm_scaled(q, row + h * K, K, 1.0f / sqrtf((float)K));
@@ -55,6 +57,8 @@ struct kda_ctx {
     const struct batch *b;
     int seq0, decode;
     const struct kda_dims *d;
+    void (*step)(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H, int K,
+                 float *scr);
 };
 
 // One (sequence, head), token by token: a prefill split over scheduler steps
@@ -77,23 +81,30 @@ static void kda_one(void *ctx, int task, int thread) {
     float *scr = cpu_scratch(c->be, thread, sizeof(float) * 3 * (size_t)K);
     for (int i = 0; i < L; i++) {
         int64_t t = t0 + i;
-        kda_step(st, c->proj + t * c->ld, c->g + t * H * K, c->y + t * H * K + h * K, h, H, K, scr);
+        c->step(c->be, st, c->proj + t * c->ld, c->g + t * H * K, c->y + t * H * K + h * K, h, H, K, scr);
         for (; !c->decode && k < b->ckpt_start[s + 1] && b->ckpt_pos[k] <= p0 + i + 1; k++)
             if (b->ckpt_pos[k] == p0 + i + 1) // the state after position ckpt_pos - 1
                 memcpy(c->state + ((int64_t)b->ckpt_slot[k] * H + h) * hs, st, sizeof(float) * hs);
     }
 }
 
+void cpu_kda_run(struct backend *be,
+                 void (*step)(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H,
+                              int K, float *scr),
+                 float *y, const float *proj, int ld, const float *g, float *state, const struct batch *b, int seq0,
+                 int seq1, int decode, const struct kda_dims *d) {
+    struct kda_ctx c = {be, y, proj, ld, g, state, b, seq0, decode, d, step};
+    cpu_parallel(be, (seq1 - seq0) * d->heads, kda_one, &c);
+}
+
 void cpu_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                      const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
-    struct kda_ctx c = {be, y, proj, ld, g, state, b, seq0, 0, d};
-    cpu_parallel(be, (seq1 - seq0) * d->heads, kda_one, &c);
+    cpu_kda_run(be, kda_step, y, proj, ld, g, state, b, seq0, seq1, 0, d);
 }
 
 void cpu_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                     const struct batch *b, const struct kda_dims *d) {
-    struct kda_ctx c = {be, y, proj, ld, g, state, b, 0, 1, d};
-    cpu_parallel(be, b->num_decodes * d->heads, kda_one, &c);
+    cpu_kda_run(be, kda_step, y, proj, ld, g, state, b, 0, b->num_decodes, 1, d);
 }
 
 void cpu_kda_gate(struct backend *be, float *g, const float *A_log, const float *dt_bias, int n,

@@ -105,15 +105,16 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
 #define DEC_THREADS 128
 #define DEC_TPK 4
 #define DEC_CHUNK 256
-#define DEC_MAX_SPLITS 64
+#define DEC_MAX_SPLITS 256
 
 __device__ __forceinline__ int cdiv_dev(int a, int b) { return (a + b - 1) / b; }
 __device__ __forceinline__ int dec_range(int n, int nsplit) { return (cdiv_dev(n, nsplit) + 31) & ~31; }
 
 // dot[h] += q[h] . k over the chunks of 8 of this thread (sub of DEC_TPK)
-template <int G>
+template <int G, int DT>
 __device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, const __nv_bfloat16 *k, int D, int sub) {
-    for (int e = sub * 8; e < D; e += DEC_TPK * 8) {
+#pragma unroll
+    for (int e = sub * 8; e < (DT ? DT : D); e += DEC_TPK * 8) {
         uint4 u = *(const uint4 *)(k + e);
         const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
         float f[8];
@@ -132,9 +133,10 @@ __device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, con
         }
     }
 }
-template <int G>
+template <int G, int DT>
 __device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, const float *k, int D, int sub) {
-    for (int e = sub * 8; e < D; e += DEC_TPK * 8) {
+#pragma unroll
+    for (int e = sub * 8; e < (DT ? DT : D); e += DEC_TPK * 8) {
         float4 a = *(const float4 *)(k + e), b = *(const float4 *)(k + e + 4);
         float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -158,11 +160,13 @@ static size_t dec_smem(int G, int D) {
            sizeof(int64_t) * DEC_CHUNK;
 }
 
-// head_dim % 8 == 0 (checked by the launcher); G heads a block at most.
-template <typename T, int G>
+// head_dim % 8 == 0 (checked by the launcher); G heads a block at most; DT:
+// head_dim as a constant (so the loops over it unroll and their loads are in
+// flight together), or 0 for any other.
+template <typename T, int G, int DT>
 __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *kc, const T *vc) {
     extern __shared__ int64_t sm[];
-    const int D = a.Dh, g = a.H / a.Hkv, ngrp = cdiv_dev(g, G), tid = threadIdx.x;
+    const int D = DT ? DT : a.Dh, g = a.H / a.Hkv, ngrp = cdiv_dev(g, G), tid = threadIdx.x;
     int s = a.seq0 + blockIdx.x, t = a.qsl[s], kvh = blockIdx.y / ngrp, h0 = kvh * g + (blockIdx.y % ngrp) * G;
     int nh = min(G, kvh * g + g - h0), n = a.pos[t] + 1, L = dec_range(n, a.nsplit);
     int j0 = blockIdx.z * L, j1 = min(n, j0 + L);
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
             float dot[G];
 #pragma unroll
             for (int h = 0; h < G; h++) dot[h] = 0;
-            if (ok) dot_part<G>(dot, q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK);
+            if (ok) dot_part<G, DT>(dot, q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK);
 #pragma unroll
             for (int h = 0; h < G; h++) {
                 dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
@@ -230,6 +234,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
                 float c = h < nh ? ch[h] : 0.0f;
                 acc[h][0] *= c, acc[h][1] *= c;
             }
+#pragma unroll 8
             for (int j = kl; j < nk; j += KL) {
                 float2 v = load2(vc + slot[j] * kvd + kvh * D + 2 * cp);
 #pragma unroll
@@ -325,7 +330,9 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
 
 template <typename T, int G>
 static void launch_dec_g(const attn_args &a, dim3 grid, size_t smem, cudaStream_t s, const void *kc, const void *vc) {
-    k_attn_dec<T, G><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
+    if (a.Dh == 128) k_attn_dec<T, G, 128><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
+    else if (a.Dh == 64) k_attn_dec<T, G, 64><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
+    else k_attn_dec<T, G, 0><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
 }
 
 template <typename T>
@@ -344,7 +351,8 @@ void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld,
     launch_attn(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d, SPLIT_PREFILL);
 }
 
-// Splits: enough blocks for two per SM, from the batch's shape alone (a
+// Splits: enough blocks for eight per SM (32 warps: the loads of one block
+// are too few to keep HBM busy), from the batch's shape alone (a
 // recorded graph replays them at any context), at most DEC_MAX_SPLITS and
 // no more than 32-key ranges of the longest context allow.
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
@@ -362,7 +370,7 @@ void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
         maxlen = 0;
         for (int s = 0; s < nd; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
     }
-    int nsplit = cdiv(2 * cu(be)->num_sms, blocks);
+    int nsplit = cdiv(8 * cu(be)->num_sms, blocks);
     nsplit = nsplit < DEC_MAX_SPLITS ? nsplit : DEC_MAX_SPLITS;
     nsplit = nsplit < cdiv(maxlen, 32) ? nsplit : cdiv(maxlen, 32);
     nsplit = nsplit > 1 ? nsplit : 1;
