@@ -155,6 +155,26 @@ vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 // Top log-probs a request may ask for per token, at most.
 #define VLLM_MAX_LOGPROBS 20
 
+// Constrained decoding (structured output, guided choices, allowed ids): a
+// per-request callback set the engine asks, before each token it samples,
+// which ids may come next. The engine applies the mask to the logits (-inf)
+// before log-probs, penalties and temperature (vLLM's order), on every
+// backend. Callbacks run on the engine thread, one request at a time.
+struct vllm_constraint {
+    void *user;
+    // Writes the allowed ids of the next token: bitmask has num_words =
+    // CDIV(vocab_size, 32) words, zeroed; bit (id % 32) of word (id / 32) set
+    // = allowed. An EOS id the mask allows ends the request where the
+    // constraint accepts (an EOS the mask never allows cannot end it).
+    void (*fill_mask)(void *user, uint32_t *bitmask, int num_words);
+    // The token sampled under the last mask (in order). Nonzero: rejected,
+    // and the request ends with VLLM_FINISH_ERROR.
+    int (*accept)(void *user, int32_t id);
+    // Called exactly once, when the engine drops the request (or at once when
+    // vllm_submit fails): frees user. May be NULL.
+    void (*release)(void *user);
+};
+
 struct vllm_sampling_params {
     float temperature;        // 0: greedy (default 1.0)
     float top_p;              // (0, 1], default 1
@@ -177,6 +197,9 @@ struct vllm_sampling_params {
     const char *cache_salt;   // prefix caching: requests share cached prefixes only with the same salt
                               // (NULL or "": the unsalted ones)
     int priority;             // lower runs first; must be 0 unless scheduling_policy is "priority"
+    // NULL: none. Copied at vllm_submit, which takes over constraint->user
+    // (its release is called once, on failure too).
+    const struct vllm_constraint *constraint;
 };
 void vllm_sampling_params_default(struct vllm_sampling_params *p);
 

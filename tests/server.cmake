@@ -14,6 +14,10 @@ vllm_test_exe(test_server_fields server/test_server_fields.c server/harness.c)
 add_test(NAME server_fields COMMAND test_server_fields $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL}
          ${CMAKE_CURRENT_SOURCE_DIR}/server/fields.tsv ${PROJECT_SOURCE_DIR}/docs/SERVING.md)
 set_tests_properties(server_fields PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+# The structured-output glue without HTTP (src/server/guided.c): reasoning first, then the grammar.
+vllm_test_exe(test_guided server/test_guided.c)
+add_test(NAME server_guided COMMAND test_guided)
+set_tests_properties(server_guided PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
 
 # The official `openai` npm client (tools/oracle/server, installed by
 # scripts/install-deps.sh) against a live server.
@@ -28,3 +32,14 @@ else()
   add_test(NAME server_openai_responses COMMAND sh -c "echo 'SKIP: node is not installed'; exit 77")
 endif()
 set_tests_properties(server_openai server_openai_responses PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+
+# Structured output, tool calls and reasoning end to end (issue 14): every
+# JSON schema of tests/fixtures/structured through the server, each answer
+# validated by ajv; regexes, choices, forced tool calls, reasoning.
+if(VLLM_NODE)
+  add_test(NAME server_structured COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/structured_e2e.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+else()
+  add_test(NAME server_structured COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
+endif()
+set_tests_properties(server_structured PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

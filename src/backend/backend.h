@@ -289,6 +289,10 @@ struct backend_ops {
     void (*moe_experts)(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                         const int32_t *ids, const float *weights, int n, int top_k);
 
+    // Constrained decoding: logits [rows, vocab] fp32 in place; mask [rows,
+    // CDIV(vocab, 32)]: a clear bit (id % 32 of word id / 32) sets the logit
+    // to -inf. Before sample, so log-probs and penalties see the masked row.
+    void (*mask_logits)(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
     // Samples one token per row of logits [b->num_sample, vocab] with the
     // rows' sample_params; writes each id into token_table[dst] (the next
     // step's input) and into out->ids; log-probs as asked.

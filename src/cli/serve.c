@@ -38,7 +38,10 @@ static void usage(FILE *f) {
             "  --allow-credentials          CORS: allow credentials (the origin is echoed, not \"*\")\n"
             "  --max-body-bytes N           larger request bodies get 413 (default 32 MiB)\n"
             "  --timeout-s N                idle connections, stalled writes and requests not read whole\n"
-            "                               in N s are closed (default 60)\n\n"
+            "                               in N s are closed (default 60)\n"
+            "  --tool-call-parser NAME      hermes, qwen3_coder or llama3_json: tool_calls from the text\n"
+            "  --enable-auto-tool-choice    parse tool calls under tool_choice \"auto\" (needs the parser)\n"
+            "  --reasoning-parser NAME      deepseek_r1, qwen3 or nemotron_v3: reasoning_content\n\n"
             "scheduler:\n"
             "  --scheduling-policy P        fcfs (default) or priority: requests' \"priority\" field orders\n"
             "                               the waiting queue (lower first); the least urgent is preempted first\n"
@@ -267,6 +270,9 @@ static int serve_flag(int argc, char **argv, int *i, struct serve_opts *o) {
     else if (!strcmp(f, "--allowed-methods")) { VAL(); sc->allowed_methods = v; }
     else if (!strcmp(f, "--allowed-headers")) { VAL(); sc->allowed_headers = v; }
     else if (!strcmp(f, "--allow-credentials")) sc->allow_credentials = 1;
+    else if (!strcmp(f, "--tool-call-parser")) { VAL(); sc->tool_call_parser = v; }
+    else if (!strcmp(f, "--enable-auto-tool-choice")) sc->enable_auto_tool_choice = 1;
+    else if (!strcmp(f, "--reasoning-parser")) { VAL(); sc->reasoning_parser = v; }
     else {
         for (size_t k = 0; k < sizeof noop_flags / sizeof noop_flags[0]; k++)
             if (!strcmp(f, noop_flags[k].flag)) {

@@ -420,6 +420,11 @@ static void on_token(struct vllm_engine *e, struct request *r, int pos, const st
     double now = now_s();
     if (r->t_first == 0) r->t_first = now;
     r->t_last = now;
+    if (r->has_cons && r->cons.accept && r->cons.accept(r->cons.user, id)) {
+        r->delivered = num_output - 1;
+        finish(e, r, VLLM_FINISH_ERROR, VLLM_ERR_INTERNAL, "the sampled token is not allowed by the request's constraint");
+        return;
+    }
     vllm_finish_reason reason = stop_reason(e, r, id, num_output);
     char *text = NULL;
     size_t len = 0;
@@ -534,7 +539,11 @@ static void step(struct vllm_engine *e) {
         struct step_out out;
         runner_wait(e->runner, e->inflight_step, &out);
         postprocess(e, &out);
-    } else if (launched < 0) { // nothing could run and nothing is in flight: do not spin
+    }
+    // A constrained row's mask needs the tokens just postprocessed: its
+    // step's sampler is queued now, behind the forward the device is running.
+    if (launched >= 0 && runner_needs_sample(e->runner, launched)) runner_sample(e->runner, launched);
+    if (e->inflight_step < 0 && launched < 0) { // nothing could run and nothing is in flight: do not spin
         pthread_mutex_lock(&e->mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

@@ -40,6 +40,13 @@ struct request {
     int num_pend, cap_pend;
 
     struct vllm_sampling_params sp; // arrays below owned
+    // Constrained decoding (vllm.h): the caller's callbacks, released with
+    // the request. The runner asks fill_mask for each row it samples; the
+    // engine feeds accept each sampled id in order, so the constraint's
+    // state always matches the output ids (preemption by recompute keeps
+    // them: nothing to replay).
+    struct vllm_constraint cons;
+    int has_cons;
     int32_t *stop_ids;
     char **stop_strs;
     uint64_t seed;

@@ -5,6 +5,7 @@
 // hold the value that changes nothing ("store": false, "n": 1), so that no
 // field is ever silently ignored. docs/SERVING.md lists every field with
 // its status; tests/server/fields.tsv is the list both are checked against.
+// (allowed_token_ids is guided.c's: a token mask, as structured output.)
 #include <limits.h>
 #include <math.h>
 
@@ -61,7 +62,6 @@ static const struct {
     {"verbosity", NOOP_NONE, "it is not implemented"},
     {"store", NOOP_FALSE, "nothing is stored server-side: only false"},
     {"service_tier", NOOP_AUTO, "there is one tier: only \"auto\" or \"default\""},
-    {"allowed_token_ids", NOOP_NONE, "token masks are not implemented yet"},
     {"bad_words", NOOP_EMPTY, "token masks are not implemented yet"},
     {"n_predict", NOOP_NONE, "it is llama-server's; use max_tokens"},
     {"cache_prompt", NOOP_NONE, "it is llama-server's; prefix caching is automatic"},

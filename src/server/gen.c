@@ -314,7 +314,18 @@ static void stream_events(struct gen *g, const struct gen_events *ev) {
     int fin = ev->done && !failed, tokens = ev->n && (g->p.logprobs >= 0 || g->p.return_token_ids);
     if (!ev->text_len && !tokens && !fin) return;
     json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(ev->text ? ev->text : "", ev->text_len);
-    if (g->p.kind == API_CHAT) {
+    const char *fin_reason = fin ? finish_string(ev->reason) : NULL;
+    if (g->p.kind == API_CHAT && guided_parses(g->p.guided)) { // reasoning / tool calls: the parsers' deltas
+        json_t *delta = json_object();
+        int any = guided_delta(g->p.guided, ev->text, ev->text_len, fin, delta);
+        json_object_set_new(choice, "delta", delta);
+        json_decref(text);
+        if (fin && guided_stream_finish(g->p.guided, ev->reason)) fin_reason = guided_stream_finish(g->p.guided, ev->reason);
+        if (!any && !tokens && !fin) {
+            json_decref(choice);
+            return;
+        }
+    } else if (g->p.kind == API_CHAT) {
         json_t *delta = json_object(); // the finish chunk's delta is {}
         if (ev->text_len || !fin) json_object_set(delta, "content", text);
         json_object_set_new(choice, "delta", delta);
@@ -325,7 +336,7 @@ static void stream_events(struct gen *g, const struct gen_events *ev) {
     json_t *lp = json_null();
     if (g->p.logprobs >= 0 && ev->n) append_logprobs(g, lp = logprobs_new(g), ev);
     json_object_set_new(choice, "logprobs", lp);
-    json_object_set_new(choice, "finish_reason", fin ? json_string(finish_string(ev->reason)) : json_null());
+    json_object_set_new(choice, "finish_reason", fin ? json_string(fin_reason) : json_null());
     json_object_set_new(choice, "stop_reason", stop_reason_json(ev));
     if (g->p.return_token_ids) json_object_set_new(choice, "token_ids", ids_json(ev->ids, ev->n));
     sse_send(g, stream_chunk(g, choice));
@@ -395,11 +406,21 @@ static void reply_final(struct gen *g, const struct gen_events *ev) {
     int chat = g->p.kind == API_CHAT;
     json_t *r = response_base(g, chat ? "chat.completion" : "text_completion");
     json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(g->text ? g->text : "", g->text_len);
-    if (chat) json_object_set_new(choice, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
-    else json_object_set_new(choice, "text", text);
+    const char *fin = finish_string(ev->reason);
+    if (chat && guided_parses(g->p.guided)) { // reasoning_content / tool_calls (guided.c)
+        json_t *msg = json_pack("{s:s}", "role", "assistant");
+        const char *f = guided_message(g->p.guided, g->text ? g->text : "", g->text_len, ev->reason, msg);
+        if (f) fin = f;
+        json_object_set_new(choice, "message", msg);
+        json_decref(text);
+    } else if (chat) {
+        json_object_set_new(choice, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+    } else {
+        json_object_set_new(choice, "text", text);
+    }
     if (g->p.logprobs >= 0 && !g->logprobs) g->logprobs = logprobs_new(g);
     json_object_set(choice, "logprobs", g->logprobs ? g->logprobs : json_null());
-    json_object_set_new(choice, "finish_reason", json_string(finish_string(ev->reason)));
+    json_object_set_new(choice, "finish_reason", json_string(fin));
     json_object_set_new(choice, "stop_reason", stop_reason_json(ev));
     if (g->p.return_token_ids) {
         json_object_set_new(chat ? r : choice, "prompt_token_ids", ids_json(g->p.prompt_ids, g->p.num_prompt));
@@ -479,7 +500,10 @@ void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *
     vllm_prompt_default(&pr);
     pr.token_ids = g->p.prompt_ids;
     pr.num_token_ids = g->p.num_prompt;
+    struct vllm_constraint cons;
+    if (guided_constraint(g->p.guided, &cons)) g->p.sp.constraint = &cons; // the engine takes it over
     int rc = vllm_submit(s->engine, &pr, &g->p.sp, gen_on_output, g, &g->vreq);
+    g->p.sp.constraint = NULL; // copied by vllm_submit
     if (rc) {
         struct api_error err = {0};
         const char *msg = vllm_last_error();

@@ -67,8 +67,7 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
 
 // Fields that vLLM honours and vllm.c does not: a 400, never a silent ignore.
 static int check_unsupported(const json_t *body, struct api_error *err) {
-    static const char *const never[] = {"suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                        "structured_outputs", NULL};
+    static const char *const never[] = {"suffix", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i])) return api_fail(err, 400, never[i], "'%s' is not supported", never[i]);
     long long n = 1, best_of = 1;
@@ -85,11 +84,7 @@ static int check_unsupported(const json_t *body, struct api_error *err) {
     json_t *lb = field(body, "logit_bias");
     if (lb && (!json_is_object(lb) || json_object_size(lb)))
         return api_fail(err, 400, "logit_bias", "'logit_bias' is not supported");
-    json_t *rf = field(body, "response_format");
-    if (rf && (!json_is_object(rf) || !json_is_string(json_object_get(rf, "type")) ||
-               strcmp(json_string_value(json_object_get(rf, "type")), "text")))
-        return api_fail(err, 400, "response_format", "only the 'text' response_format is supported");
-    return 0;
+    return 0; // response_format, structured_outputs, guided_*: guided.c
 }
 
 static int get_stop(const json_t *body, struct gen_params *gp, struct api_error *err) {
@@ -236,8 +231,9 @@ static json_t *message_content(const json_t *c, size_t i, struct api_error *err)
 
 // "tools" and "tool_choice" against OpenAI's schema: a list of
 // {"type": "function", "function": {"name", "description"?, "parameters"?,
-// "strict"?}}, and "none" | "auto" (what vllm.c honours: "required" and a
-// named function need guided decoding, which it does not have).
+// "strict"?}}, and "none" | "auto" | "required" | {"type": "function",
+// "function": {"name"}} (guided.c constrains the last two by the tools'
+// grammar).
 static int check_tools(const json_t *body, struct api_error *err) {
     json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice"), *t;
     int par = 0;
@@ -267,18 +263,19 @@ static int check_tools(const json_t *body, struct api_error *err) {
     }
     if (!choice) return 0;
     const char *c = json_string_value(choice);
+    if (!json_array_size(tools) && !(c && !strcmp(c, "none")))
+        return api_fail(err, 400, "tool_choice", "When using `tool_choice`, `tools` must be set.");
     if (c && (!strcmp(c, "none") || !strcmp(c, "auto"))) return 0;
-    if (c && !strcmp(c, "required"))
-        return api_fail(err, 400, "tool_choice", "'tool_choice': \"required\" is not supported (it needs guided decoding)");
+    if (c && !strcmp(c, "required")) return 0; // constrained by the tools' grammar (guided.c)
     if (json_is_object(choice)) {
         json_t *type = json_object_get(choice, "type"), *fn = json_object_get(choice, "function");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_object(fn) ||
             !json_is_string(json_object_get(fn, "name")))
             return api_fail(err, 400, "tool_choice",
-                            "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-        return api_fail(err, 400, "tool_choice", "a named 'tool_choice' is not supported (it needs guided decoding)");
+                            "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return 0; // guided.c checks the name against tools
     }
-    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", ...}");
+    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}");
 }
 
 // Names the server sets in the template's variables: chat_template_kwargs
@@ -334,6 +331,8 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
     json_object_set_new(req, "add_generation_prompt", json_boolean(gen_prompt && !cont));
     json_object_set_new(req, "continue_final_message", json_boolean(cont));
     if (tools) json_object_set(req, "tools", tools);
+    json_t *effort = field(body, "reasoning_effort"); // a template variable (gpt-oss's); guided.c checks it
+    if (json_is_string(effort)) json_object_set(req, "reasoning_effort", effort);
     return req;
 }
 
@@ -424,6 +423,7 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
     if (!rc) fields_truncate(gp);
     if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
     if (!rc) rc = get_max_tokens(s, body, gp, err);
+    if (!rc) rc = guided_parse(s, kind, body, gp, err);
     if (rc) gen_params_free(gp);
     return rc ? -1 : 0;
 }
@@ -434,6 +434,7 @@ void gen_params_free(struct gen_params *gp) {
     free(gp->stop_ids);
     free(gp->prompt_ids);
     fields_free(gp);
+    guided_req_free(gp->guided);
     memset(gp, 0, sizeof *gp);
 }
 

@@ -538,7 +538,8 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     evhttp_set_max_body_size(s->http, (ev_ssize_t)s->cfg.max_body_bytes);
     evhttp_set_max_headers_size(s->http, 64 << 10);
     evhttp_set_timeout(s->http, s->cfg.io_timeout_s);
-    int rc = bind_listener(s);
+    int rc = guided_init(s);
+    if (!rc) rc = bind_listener(s);
     if (!rc) rc = work_start(s);
     if (rc) {
         server_free(s);
@@ -574,6 +575,7 @@ void server_free(struct server *s) {
     vllm_engine_free(s->loaded); // loaded, never adopted
     if (s->base) gen_handle_ready(s);
     gen_free_all(s);
+    guided_free(s);
     if (s->piece_cache)
         for (int i = 0; i < s->info.vocab_size; i++) free(s->piece_cache[i]);
     free(s->piece_cache);

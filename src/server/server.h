@@ -29,6 +29,9 @@ struct server_config {
     // CORS (cors.c): JSON lists (NULL: ["*"]), as vLLM's flags take them
     const char *allowed_origins, *allowed_methods, *allowed_headers;
     int allow_credentials;
+    const char *tool_call_parser;  // NULL: none; "hermes", "qwen3_coder" or "llama3_json"
+    int enable_auto_tool_choice;   // parse tool calls under tool_choice "auto" (needs the parser)
+    const char *reasoning_parser;  // NULL: none; "deepseek_r1", "qwen3" or "nemotron_v3"
 };
 void server_config_default(struct server_config *c);
 

@@ -80,6 +80,7 @@ struct gen_params {
     int truncate;     // keep the prompt's last N tokens (0: all)
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
     json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
+    struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
 // the prompt (tokenized; chat through the template) and the length limit.
@@ -112,6 +113,32 @@ void fields_defaults(struct server *s, struct gen_params *gp);
 void fields_free(struct gen_params *gp);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
+
+// ---------------------------------------- structured output (guided.c) --
+
+struct guided_req;
+// The server's parsers (--tool-call-parser, --reasoning-parser) and grammar
+// registry; an unknown parser name is an error.
+int guided_init(struct server *s);
+void guided_free(struct server *s);
+// A chat / completions body's response_format, structured_outputs,
+// guided_*, tools and tool_choice: compiles the grammar (400 naming the
+// field and what it cannot do); gp->guided stays NULL when none applies.
+int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
+                 struct api_error *err);
+void guided_req_free(struct guided_req *q);
+// The request's vllm_constraint: 1 and *out set when it has a grammar.
+int guided_constraint(struct guided_req *q, struct vllm_constraint *out);
+// Whether the answer goes through the reasoning / tool-call parsers.
+int guided_parses(const struct guided_req *q);
+// Non-streaming: content, reasoning_content and tool_calls into msg; the
+// finish_reason to report instead of the engine's, or NULL.
+const char *guided_message(struct guided_req *q, const char *text, size_t len, vllm_finish_reason reason,
+                           json_t *msg);
+// Streaming: one event's text (fin: the last) into delta's fields; 1 when
+// delta has any.
+int guided_delta(struct guided_req *q, const char *text, size_t len, int fin, json_t *delta);
+const char *guided_stream_finish(const struct guided_req *q, vllm_finish_reason reason);
 
 // --------------------------------------------------------- generations --
 
@@ -285,6 +312,7 @@ struct server {
     struct event *loaded_ev;
     int fatal;           // under mu: a request failed with a device or internal error: /health is 503
     json_t *gen_defaults; // info.generation_defaults parsed (NULL: none)
+    struct guided *guided; // guided.c
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.

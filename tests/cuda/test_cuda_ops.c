@@ -521,6 +521,33 @@ static void test_kimi_mla(enum dtype kv, double tol) {
     gpu->kv_dtype = DT_F32;
 }
 
+// Constrained decoding's mask: a vocabulary that is no multiple of 32 (a last
+// partial word), rows of every density; the logits must match bit for bit.
+static void test_mask_logits(void) {
+    enum { V = 151669, R = 5, W = (V + 31) / 32 };
+    float *lg = rnd((size_t)R * V, 4);
+    uint32_t *mask = xmalloc(sizeof(uint32_t) * R * W);
+    for (int r = 0; r < R; r++)
+        for (int w = 0; w < W; w++) {
+            uint32_t x = (uint32_t)(frand() * 2147483647.0f) ^ ((uint32_t)w * 2654435761u);
+            mask[r * W + w] = r == 0 ? 0 : r == 1 ? 0xffffffffu : r == 2 ? (x & (x >> 3) & (x >> 7)) : x;
+        }
+    struct pair pl = up(lg, sizeof(float) * R * V), pm = up(mask, sizeof(uint32_t) * R * W);
+    cpu->ops->mask_logits(cpu, pl.c, R, V, pm.c);
+    gpu->ops->mask_logits(gpu, pl.g, R, V, pm.g);
+    float *h = xmalloc(sizeof(float) * R * V);
+    gpu->ops->download(gpu, h, pl.g, sizeof(float) * R * V);
+    size_t same = 0, masked = 0;
+    for (size_t i = 0; i < (size_t)R * V; i++) {
+        same += !memcmp(&h[i], &((float *)pl.c)[i], sizeof(float));
+        masked += isinf(h[i]);
+    }
+    printf("  mask_logits: %zu/%zu logits agree, %zu masked\n", same, (size_t)R * V, masked);
+    CHECKF(same == (size_t)R * V && masked > (size_t)V, "mask_logits agrees on %zu of %zu", same, (size_t)R * V);
+    pfree(pl), pfree(pm);
+    free(lg), free(mask), free(h);
+}
+
 int main(void) {
 #ifndef VLLM_HAVE_CUDA
     TEST_SKIP("built without CUDA");
@@ -540,6 +567,7 @@ int main(void) {
     test_kimi_mla(DT_F32, 1e-5);
     test_kimi_mla(DT_BF16, 1e-4);
     test_sample();
+    test_mask_logits();
     backend_free(gpu);
     backend_free(cpu);
     return test_summary("cuda ops");

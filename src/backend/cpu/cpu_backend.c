@@ -279,6 +279,33 @@ static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
     return s;
 }
 
+// The reference of every backend's mask_logits, a row per task; a word at a
+// time (all set: nothing to do, the common case inside JSON strings).
+struct mask_ctx {
+    float *logits;
+    int vocab;
+    const uint32_t *mask;
+};
+
+static void mask_row(void *ctx, int r, int thread) {
+    (void)thread;
+    const struct mask_ctx *c = ctx;
+    int V = c->vocab, W = CDIV(V, 32);
+    float *l = c->logits + (size_t)r * V;
+    const uint32_t *m = c->mask + (size_t)r * W;
+    for (int w = 0; w < W; w++) {
+        uint32_t bits = m[w];
+        if (bits == 0xffffffffu) continue;
+        for (int i = w * 32, e = MIN(i + 32, V); i < e; i++)
+            if (!((bits >> (i & 31)) & 1u)) l[i] = -INFINITY;
+    }
+}
+
+static void cpu_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask) {
+    struct mask_ctx c = {logits, vocab, mask};
+    cpu_parallel(be, rows, mask_row, &c);
+}
+
 struct sample_ctx {
     struct backend *be;
     const float *logits;
@@ -405,6 +432,7 @@ static const struct backend_ops cpu_ops = {
     .mla_attn = cpu_mla_attn,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
+    .mask_logits = cpu_mask_logits,
     .sample = cpu_sample,
     .all_reduce = cpu_all_reduce,
     .all_gather = cpu_all_gather,
