@@ -97,8 +97,9 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
 //   1. scores: four threads per key, each a quarter of the head (16-byte
 //      loads), reduced by shuffles; sc[G][DEC_CHUNK] in shared memory;
 //   2. an online softmax per head over the chunk (a warp per head);
-//   3. outputs: a thread per two columns (and key lane), p * V summed in
-//      registers for the G heads, key lanes reduced through shared memory.
+//   3. outputs: a thread per C columns (8, 4 or 2 as G allows) and key lane,
+//      p * V summed in registers for the G heads, key lanes reduced through
+//      shared memory.
 // The split count is fixed by the batch's shape and the SM count (so a
 // recorded graph covers any context); each sequence cuts its own context
 // into that many ranges of a multiple of 32 keys, on the device.
@@ -149,13 +150,39 @@ __device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, con
         }
     }
 }
-__device__ __forceinline__ float2 load2(const float *p) { return *(const float2 *)p; }
-__device__ __forceinline__ float2 load2(const __nv_bfloat16 *p) { return __bfloat1622float2(*(const __nv_bfloat162 *)p); }
+// f[0..C) = p[0..C), C of 2, 4 or 8 in one load (p aligned to C elements)
+template <int C>
+__device__ __forceinline__ void load_cols(const float *p, float *f) {
+    if (C == 2) {
+        float2 v = *(const float2 *)p;
+        f[0] = v.x, f[1] = v.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < C; i += 4) {
+            float4 v = *(const float4 *)(p + i);
+            f[i] = v.x, f[i + 1] = v.y, f[i + 2] = v.z, f[i + 3] = v.w;
+        }
+    }
+}
+template <int C>
+__device__ __forceinline__ void load_cols(const __nv_bfloat16 *p, float *f) {
+    __nv_bfloat162 h[C / 2];
+    if (C == 2) *(uint32_t *)h = *(const uint32_t *)p;
+    else if (C == 4) *(uint2 *)h = *(const uint2 *)p;
+    else *(uint4 *)h = *(const uint4 *)p;
+#pragma unroll
+    for (int i = 0; i < C / 2; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+// Output columns per thread: as many as the accumulators (G heads) allow.
+template <int G> struct dec_cols { static const int C = G <= 4 ? 8 : G <= 8 ? 4 : 2; };
 
 // Shared memory: slots [DEC_CHUNK], q [G][D], sc [G][DEC_CHUNK], m/l/c [3][G],
 // red [KL-1][G][D] (key lanes past the first).
 static size_t dec_smem(int G, int D) {
-    int KL = DEC_THREADS / (D / 2);
+    int C = G <= 4 ? 8 : G <= 8 ? 4 : 2, KL = DEC_THREADS / (D / C);
     return sizeof(float) * ((size_t)G * D + (size_t)G * DEC_CHUNK + 3 * G + (size_t)(KL - 1) * G * D) +
            sizeof(int64_t) * DEC_CHUNK;
 }
@@ -171,7 +198,8 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
     int nh = min(G, kvh * g + g - h0), n = a.pos[t] + 1, L = dec_range(n, a.nsplit);
     int j0 = blockIdx.z * L, j1 = min(n, j0 + L);
     if (j0 >= n) return; // past this sequence's context: the merge skips it
-    int KL = DEC_THREADS / (D / 2), kvd = a.Hkv * D;
+    const int C = dec_cols<G>::C;
+    int KL = DEC_THREADS / (D / C), kvd = a.Hkv * D;
     int64_t *slot = (int64_t *)sm; // first: 8-byte aligned
     float *q = (float *)(slot + DEC_CHUNK), *sc = q + G * D, *mh = sc + G * DEC_CHUNK, *lh = mh + G, *ch = lh + G;
     float *red = ch + G;
@@ -181,30 +209,41 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
     }
     if (tid < G) mh[tid] = -INFINITY, lh[tid] = 0;
     const int32_t *bt = a.btab + (int64_t)s * a.mbps;
-    int cp = tid % (D / 2), kl = tid / (D / 2);
-    float acc[G][2];
+    int cp = tid % (D / C), kl = tid / (D / C);
+    float acc[G][C];
 #pragma unroll
-    for (int h = 0; h < G; h++) acc[h][0] = acc[h][1] = 0;
+    for (int h = 0; h < G; h++)
+#pragma unroll
+        for (int c = 0; c < C; c++) acc[h][c] = 0;
     for (int c0 = j0; c0 < j1; c0 += DEC_CHUNK) {
         int nk = min(DEC_CHUNK, j1 - c0);
         for (int j = tid; j < nk; j += DEC_THREADS) slot[j] = (int64_t)bt[(c0 + j) / a.bs] * a.bs + (c0 + j) % a.bs;
         __syncthreads();
-        // 1. scores (the loop is uniform across a warp: the shuffles need every lane)
-        for (int base = 0; base < nk; base += DEC_THREADS / DEC_TPK) {
-            int j = base + tid / DEC_TPK;
-            bool ok = j < nk;
-            float dot[G];
+        // 1. scores, KP keys per pass (their loads in flight together; one
+        // at G = 16, whose accumulators fill the registers); the loop is
+        // uniform across a warp: the shuffles need every lane
+        const int KP = G >= 16 ? 1 : 2, KG = DEC_THREADS / DEC_TPK;
+        for (int base = 0; base < nk; base += KP * KG) {
+            float d[KP][G];
 #pragma unroll
-            for (int h = 0; h < G; h++) dot[h] = 0;
-            if (ok) dot_part<G, DT>(dot, q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK);
+            for (int k = 0; k < KP; k++) {
+                int j = base + k * KG + tid / DEC_TPK;
 #pragma unroll
-            for (int h = 0; h < G; h++) {
-                dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 1);
-                dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], 2);
+                for (int h = 0; h < G; h++) d[k][h] = 0;
+                if (j < nk) dot_part<G, DT>(d[k], q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK);
             }
-            if (ok && tid % DEC_TPK == 0) {
 #pragma unroll
-                for (int h = 0; h < G; h++) sc[h * DEC_CHUNK + j] = dot[h];
+            for (int k = 0; k < KP; k++) {
+                int j = base + k * KG + tid / DEC_TPK;
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    d[k][h] += __shfl_xor_sync(0xffffffffu, d[k][h], 1);
+                    d[k][h] += __shfl_xor_sync(0xffffffffu, d[k][h], 2);
+                }
+                if (j < nk && tid % DEC_TPK == 0) {
+#pragma unroll
+                    for (int h = 0; h < G; h++) sc[h * DEC_CHUNK + j] = d[k][h];
+                }
             }
         }
         __syncthreads();
@@ -232,31 +271,38 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
 #pragma unroll
             for (int h = 0; h < G; h++) {
                 float c = h < nh ? ch[h] : 0.0f;
-                acc[h][0] *= c, acc[h][1] *= c;
+#pragma unroll
+                for (int i = 0; i < C; i++) acc[h][i] *= c;
             }
-#pragma unroll 8
+#pragma unroll 4
             for (int j = kl; j < nk; j += KL) {
-                float2 v = load2(vc + slot[j] * kvd + kvh * D + 2 * cp);
+                float v[C];
+                load_cols<C>(vc + slot[j] * kvd + kvh * D + C * cp, v);
 #pragma unroll
                 for (int h = 0; h < G; h++) {
                     float p = sc[h * DEC_CHUNK + j];
-                    acc[h][0] += p * v.x, acc[h][1] += p * v.y;
+#pragma unroll
+                    for (int i = 0; i < C; i++) acc[h][i] += p * v[i];
                 }
             }
         }
         __syncthreads(); // sc and slot are rewritten by the next chunk
     }
     if (kl > 0 && kl < KL) {
-        float *r = red + (kl - 1) * G * D + 2 * cp;
+        float *r = red + (kl - 1) * G * D + C * cp;
 #pragma unroll
-        for (int h = 0; h < G; h++) r[h * D] = acc[h][0], r[h * D + 1] = acc[h][1];
+        for (int h = 0; h < G; h++)
+#pragma unroll
+            for (int i = 0; i < C; i++) r[h * D + i] = acc[h][i];
     }
     __syncthreads();
     if (kl != 0) return;
     for (int k = 1; k < KL; k++) {
-        const float *r = red + (k - 1) * G * D + 2 * cp;
+        const float *r = red + (k - 1) * G * D + C * cp;
 #pragma unroll
-        for (int h = 0; h < G; h++) acc[h][0] += r[h * D], acc[h][1] += r[h * D + 1];
+        for (int h = 0; h < G; h++)
+#pragma unroll
+            for (int i = 0; i < C; i++) acc[h][i] += r[h * D + i];
     }
 #pragma unroll
     for (int h = 0; h < G; h++) {
@@ -264,12 +310,14 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
         int hq = h0 + h;
         if (a.nsplit == 1) {
             float inv = lh[h] > 0 ? 1.0f / lh[h] : 0.0f;
-            float *o = a.out + (int64_t)t * a.H * D + hq * D + 2 * cp;
-            o[0] = acc[h][0] * inv, o[1] = acc[h][1] * inv;
+            float *o = a.out + (int64_t)t * a.H * D + hq * D + C * cp;
+#pragma unroll
+            for (int i = 0; i < C; i++) o[i] = acc[h][i] * inv;
             continue;
         }
         float *pp = a.part + (((int64_t)(t - a.tok0) * a.H + hq) * a.nsplit + blockIdx.z) * (D + 2);
-        pp[2 * cp] = acc[h][0], pp[2 * cp + 1] = acc[h][1];
+#pragma unroll
+        for (int i = 0; i < C; i++) pp[C * cp + i] = acc[h][i];
         if (cp == 0) pp[D] = mh[h], pp[D + 1] = lh[h];
     }
 }
