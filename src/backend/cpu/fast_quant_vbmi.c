@@ -13,24 +13,26 @@
 #include "core/common.h"
 #include "io/dtype.h"
 
+// Where element j of a 64-block lands: vector v (A_lo, A_hi, B_lo, B_hi) of
+// 16 lanes d, from unpack{lo,hi}_epi8 within 128-bit lanes.
+static inline int64_t perm_src(int v, int d) { return 16 * (d / 4) + (v >= 2 ? 8 : 0) + 2 * (d % 4) + (v & 1); }
+
+static int perm_tab[64]; // xp[b + j] = x[b + perm_tab[j]] (filled by fast_quant_vbmi_init)
+
 // bf16 bits of e4m3 codes 0..127 (the positive half), low and high bytes
 static uint8_t lut_lo[128], lut_hi[128];
 
 void fast_quant_vbmi_init(void) {
+    for (int j = 0; j < 64; j++) perm_tab[j] = (int)perm_src(j / 16, j % 16);
     for (int i = 0; i < 128; i++) {
         uint16_t b = (i & 0x7f) == 0x7f ? 0x7fc0 : f32_to_bf16(fp8e4m3_to_f32((uint8_t)i)); // 0x7f: NaN
         lut_lo[i] = (uint8_t)b, lut_hi[i] = (uint8_t)(b >> 8);
     }
 }
 
-// Where element j of a 64-block lands: vector v (A_lo, A_hi, B_lo, B_hi) of
-// 16 lanes d, from unpack{lo,hi}_epi8 within 128-bit lanes.
-static inline int64_t perm_src(int v, int d) { return 16 * (d / 4) + (v >= 2 ? 8 : 0) + 2 * (d % 4) + (v & 1); }
-
 void fast_perm_x64(float *xp, const float *x, int64_t K) {
     for (int64_t b = 0; b + 64 <= K; b += 64)
-        for (int v = 0; v < 4; v++)
-            for (int d = 0; d < 16; d++) xp[b + v * 16 + d] = x[b + perm_src(v, d)];
+        for (int j = 0; j < 64; j++) xp[b + j] = x[b + perm_tab[j]];
 }
 
 // 16 e4m3 codes -> fp32 / 256 in order (the tail), as fast_quant_avx512.c.
@@ -62,7 +64,14 @@ static inline __attribute__((always_inline)) void rows_fp8(float *y, int64_t ldy
                 __m512i A = _mm512_unpacklo_epi8(l, h), B = _mm512_unpackhi_epi8(l, h);
                 __m512 alo = _mm512_castsi512_ps(_mm512_slli_epi32(A, 16)), ahi = _mm512_castsi512_ps(_mm512_and_si512(A, high));
                 __m512 blo = _mm512_castsi512_ps(_mm512_slli_epi32(B, 16)), bhi = _mm512_castsi512_ps(_mm512_and_si512(B, high));
-                for (int i = 0; i < MI; i++) {
+                if (MI == 1) { // four chains: an FMA's latency is four of its issue slots
+                    p0[0] = _mm512_fmadd_ps(alo, _mm512_loadu_ps(xp + k), p0[0]);
+                    p1[0] = _mm512_fmadd_ps(ahi, _mm512_loadu_ps(xp + k + 16), p1[0]);
+                    p0[1] = _mm512_fmadd_ps(blo, _mm512_loadu_ps(xp + k + 32), p0[1]);
+                    p1[1] = _mm512_fmadd_ps(bhi, _mm512_loadu_ps(xp + k + 48), p1[1]);
+                    continue;
+                }
+                for (int i = 0; i < MI; i++) { // rows interleave their chains
                     const float *xi = xp + i * ldxp + k;
                     p0[i] = _mm512_fmadd_ps(alo, _mm512_loadu_ps(xi), p0[i]);
                     p1[i] = _mm512_fmadd_ps(ahi, _mm512_loadu_ps(xi + 16), p1[i]);
@@ -70,6 +79,7 @@ static inline __attribute__((always_inline)) void rows_fp8(float *y, int64_t ldy
                     p1[i] = _mm512_fmadd_ps(bhi, _mm512_loadu_ps(xi + 48), p1[i]);
                 }
             }
+            if (MI == 1) p0[0] = _mm512_add_ps(p0[0], p0[1]), p1[0] = _mm512_add_ps(p1[0], p1[1]);
             for (; k + 16 <= e; k += 16) { // the tail: codes / 256 in order against x itself
                 __m512 wv = fp8_cvt16(_mm_loadu_si128((const __m128i *)(row + k)));
                 for (int i = 0; i < MI; i++) tl[i] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i * ldx + k), tl[i]);
