@@ -80,6 +80,14 @@ struct vllm_engine_params {
     int64_t prefix_state_bytes;    // state checkpoint pool in bytes (0: a quarter of the KV budget)
     int state_checkpoint_interval; // tokens between state checkpoints (0: the least common multiple of
                                    // block_size and the SSD chunk size); a multiple of that
+    // "fcfs" (NULL, the default): requests run in arrival order and the last
+    // admitted is preempted first. "priority": by (vllm_sampling_params.priority,
+    // arrival), lower first; the least urgent running request is preempted first.
+    const char *scheduling_policy;
+    // generation_config.json: "auto" (NULL: the model directory's, if any),
+    // "vllm" (none), or a directory holding one. Its eos_token_id entries stop
+    // every request; its sampling keys are vllm_model_info.generation_defaults.
+    const char *generation_config;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
@@ -106,9 +114,17 @@ struct vllm_model_info {
     int num_state_checkpoints;     // checkpoint pool capacity (0: no recurrent state, or caching off)
     int state_checkpoint_interval; // tokens (0: none)
     int64_t checkpoint_bytes;      // of the pool, over all ranks
+    // generation_config.json's sampling defaults (temperature, top_p, top_k,
+    // min_p, repetition_penalty, max_new_tokens), a JSON object ("{}": none),
+    // for callers that apply them as vLLM does to requests not setting them.
+    // eos_token_ids above also holds its eos_token_id and the tokenizer's.
+    const char *generation_defaults;
 };
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);
+
+#define VLLM_ITERATION_TOKEN_BOUNDS {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+#define VLLM_NUM_ITERATION_BOUNDS 13
 
 struct vllm_stats {
     int num_running;
@@ -126,6 +142,11 @@ struct vllm_stats {
     uint64_t prefix_cache_hits;    // of those, tokens found there (not computed)
     int state_checkpoints_total;
     int state_checkpoints_used;    // holding a checkpoint or held by a request
+    // Steps by the tokens they scheduled (vLLM's vllm:iteration_tokens_total):
+    // iteration_tokens[k] counts those with at most VLLM_ITERATION_TOKEN_BOUNDS[k]
+    // tokens and more than the bound before; the last, more than every bound.
+    uint64_t iteration_tokens[VLLM_NUM_ITERATION_BOUNDS + 1];
+    uint64_t iteration_tokens_sum;
 };
 vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
@@ -133,6 +154,26 @@ vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
 // Top log-probs a request may ask for per token, at most.
 #define VLLM_MAX_LOGPROBS 20
+
+// Constrained decoding (structured output, guided choices, allowed ids): a
+// per-request callback set the engine asks, before each token it samples,
+// which ids may come next. The engine applies the mask to the logits (-inf)
+// before log-probs, penalties and temperature (vLLM's order), on every
+// backend. Callbacks run on the engine thread, one request at a time.
+struct vllm_constraint {
+    void *user;
+    // Writes the allowed ids of the next token: bitmask has num_words =
+    // CDIV(vocab_size, 32) words, zeroed; bit (id % 32) of word (id / 32) set
+    // = allowed. An EOS id the mask allows ends the request where the
+    // constraint accepts (an EOS the mask never allows cannot end it).
+    void (*fill_mask)(void *user, uint32_t *bitmask, int num_words);
+    // The token sampled under the last mask (in order). Nonzero: rejected,
+    // and the request ends with VLLM_FINISH_ERROR.
+    int (*accept)(void *user, int32_t id);
+    // Called exactly once, when the engine drops the request (or at once when
+    // vllm_submit fails): frees user. May be NULL.
+    void (*release)(void *user);
+};
 
 struct vllm_sampling_params {
     float temperature;        // 0: greedy (default 1.0)
@@ -155,6 +196,10 @@ struct vllm_sampling_params {
     int skip_special_tokens;  // in text output (default 1)
     const char *cache_salt;   // prefix caching: requests share cached prefixes only with the same salt
                               // (NULL or "": the unsalted ones)
+    int priority;             // lower runs first; must be 0 unless scheduling_policy is "priority"
+    // NULL: none. Copied at vllm_submit, which takes over constraint->user
+    // (its release is called once, on failure too).
+    const struct vllm_constraint *constraint;
 };
 void vllm_sampling_params_default(struct vllm_sampling_params *p);
 
@@ -176,6 +221,11 @@ struct vllm_output {
     const char *error;         // message with a status != OK
     double ttft_s;             // seconds from submit to the first token (0 before)
     int num_cached_tokens;     // prompt tokens found in the prefix cache at the first admission
+    double queue_s;            // seconds from submit to the first admission (0 before it)
+    // With VLLM_FINISH_STOP on the last event: what stopped it (vLLM's
+    // stop_reason), the stop string or the stop token id; NULL / -1 otherwise.
+    const char *stop_str;
+    int32_t stop_token_id;
 };
 typedef void (*vllm_stream_fn)(void *user, const struct vllm_output *out);
 
@@ -224,6 +274,10 @@ vllm_status vllm_detokenize(struct vllm_engine *e, const int32_t *ids, int num_i
 // template variables. *out allocated, NUL-terminated (vllm_free).
 vllm_status vllm_apply_chat_template(struct vllm_engine *e, const char *request_json,
                                      char **out);
+// The same with another template's Jinja source (NULL: the model's), keeping
+// the model's bos_token / eos_token.
+vllm_status vllm_apply_chat_template_source(struct vllm_engine *e, const char *template_src,
+                                            const char *request_json, char **out);
 
 #ifdef __cplusplus
 }

@@ -9,3 +9,12 @@ add_test(NAME cli_bad_model COMMAND vllm_cli generate --model /nonexistent --pro
 set_tests_properties(cli_bad_model PROPERTIES WILL_FAIL TRUE)
 add_test(NAME cli_unknown_flag COMMAND vllm_cli generate --frobnicate)
 set_tests_properties(cli_unknown_flag PROPERTIES WILL_FAIL TRUE)
+# `vllm serve` takes vLLM's command line: the model as a positional, a flag
+# vllm.c lacks is an error naming it (and why), an unknown one too.
+add_test(NAME cli_serve_positional COMMAND vllm_cli serve /nonexistent_model_dir --port 0)
+set_tests_properties(cli_serve_positional PROPERTIES PASS_REGULAR_EXPRESSION "loading /nonexistent_model_dir")
+add_test(NAME cli_serve_unsupported_flag COMMAND vllm_cli serve ${VLLM_FIXTURES}/tiny_chat --gpu-memory-utilization 0.9)
+set_tests_properties(cli_serve_unsupported_flag PROPERTIES
+  PASS_REGULAR_EXPRESSION "--gpu-memory-utilization is not supported: not implemented yet")
+add_test(NAME cli_serve_unknown_flag COMMAND vllm_cli serve ${VLLM_FIXTURES}/tiny_chat --frobnicate=1)
+set_tests_properties(cli_serve_unknown_flag PROPERTIES PASS_REGULAR_EXPRESSION "unknown option '--frobnicate'")

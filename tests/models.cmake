@@ -13,3 +13,7 @@ set_tests_properties(hostile_dirs PROPERTIES TIMEOUT 600)
 vllm_test_exe(test_quant_checkpoints models/test_quant_checkpoints.c)
 add_test(NAME quant_checkpoints COMMAND test_quant_checkpoints)
 set_tests_properties(quant_checkpoints PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+# Kimi-Linear's config: both spellings of each key, unsupported options and missing keys named.
+vllm_test_exe(test_kimi_config models/test_kimi_config.c)
+add_test(NAME kimi_config COMMAND test_kimi_config)
+set_tests_properties(kimi_config PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")

@@ -1,10 +1,10 @@
 #!/bin/bash
 # Speed before and after in one device call: builds the baseline source in
 # base.tar.gz (made here with `git archive -o base.tar.gz REV src include
-# CMakeLists.txt tests/CMakeLists.txt tests/*.cmake tests/*.c tests/*.h bench`)
+# CMakeLists.txt tests bench`)
 # beside the tree (tools/device_run.sh builds the tree), then runs each BENCH
 # config on both, baseline first: BENCH_ARGS for both; LONG="cfg..." adds the
-# tree's --input-len 1k / 8k / 32k sweep (1 sequence, output 32).
+# tree's --input-len 1k / 8k / 32k sweep (1 sequence, output 32), with LONG_ARGS.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/base
@@ -29,6 +29,6 @@ for cfg in ${LONG:-}; do
     for len in ${LONG_LENS:-1024 8192 32768}; do
         echo "== long $cfg input $len"
         timeout 300 build-cuda/vllm bench --model bench/configs/$cfg --load-format dummy --device cuda --batch-sizes 1 \
-            --input-len $len --output-len 32 --max-model-len 40000 --max-num-batched-tokens 8192 --warmup 0 2>&1 | tail -1
+            --input-len $len --output-len 32 --max-model-len 40000 --max-num-batched-tokens 8192 --warmup 0 ${LONG_ARGS:-} 2>&1 | tail -1
     done
 done 2>&1 | tee "$OUT/long.log"

@@ -75,6 +75,23 @@ struct attn_dims {
     float scale;
 };
 
+// Kimi Delta Attention (KDA): H heads of head_dim K (keys and values alike),
+// a state [K, K] per head (key channel i, value channel j), causal convs of
+// conv_kernel taps on q | k | v.
+struct kda_dims {
+    int heads, head_dim;          // H, K
+    int conv_kernel, chunk_size;  // chunk_size: checkpoint positions are multiples of it
+};
+
+// Multi-head latent attention (MLA, DeepSeek-V2 / Kimi): the cache keeps per
+// token the normalized latent c [R] then the shared key part k_r [P]; head h
+// scores q_nope_h . (W_kb_h c) + q_r_h . k_r and reads W_vb_h c.
+struct mla_dims {
+    int heads, nope, rope, v_dim, rank; // H, N, P, V, R
+    int block_size;
+    float scale;
+};
+
 // How a router scores experts.
 enum route_kind {
     ROUTE_SIGMOID_GROUPED, // sigmoid + correction bias, top groups then top-k (NemotronH, DeepSeek-V3, Kimi)
@@ -94,7 +111,7 @@ struct moe_route_cfg {
 // there, with an error naming it, never mid-run; the backend also reserves
 // the scratch the op needs for max_tokens rows, so the step path allocates
 // nothing.
-enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS };
+enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS, OP_KDA, OP_MLA };
 struct op_query {
     enum op_kind op;
     int max_tokens, max_seq_len;       // rows of a step, tokens of a sequence
@@ -103,6 +120,8 @@ struct op_query {
     const struct mamba_dims *mamba;    // OP_MAMBA
     const struct moe_route_cfg *route; // OP_MOE_ROUTE
     const struct moe_experts *moe;     // OP_MOE_EXPERTS (top_k: route->top_k)
+    const struct kda_dims *kda;        // OP_KDA (kda_gate, kda_prefill, kda_decode, head_norm_gate)
+    const struct mla_dims *mla;        // OP_MLA (mla_kv_write, mla_attn; KV in the backend's kv_dtype)
 };
 
 struct backend;
@@ -227,6 +246,40 @@ struct backend_ops {
     void (*attn_decode)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                         const void *v_cache, const struct batch *b, const struct attn_dims *d);
 
+    // Kimi Delta Attention (struct kda_dims; NULL on a backend without it,
+    // which refuses OP_KDA at load). proj: [T, ld] rows q | k | v [H*K each,
+    // after the conv] | b [H] (beta logits). g: [T, H*K] the forget gate's
+    // log-decays (kda_gate). Per token and head, with q, k L2-normalized and q
+    // scaled by 1/sqrt(K), beta = sigmoid(b):
+    //   S[i][:] *= exp(g[i]);  S[i][j] += k[i] * beta * (v[j] - sum_i' S[i'][j] k[i'])
+    //   y[j] = sum_i S[i][j] q[i]
+    // y: [T, H*K]; state: [slots, H, K, K] fp32. Prefill sequences [seq0,
+    // seq1) start from slot state_src (zeros for -1, a checkpoint's copy), end
+    // in their state slot, and write the state after each checkpoint position
+    // to its slot; decodes continue their own slot.
+    void (*kda_prefill)(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                        const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
+    void (*kda_decode)(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                       const struct batch *b, const struct kda_dims *d);
+    // The channel-wise forget gate, in place: g[t][h*K + i] =
+    // -exp(A_log[h]) * softplus(g + dt_bias[h*K + i]); A_log: [H], dt_bias: [H*K].
+    void (*kda_gate)(struct backend *be, float *g, const float *A_log, const float *dt_bias, int n,
+                     const struct kda_dims *d);
+    // y = rmsnorm(y_h) * w * sigmoid(gate_h) per head of head_dim: y, gate:
+    // [n, heads*head_dim], w: [head_dim] (KDA's output norm and gate).
+    void (*head_norm_gate)(struct backend *be, float *y, const float *gate, const float *w, int n, int heads,
+                           int head_dim, float eps);
+    // MLA (struct mla_dims; NULL where refused at load). lat: [T, ld] rows of
+    // c [R] (normalized) | k_r [P], written to cache: [blocks, block_size, R+P]
+    // at slot_mapping[t].
+    void (*mla_kv_write)(struct backend *be, void *cache, const float *lat, int ld, const struct batch *b,
+                         const struct mla_dims *d);
+    // Causal attention of sequences [seq0, seq1) over the cached latents.
+    // q: [T, H*(N+P)] (q_nope | q_r per head); kv_b: [H*(N+V), R] fp32 (head
+    // h's W_kb rows then its W_vb rows); out: [T, H*V].
+    void (*mla_attn)(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                     const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
+
     // MoE. logits: [n, E] fp32 -> ids, weights: [n, top_k] (struct
     // moe_route_cfg); bias: [E] (ROUTE_SIGMOID_GROUPED, may be NULL).
     void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
@@ -236,6 +289,10 @@ struct backend_ops {
     void (*moe_experts)(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                         const int32_t *ids, const float *weights, int n, int top_k);
 
+    // Constrained decoding: logits [rows, vocab] fp32 in place; mask [rows,
+    // CDIV(vocab, 32)]: a clear bit (id % 32 of word id / 32) sets the logit
+    // to -inf. Before sample, so log-probs and penalties see the masked row.
+    void (*mask_logits)(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
     // Samples one token per row of logits [b->num_sample, vocab] with the
     // rows' sample_params; writes each id into token_table[dst] (the next
     // step's input) and into out->ids; log-probs as asked.

@@ -49,7 +49,12 @@ static int check_sampling(const struct vllm_sampling_params *sp) {
 #undef BAD
 }
 
+static void constraint_release(const struct vllm_constraint *c) {
+    if (c && c->release) c->release(c->user);
+}
+
 static void request_free(struct request *r) {
+    if (r->has_cons) constraint_release(&r->cons);
     if (r->ts) text_stream_free(r->ts);
     for (int i = 0; i < r->sp.num_stop; i++) free(r->stop_strs[i]);
     free(r->stop_strs);
@@ -99,6 +104,7 @@ static struct request *request_new(struct vllm_engine *e, int32_t *ids, int n, c
     r->num_prompt = r->num_tokens = n;
     r->cap_tokens = n;
     r->slot = r->row = -1;
+    r->stop_token = -1;
     r->sp = *sp;
     if (sp->num_stop_token_ids) {
         r->stop_ids = xmalloc(sizeof(int32_t) * sp->num_stop_token_ids);
@@ -110,22 +116,40 @@ static struct request *request_new(struct vllm_engine *e, int32_t *ids, int n, c
     r->sp.stop = (const char *const *)r->stop_strs;
     r->salt = kv_hash_salt(sp->cache_salt); // the string itself is not kept
     r->sp.cache_salt = NULL;
+    if (sp->constraint) r->cons = *sp->constraint, r->has_cons = 1;
+    r->sp.constraint = NULL;
     r->max_tokens = MIN(sp->max_tokens, e->max_model_len - n);
     r->t_submit = now_s();
     return r;
 }
 
-vllm_status vllm_submit(struct vllm_engine *e, const struct vllm_prompt *prompt, const struct vllm_sampling_params *sp,
-                        vllm_stream_fn cb, void *user, struct vllm_request **out) {
-    vllm_err_clear();
+// The checks before a request exists: a failure releases the constraint here.
+static int submit_checks(struct vllm_engine *e, const struct vllm_prompt *prompt, const struct vllm_sampling_params *sp,
+                         struct vllm_request **out, int32_t **ids, int *n) {
     if (!e || !prompt || !sp || !out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL argument");
     *out = NULL;
     TRY(check_sampling(sp));
+    if (sp->priority && !e->priority)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT,
+                        "priority %d needs the engine's scheduling_policy \"priority\" (vllm serve --scheduling-policy "
+                        "priority); with fcfs it must be 0", sp->priority);
+    if (sp->constraint && !sp->constraint->fill_mask)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "a constraint without fill_mask");
     if (sp->num_stop && !e->tok)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "stop strings need a tokenizer; %s has no tokenizer.json", e->model_dir);
+    return prompt_ids(e, prompt, ids, n);
+}
+
+vllm_status vllm_submit(struct vllm_engine *e, const struct vllm_prompt *prompt, const struct vllm_sampling_params *sp,
+                        vllm_stream_fn cb, void *user, struct vllm_request **out) {
+    vllm_err_clear();
     int32_t *ids;
     int n;
-    TRY(prompt_ids(e, prompt, &ids, &n));
+    int crc = submit_checks(e, prompt, sp, out, &ids, &n);
+    if (crc) {
+        if (sp) constraint_release(sp->constraint);
+        return crc;
+    }
     struct request *r = request_new(e, ids, n, sp);
     r->cb = cb;
     r->user = user;
@@ -316,5 +340,20 @@ vllm_status vllm_apply_chat_template(struct vllm_engine *e, const char *request_
     TRY(json_parse_python(request_json, strlen(request_json), "chat request", &req));
     int rc = chat_template_render(e->chat, req, out);
     json_decref(req);
+    return rc;
+}
+
+vllm_status vllm_apply_chat_template_source(struct vllm_engine *e, const char *template_src, const char *request_json,
+                                            char **out) {
+    if (!template_src) return vllm_apply_chat_template(e, request_json, out);
+    vllm_err_clear();
+    if (!e || !request_json || !out) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL argument");
+    struct chat_template *ct;
+    TRY(chat_template_from_source(template_src, e->chat, &ct));
+    json_t *req = NULL;
+    int rc = json_parse_python(request_json, strlen(request_json), "chat request", &req);
+    if (!rc) rc = chat_template_render(ct, req, out);
+    json_decref(req);
+    chat_template_free(ct);
     return rc;
 }

@@ -66,6 +66,9 @@ static int check_params(const struct vllm_engine_params *p) {
                         p->load_format);
     enum quant_mode qm;
     TRY(quant_mode_parse(p->quantization, &qm));
+    if (p->scheduling_policy && strcmp(p->scheduling_policy, "fcfs") && strcmp(p->scheduling_policy, "priority"))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown scheduling_policy '%s' (expected fcfs or priority)",
+                        p->scheduling_policy);
     return VLLM_OK;
 }
 
@@ -156,8 +159,9 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     in->model_name = e->model_name;
     in->vocab_size = sp->vocab_size;
     in->max_model_len = e->max_model_len;
-    in->num_eos_token_ids = sp->num_eos;
-    in->eos_token_ids = sp->eos_ids;
+    in->num_eos_token_ids = e->num_eos;
+    in->eos_token_ids = e->eos;
+    in->generation_defaults = e->gen_defaults;
     in->has_tokenizer = e->tok != NULL;
     in->has_chat_template = e->chat != NULL;
     in->num_kv_blocks = num_blocks;
@@ -205,13 +209,14 @@ static int engine_init(struct vllm_engine *e) {
     int64_t ckpt_bytes;
     TRY(size_ckpts(e, num_blocks, &interval, &ckpts, &ckpt_bytes));
     struct sched_config sc = {p->max_num_seqs, p->max_num_batched_tokens, p->block_size, num_blocks, slots,
-                              p->enable_prefix_caching != 0, ckpts, interval};
+                              p->enable_prefix_caching != 0, ckpts, interval, e->priority};
     struct runner_config rc = {p->max_num_seqs, e->max_model_len, p->max_num_batched_tokens,
                                p->block_size, num_blocks, slots, VLLM_MAX_LOGPROBS, !getenv("VLLM_NO_GRAPHS"),
                                ckpts, sched_max_ckpt_writes(&sc)};
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
     sched_init(&e->sched, &sc);
     TRY(load_text(e));
+    TRY(engine_generation_config(e));
     fill_info(e, num_blocks);
     e->info.checkpoint_bytes = ckpt_bytes;
     e->info.state_bytes -= ckpt_bytes; // the checkpoints are slots of the same buffers
@@ -244,6 +249,7 @@ static void engine_destroy(struct vllm_engine *e) {
     free((char *)e->params.load_format);
     free((char *)e->params.quantization);
     free((char *)e->params.kv_cache_dtype);
+    free(e->gen_defaults);
     free(e);
 }
 
@@ -260,6 +266,8 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->params.load_format = xstrdup(p->load_format ? p->load_format : "auto");
     e->params.quantization = xstrdup(p->quantization ? p->quantization : "auto");
     e->params.kv_cache_dtype = xstrdup(p->kv_cache_dtype ? p->kv_cache_dtype : "auto");
+    e->priority = p->scheduling_policy && !strcmp(p->scheduling_policy, "priority");
+    e->params.scheduling_policy = NULL; // the caller's string is not kept
     e->model_dir = xstrdup(p->model);
     e->params.model = e->model_dir;
     size_t n = strlen(e->model_dir);
@@ -271,6 +279,7 @@ vllm_status vllm_engine_load(const struct vllm_engine_params *p, struct vllm_eng
     e->next_id = 1;
     e->inflight_step = -1;
     rc = engine_init(e);
+    e->params.generation_config = NULL; // the caller's string: read by engine_init only
     if (rc) {
         engine_destroy(e);
         return rc;
@@ -351,6 +360,12 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
     o.error = error;
     o.ttft_s = r->t_first > 0 ? r->t_first - r->t_submit : 0;
     o.num_cached_tokens = MAX(r->num_cached, 0);
+    o.queue_s = r->t_sched > 0 ? r->t_sched - r->t_submit : 0;
+    o.stop_token_id = -1;
+    if (reason == VLLM_FINISH_STOP) {
+        o.stop_token_id = r->stop_token;
+        o.stop_str = r->stop_token < 0 && r->ts ? text_stream_stop(r->ts) : NULL;
+    }
     r->cb(r->user, &o);
 }
 
@@ -388,7 +403,10 @@ static int is_eos(const struct vllm_engine *e, int32_t id) {
 static vllm_finish_reason stop_reason(struct vllm_engine *e, struct request *r, int32_t id, int num_output) {
     if (num_output >= r->sp.min_tokens) {
         for (int i = 0; i < r->sp.num_stop_token_ids; i++)
-            if (r->stop_ids[i] == id) return VLLM_FINISH_STOP;
+            if (r->stop_ids[i] == id) {
+                r->stop_token = id; // vLLM's stop_reason
+                return VLLM_FINISH_STOP;
+            }
         if (!r->sp.ignore_eos && is_eos(e, id)) return VLLM_FINISH_EOS;
     }
     return VLLM_FINISH_NONE;
@@ -402,6 +420,11 @@ static void on_token(struct vllm_engine *e, struct request *r, int pos, const st
     double now = now_s();
     if (r->t_first == 0) r->t_first = now;
     r->t_last = now;
+    if (r->has_cons && r->cons.accept && r->cons.accept(r->cons.user, id)) {
+        r->delivered = num_output - 1;
+        finish(e, r, VLLM_FINISH_ERROR, VLLM_ERR_INTERNAL, "the sampled token is not allowed by the request's constraint");
+        return;
+    }
     vllm_finish_reason reason = stop_reason(e, r, id, num_output);
     char *text = NULL;
     size_t len = 0;
@@ -434,12 +457,19 @@ static void handle_cancels(struct vllm_engine *e) {
     }
 }
 
-static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
+static void update_stats(struct vllm_engine *e, const struct sched_output *so, int launched) {
     pthread_mutex_lock(&e->mu);
     struct vllm_stats *st = &e->stats;
     st->num_steps++;
     for (int i = 0; so && i < so->num_entries; i++)
         if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
+    if (so && launched && so->num_tokens > 0) {
+        static const int bounds[VLLM_NUM_ITERATION_BOUNDS] = VLLM_ITERATION_TOKEN_BOUNDS;
+        int k = 0;
+        while (k < VLLM_NUM_ITERATION_BOUNDS && so->num_tokens > bounds[k]) k++;
+        st->iteration_tokens[k]++;
+        st->iteration_tokens_sum += (uint64_t)so->num_tokens;
+    }
     st->num_running = e->sched.num_running;
     st->num_waiting = e->sched.num_waiting;
     st->kv_blocks_used = kv_pool_used(&e->sched.blocks);
@@ -454,8 +484,10 @@ static void update_stats(struct vllm_engine *e, const struct sched_output *so) {
 // What a launch changes at once: tokens computed, and for each request that
 // samples, a placeholder for its token (its value arrives with the step).
 static void account_launch(struct vllm_engine *e, const struct sched_output *so) {
+    double now = now_s();
     for (int i = 0; i < so->num_entries; i++) {
         struct request *r = so->entries[i].req;
+        if (r->t_sched == 0) r->t_sched = now; // its first admission: the end of its queue time
         r->num_computed += so->entries[i].num_tokens;
         r->inflight++;
         if (r->num_computed != r->num_tokens) continue;
@@ -507,7 +539,11 @@ static void step(struct vllm_engine *e) {
         struct step_out out;
         runner_wait(e->runner, e->inflight_step, &out);
         postprocess(e, &out);
-    } else if (launched < 0) { // nothing could run and nothing is in flight: do not spin
+    }
+    // A constrained row's mask needs the tokens just postprocessed: its
+    // step's sampler is queued now, behind the forward the device is running.
+    if (launched >= 0 && runner_needs_sample(e->runner, launched)) runner_sample(e->runner, launched);
+    if (e->inflight_step < 0 && launched < 0) { // nothing could run and nothing is in flight: do not spin
         pthread_mutex_lock(&e->mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -517,7 +553,7 @@ static void step(struct vllm_engine *e) {
         pthread_mutex_unlock(&e->mu);
     }
     e->inflight_step = launched;
-    update_stats(e, so);
+    update_stats(e, so, launched >= 0);
 }
 
 // Waits for the step in flight, if any (shutdown).

@@ -16,6 +16,7 @@ struct tokenizer;
 struct chat_template;
 
 struct vllm_engine {
+    int priority; // scheduling_policy "priority"
     struct vllm_engine_params params; // strings below owned
     char *model_dir, *model_name;
     int tp;               // tensor-parallel ranks (1: none)
@@ -27,6 +28,9 @@ struct vllm_engine {
     struct chat_template *chat;     // NULL without a chat template
     struct vllm_model_info info;
     int max_model_len;
+    int32_t eos[16]; // config.json's, generation_config.json's and the tokenizer's eos ids (gen_config.c)
+    int num_eos;
+    char *gen_defaults; // info.generation_defaults
 
     pthread_t thread;
     pthread_mutex_t mu;             // guards everything below
@@ -45,6 +49,9 @@ struct vllm_engine {
 // when the backend does not measure them).
 void engine_cost(const struct vllm_engine *e, struct model_cost *c, int *kv_elem_bytes);
 int engine_peaks(struct vllm_engine *e, double *bytes_per_s, double *flops_per_s);
+
+// gen_config.c: the eos ids and generation_config.json's sampling defaults.
+int engine_generation_config(struct vllm_engine *e);
 
 // Internal hooks for tests (not part of the ABI).
 void engine_set_logits_hook(struct vllm_engine *e, runner_logits_hook fn, void *user);

@@ -40,11 +40,19 @@ struct request {
     int num_pend, cap_pend;
 
     struct vllm_sampling_params sp; // arrays below owned
+    // Constrained decoding (vllm.h): the caller's callbacks, released with
+    // the request. The runner asks fill_mask for each row it samples; the
+    // engine feeds accept each sampled id in order, so the constraint's
+    // state always matches the output ids (preemption by recompute keeps
+    // them: nothing to replay).
+    struct vllm_constraint cons;
+    int has_cons;
     int32_t *stop_ids;
     char **stop_strs;
     uint64_t seed;
     int max_tokens; // clamped to what max_model_len leaves
     int delivered;  // output tokens streamed to the caller (tokens in flight are not)
+    int32_t stop_token; // the stop_token_ids entry that finished it; -1: none
 
     vllm_stream_fn cb;
     void *user;
@@ -57,6 +65,7 @@ struct request {
     int inflight;      // launched steps not yet postprocessed that schedule it
     int length_done;   // the tokens in flight already reach max_tokens / max_model_len
     double t_submit, t_first, t_last;
+    double t_sched; // the first admission (0 before)
     struct request *next; // waiting-queue link
 };
 

@@ -8,6 +8,12 @@
 // order while the budget, max_num_seqs, blocks and state slots allow, and not
 // in a step that had to preempt.
 //
+// The priority policy (vLLM's --scheduling-policy priority) keeps both the
+// waiting queue and the running set ordered by (priority, arrival), lower
+// first: admission takes the most urgent waiting request, and preempting the
+// last running one preempts the least urgent (the latest of the lowest
+// priority), which also has no entry in the step yet (it is scheduled last).
+//
 // Prefix caching: at admission a request takes the longest cached prefix it
 // can use (see lookup) and only the tokens after it are scheduled. What a
 // step computes is committed to the cache at the next schedule (or when the
@@ -48,24 +54,59 @@ int sched_blocks_for(const struct scheduler *s, int n) { return s->cfg.num_block
 
 int sched_has_work(const struct scheduler *s) { return s->num_running > 0 || s->wait_head != NULL; }
 
+// Whether a runs before b under the priority policy: (priority, arrival);
+// ids are given in submit order.
+static int more_urgent(const struct request *a, const struct request *b) {
+    return a->sp.priority != b->sp.priority ? a->sp.priority < b->sp.priority : a->id < b->id;
+}
+
+// Into the waiting queue at its place by (priority, arrival).
+static void insert_ordered(struct scheduler *s, struct request *r) {
+    struct request **pp = &s->wait_head;
+    while (*pp && !more_urgent(r, *pp)) pp = &(*pp)->next;
+    r->next = *pp;
+    *pp = r;
+    if (!r->next) s->wait_tail = r;
+    s->num_waiting++;
+}
+
 void sched_add(struct scheduler *s, struct request *r) {
     r->ckpt_hit = -1; // a request enters holding nothing
     r->restore = r->num_pend = r->num_committed = 0;
     r->num_cached = -1;
     r->state = REQ_WAITING;
     r->next = NULL;
+    if (s->cfg.priority) {
+        insert_ordered(s, r);
+        return;
+    }
     if (s->wait_tail) s->wait_tail->next = r;
     else s->wait_head = r;
     s->wait_tail = r;
     s->num_waiting++;
 }
 
+// A preempted request: first in FCFS, at its place by priority.
 static void push_front(struct scheduler *s, struct request *r) {
     r->state = REQ_WAITING;
+    if (s->cfg.priority) {
+        r->next = NULL;
+        insert_ordered(s, r);
+        return;
+    }
     r->next = s->wait_head;
     s->wait_head = r;
     if (!s->wait_tail) s->wait_tail = r;
     s->num_waiting++;
+}
+
+// Into the running set: at the end (admission order), or by priority.
+static void add_running(struct scheduler *s, struct request *r) {
+    int i = s->num_running;
+    while (s->cfg.priority && i > 0 && more_urgent(r, s->running[i - 1])) i--;
+    memmove(&s->running[i + 1], &s->running[i], sizeof(struct request *) * (s->num_running - i));
+    s->running[i] = r;
+    s->num_running++;
 }
 
 static void unlink_waiting(struct scheduler *s, struct request *r) {
@@ -287,7 +328,7 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
         if (s->cfg.num_slots) r->slot = id_pool_alloc(&s->slots);
         r->row = id_pool_alloc(&s->rows);
         r->state = REQ_RUNNING;
-        s->running[s->num_running++] = r;
+        add_running(s, r);
         add_entry(s, r, n, 1);
         budget -= n;
     }

@@ -35,6 +35,7 @@ struct sched_config {
     int prefix_caching;
     int num_ckpts;     // state checkpoints in the pool (with prefix caching and recurrent state)
     int ckpt_interval; // tokens between checkpoints: a multiple of block_size and of the SSD chunk
+    int priority;      // 1: order by (sp.priority, arrival), preempt the least urgent; 0: FCFS
 };
 
 // State checkpoints one step writes, at most.

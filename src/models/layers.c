@@ -28,7 +28,9 @@ struct block *lm_add_block(struct lm *m, enum blk_kind kind) {
     b->cache = -1;
     switch (kind) {
     case BLK_ATTN:
-    case BLK_MAMBA2: b->cache = m->num_caches++; break;
+    case BLK_MAMBA2:
+    case BLK_KDA:
+    case BLK_MLA: b->cache = m->num_caches++; break;
     case BLK_MLP:
     case BLK_MOE: break;
     }
@@ -119,6 +121,8 @@ static void fill_cache_spec(const struct lm *m, const struct block *b, struct la
         s->state_align = d->chunk_size;
         break;
     }
+    case BLK_KDA:
+    case BLK_MLA: kimi_cache_spec(b, s); break;
     case BLK_MLP:
     case BLK_MOE: break;
     }
@@ -153,6 +157,8 @@ static void plan_ws(struct lm *m) {
             w->wide = MAX(w->wide, b->m.proj_dim);
             w->mid = MAX(w->mid, (int64_t)b->m.d.heads * b->m.d.head_dim);
             break;
+        case BLK_KDA:
+        case BLK_MLA: kimi_plan_ws(b, w); break;
         }
     }
 }
@@ -216,6 +222,8 @@ static void fill_cost(struct lm *m) {
             c->experts = e->route.num_experts, c->top_k = e->route.top_k;
             break;
         }
+        case BLK_KDA:
+        case BLK_MLA: kimi_cost(b, c, &dense, &flops); break;
         }
         for (int k = 0; k < 4; k++)
             if (ws[k] && ws[k]->data) dense += wbytes(ws[k]), flops += 2.0 * ws[k]->rows * ws[k]->cols;
@@ -284,6 +292,8 @@ static void free_block(struct backend *be, struct block *b) {
         for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) be->ops->free(be, v[k]);
         break;
     }
+    case BLK_KDA:
+    case BLK_MLA: kimi_free_block(be, b); break;
     }
 }
 
@@ -335,6 +345,8 @@ static void block_fwd(struct lm *m, const struct block *blk, const struct batch 
         lm_tick(m, T_MLP);
         break;
     case BLK_MOE: moe_fwd(m, &blk->e, ws->x, ws->mix, T); break;
+    case BLK_KDA: kda_fwd(m, &blk->k, blk->cache, b, c, ws->x, ws->mix); break;
+    case BLK_MLA: mla_fwd(m, &blk->l, blk->cache, b, c, ws->x, ws->mix); break;
     }
     lm_all_reduce(m, ws->mix, (int64_t)T * m->hidden);
 }

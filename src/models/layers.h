@@ -90,7 +90,40 @@ struct mamba2_cfg {
     int norm_groups; // groups of the gated norm: n_groups (NemotronH), 1 (Mamba2: over all heads)
 };
 
-enum blk_kind { BLK_ATTN, BLK_MLP, BLK_MOE, BLK_MAMBA2 };
+// Kimi Delta Attention (Kimi-Linear's linear attention): q | k | v | beta
+// projections, short causal convs on q, k and v, a low-rank forget gate
+// (channel-wise decay) and output gate, the gated delta rule, a per-head
+// gated RMSNorm, o_proj.
+struct kda_cfg {
+    int heads, head_dim, conv_kernel, chunk_size;
+};
+struct kda_layer {
+    struct weight in_proj;            // [3HK + H, D]: q | k | v | b rows
+    struct weight f_a, f_b, g_a, g_b; // forget / output gate, low rank: [K, D], [HK, K]
+    struct weight o;                  // [D, HK]
+    float *conv_w;                    // [3HK, conv_kernel]: q | k | v channels
+    float *A_log, *dt_bias, *norm_w;  // [H], [HK], [K]
+    struct kda_dims d;
+    struct mamba_dims conv;           // the q | k | v conv as conv1d_fwd sees it (channels at column 0)
+};
+
+// Multi-head latent attention (Kimi-Linear's full attention, NoPE): the
+// cache holds the latent [R] and the shared key part [P] per token.
+struct mla_cfg {
+    int heads, nope, rope, v_dim, rank; // H, N, P, V, R
+    int q_lora;                         // 0: q_proj, else q_a_proj -> RMSNorm -> q_b_proj of this rank
+    float norm_eps;                     // of the latent norms (kv_a_layernorm, q_a_layernorm)
+};
+struct mla_layer {
+    struct weight q, q_a, q_b, kv_a, o; // q [H(N+P), D] or q_a [Q, D] + q_b [H(N+P), Q]; kv_a [R+P, D]; o [D, HV]
+    float *q_a_norm, *kv_a_norm;        // [Q], [R]
+    float *kv_b;                        // [H(N+V), R] fp32: head h's W_kb rows, then its W_vb rows
+    struct mla_dims d;
+    int q_lora;
+    float norm_eps;
+};
+
+enum blk_kind { BLK_ATTN, BLK_MLP, BLK_MOE, BLK_MAMBA2, BLK_KDA, BLK_MLA };
 struct block {
     enum blk_kind kind;
     float *norm_w; // pre-norm RMSNorm [D]
@@ -100,6 +133,8 @@ struct block {
         struct mlp_layer f;
         struct moe_layer e;
         struct mamba2_layer m;
+        struct kda_layer k;
+        struct mla_layer l;
     };
 };
 
@@ -168,6 +203,9 @@ int attn_load(struct lm *m, struct loader *l, const char *prefix, const struct a
 int mlp_load(struct lm *m, struct loader *l, const char *prefix, const struct mlp_cfg *c, struct mlp_layer *f);
 int moe_load(struct lm *m, struct loader *l, const char *prefix, const struct moe_cfg *c, struct moe_layer *e);
 int mamba2_load(struct lm *m, struct loader *l, const char *prefix, const struct mamba2_cfg *c, struct mamba2_layer *w);
+// Kimi-Linear's mixers (layers_kimi.c), split by heads over the ranks.
+int kda_load(struct lm *m, struct loader *l, const char *prefix, const struct kda_cfg *c, struct kda_layer *w);
+int mla_load(struct lm *m, struct loader *l, const char *prefix, const struct mla_cfg *c, struct mla_layer *w);
 
 // ------------------------------------------------------------- forward --
 
@@ -179,6 +217,15 @@ void mlp_fwd(struct lm *m, const struct mlp_layer *f, const float *x, float *out
 void moe_fwd(struct lm *m, const struct moe_layer *e, const float *x, float *out, int T);
 void mamba2_mixer_fwd(struct lm *m, const struct mamba2_layer *w, int cache, const struct batch *b, struct caches *c,
                       const float *x, float *out);
+void kda_fwd(struct lm *m, const struct kda_layer *w, int cache, const struct batch *b, struct caches *c,
+             const float *x, float *out);
+void mla_fwd(struct lm *m, const struct mla_layer *w, int cache, const struct batch *b, struct caches *c,
+             const float *x, float *out);
+// The Kimi blocks' parts of the spec, workspace plan, cost and free (layers.c's switches).
+void kimi_cache_spec(const struct block *b, struct layer_cache_spec *s);
+void kimi_plan_ws(const struct block *b, struct lm_ws *w);
+void kimi_cost(const struct block *b, struct model_cost *c, int64_t *dense, double *flops);
+void kimi_free_block(struct backend *be, struct block *b);
 // Sums the ranks' partial outputs of a split projection: x: [n] in place.
 void lm_all_reduce(struct lm *m, float *x, int64_t n);
 // Charges the device time since the last tick to part k (VLLM_DIAG=time).

@@ -3,7 +3,8 @@
 #include "core/json.h"
 #include "models/model.h"
 
-extern const struct model_ops nemotron_h_ops, qwen3_ops, qwen3_moe_ops, llama_ops, qwen2_ops, mamba2_ops;
+extern const struct model_ops nemotron_h_ops, qwen3_ops, qwen3_moe_ops, llama_ops, qwen2_ops, mamba2_ops,
+    kimi_linear_ops;
 
 #define ARCHS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -14,6 +15,7 @@ static const struct model_family registry[] = {
     {"llama", ARCHS("LlamaForCausalLM", "MistralForCausalLM"), &llama_ops},
     {"qwen2", ARCHS("Qwen2ForCausalLM"), &qwen2_ops},
     {"mamba2", ARCHS("Mamba2ForCausalLM"), &mamba2_ops},
+    {"kimi_linear", ARCHS("KimiLinearForCausalLM"), &kimi_linear_ops},
 };
 
 const struct model_family *model_families(int *n) {

@@ -32,10 +32,18 @@ struct step_slot {
     int32_t *pos;              // where each sampled id goes in its request's tokens
     struct request **sched;    // every request of the step
     struct request **admitted; // requests given a token-table row by this step
+    uint32_t *mask;            // [num, mask_words] allowed ids of each sampled row, when masked
     int num, num_sched, num_admitted, any_logprobs, fence;
+    // Some sampled row has a constraint: the launch queues gather and forward
+    // only; runner_sample, once the step before is postprocessed (its tokens
+    // advanced the constraints), queues the masks, mask_logits and sample.
+    int masked;
 };
 
 #define MAX_GRAPH_BATCH 256
+// Graphs by padded batch size, twice: without and with the token mask
+// (constrained decoding adds mask_logits before the sampler).
+#define NUM_GRAPHS (2 * (MAX_GRAPH_BATCH + 1))
 
 // One tensor-parallel rank (the only one without tensor parallelism).
 struct rank {
@@ -47,8 +55,9 @@ struct rank {
     int32_t *meta;       // device metadata, uploaded in one copy per step
     float *logits;       // device [logit rows, vocab]
     float *logits_all;   // device [max tokens, vocab] with the hook
+    uint32_t *mask;      // device [max_num_seqs, mask_words] token masks of a masked step
     struct sample_out dev_out;
-    void *graphs[MAX_GRAPH_BATCH + 1];
+    void *graphs[NUM_GRAPHS];
     int graph_epoch;
 };
 
@@ -58,6 +67,7 @@ struct launch {
     struct batch b; // device pointers of rank 0
     size_t meta_bytes;
     int pad, replay, record;
+    int gi; // graphs[] index: pad, or pad + MAX_GRAPH_BATCH + 1 when masked (those graphs stop before the sampler)
 };
 
 struct runner {
@@ -66,6 +76,7 @@ struct runner {
     struct team *team; // a thread per rank, rank 0 the caller's
     struct runner_config cfg;
     int vocab, max_blocks, pad_row, pad_slot;
+    int mask_words; // CDIV(vocab, 32)
     struct meta_layout lay;
     struct step_slot slots[RUNNER_INFLIGHT];
     int next_slot;
@@ -73,7 +84,7 @@ struct runner {
     struct launch job;
     // graphs of pure-decode steps, by padded batch size: seen once (run eagerly,
     // which sizes every buffer), then recorded and replayed (per rank)
-    unsigned char seen[MAX_GRAPH_BATCH + 1];
+    unsigned char seen[NUM_GRAPHS];
     int num_graphs;
     runner_logits_hook hook;
     void *hook_user;
@@ -134,6 +145,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
     r->rk = xcalloc(tp, sizeof *r->rk);
     r->cfg = *cfg;
     r->vocab = m[0]->spec.vocab_size;
+    r->mask_words = CDIV(r->vocab, 32);
     r->max_blocks = CDIV(cfg->max_model_len, cfg->block_size);
     r->pad_row = cfg->max_num_seqs;
     r->pad_slot = cfg->num_slots;
@@ -155,6 +167,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
         k->dev_out.top_ids = dev_alloc(k, sizeof(int32_t) * SP * mt, &rc, "top logprobs");
         k->dev_out.top_logprobs = dev_alloc(k, sizeof(float) * SP * mt, &rc, "top logprobs");
         k->dev_out.max_top = mt;
+        k->mask = dev_alloc(k, sizeof(uint32_t) * SP * r->mask_words, &rc, "token masks");
     }
     backend_bind(be[0]);
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
@@ -164,6 +177,7 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
         sl->lp = host_alloc(r, sizeof(float) * SP, &rc);
         sl->top_ids = host_alloc(r, sizeof(int32_t) * SP * mt, &rc);
         sl->top_lp = host_alloc(r, sizeof(float) * SP * mt, &rc);
+        sl->mask = host_alloc(r, sizeof(uint32_t) * SP * r->mask_words, &rc);
         sl->reqs = xcalloc(SP, sizeof(struct request *));
         sl->pos = xcalloc(SP, sizeof(int32_t));
         sl->sched = xcalloc(S, sizeof(struct request *));
@@ -184,7 +198,7 @@ static void free_graphs(struct runner *r) {
     for (int k = 0; k < r->tp && r->rk[k].be; k++) {
         struct rank *rk = &r->rk[k];
         backend_bind(rk->be);
-        for (int i = 0; i <= MAX_GRAPH_BATCH; i++) {
+        for (int i = 0; i < NUM_GRAPHS; i++) {
             if (rk->graphs[i]) rk->be->ops->graph_free(rk->be, rk->graphs[i]);
             rk->graphs[i] = NULL;
         }
@@ -201,7 +215,7 @@ static void free_rank(struct rank *k) {
     be->ops->sync(be);
     caches_release(be, &k->caches);
     void *dev[] = {k->table, k->input_ids, k->meta, k->logits, k->logits_all, k->dev_out.ids, k->dev_out.logprobs,
-                   k->dev_out.top_ids, k->dev_out.top_logprobs};
+                   k->dev_out.top_ids, k->dev_out.top_logprobs, k->mask};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
 }
 
@@ -212,7 +226,7 @@ void runner_free(struct runner *r) {
     struct backend *be = r->rk[0].be;
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
         struct step_slot *sl = &r->slots[k];
-        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp};
+        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp, sl->mask};
         for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
             if (h[i]) be->ops->host_free(be, h[i]);
         free(sl->reqs);
@@ -410,13 +424,28 @@ static void run_hook(struct runner *r, struct rank *k, const struct batch *b) {
     op->gather_rows(k->be, k->logits, k->logits_all, b->sample_rows, b->num_sample, V);
 }
 
-// gather input ids, forward, sample: the part of a step a graph records
+// gather input ids, forward, sample (not in a masked step: runner_sample):
+// the part of a step a graph records
 static void run_step(struct runner *r, struct rank *k, const struct batch *b) {
     const struct backend_ops *op = k->be->ops;
     op->gather_ids(k->be, b->input_ids, k->table, b->token_src, b->num_tokens);
     k->model->ops->forward(k->model, b, &k->caches, r->hook ? k->logits_all : k->logits, r->hook != NULL);
     if (r->hook) run_hook(r, k, b);
-    if (b->num_sample) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
+    if (b->num_sample && !r->job.sl->masked) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
+}
+
+// Rank 0 queues the copies of the sampled ids (and log-probs) back.
+static void queue_readback(struct rank *k, struct step_slot *sl, int ns) {
+    struct backend *be = k->be;
+    const struct backend_ops *op = be->ops;
+    int mt = k->dev_out.max_top;
+    if (ns) op->download_async(be, sl->ids, k->dev_out.ids, sizeof(int32_t) * ns);
+    if (sl->any_logprobs) {
+        op->download_async(be, sl->lp, k->dev_out.logprobs, sizeof(float) * ns);
+        op->download_async(be, sl->top_ids, k->dev_out.top_ids, sizeof(int32_t) * ns * mt);
+        op->download_async(be, sl->top_lp, k->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    }
+    sl->fence = op->fence(be);
 }
 
 // The padded batch size a pure-decode step replays a graph of, or 0.
@@ -449,24 +478,70 @@ static void launch_rank(void *ctx, int rank) {
     op->upload(be, k->meta, sl->staging, j->meta_bytes); // the step's metadata, one copy
     struct batch b = j->b;
     point_batch(r, k, &b);
-    if (j->replay) op->graph_launch(be, k->graphs[j->pad]);
+    if (j->replay) op->graph_launch(be, k->graphs[j->gi]);
     else if (j->record) {
         op->graph_begin(be);
         run_step(r, k, &b);
-        k->graphs[j->pad] = op->graph_end(be);
-        op->graph_launch(be, k->graphs[j->pad]);
+        k->graphs[j->gi] = op->graph_end(be);
+        op->graph_launch(be, k->graphs[j->gi]);
     } else {
         run_step(r, k, &b);
     }
-    if (rank) return;
-    int ns = b.num_sample, mt = k->dev_out.max_top;
-    if (ns) op->download_async(be, sl->ids, k->dev_out.ids, sizeof(int32_t) * ns);
-    if (sl->any_logprobs) {
-        op->download_async(be, sl->lp, k->dev_out.logprobs, sizeof(float) * ns);
-        op->download_async(be, sl->top_ids, k->dev_out.top_ids, sizeof(int32_t) * ns * mt);
-        op->download_async(be, sl->top_lp, k->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    if (!rank && !sl->masked) queue_readback(k, sl, b.num_sample);
+}
+
+// Rank k's part of runner_sample: the masks up, then mask_logits and sample
+// behind the forward already queued.
+static void sample_rank(void *ctx, int rank) {
+    struct runner *r = ctx;
+    const struct launch *j = &r->job;
+    struct step_slot *sl = j->sl;
+    struct rank *k = &r->rk[rank];
+    struct backend *be = k->be;
+    const struct backend_ops *op = be->ops;
+    backend_bind(be);
+    struct batch b = j->b;
+    point_batch(r, k, &b);
+    op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)b.num_sample * r->mask_words);
+    op->mask_logits(be, k->logits, b.num_sample, r->vocab, k->mask);
+    op->sample(be, k->logits, r->vocab, k->table, &b, &k->dev_out);
+    if (!rank) queue_readback(k, sl, b.num_sample);
+}
+
+
+// Whether a row this step samples has a constraint (a request samples when
+// the step computes its last known token).
+static int any_constrained(const struct sched_output *so) {
+    for (int i = 0; i < so->num_entries; i++) {
+        const struct request *q = so->entries[i].req;
+        if (q->has_cons && q->num_computed + so->entries[i].num_tokens == q->num_tokens) return 1;
     }
-    sl->fence = op->fence(be);
+    return 0;
+}
+
+// The masks of the sampled rows, on the host: the constraint's for a
+// constrained request, every id for the others.
+// rows: the batch's sampled rows, graph padding included (padding rows
+// allow every id: their samples go nowhere).
+static void fill_masks(struct runner *r, struct step_slot *sl, int rows) {
+    size_t W = (size_t)r->mask_words;
+    for (int i = 0; i < rows; i++) {
+        uint32_t *row = sl->mask + i * W;
+        const struct request *q = i < sl->num ? sl->reqs[i] : NULL;
+        int c = q && q->has_cons;
+        memset(row, c ? 0 : 0xff, sizeof(uint32_t) * W);
+        if (c) q->cons.fill_mask(q->cons.user, row, (int)W);
+    }
+}
+
+int runner_needs_sample(const struct runner *r, int step) { return r->slots[step].masked; }
+
+void runner_sample(struct runner *r, int step) {
+    struct step_slot *sl = &r->slots[step];
+    if (!sl->masked || r->job.sl != sl) return; // the last launch only: its batch is r->job's
+    fill_masks(r, sl, r->job.b.num_sample);
+    team_run(r->team, sample_rank, r);
+    backend_bind(r->rk[0].be);
 }
 
 int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
@@ -482,21 +557,23 @@ int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
         sl->sched[i] = e->req;
     }
     sl->num_sched = so->num_entries;
+    sl->masked = any_constrained(so);
     int pad = graph_size(r, so);
     for (int k = 0; pad && k < r->tp; k++)
         if (r->rk[k].graph_epoch != r->rk[k].be->graph_epoch) free_graphs(r); // recorded buffers moved
     struct launch *j = &r->job;
     j->sl = sl;
     j->pad = pad;
-    j->replay = pad && r->rk[0].graphs[pad];
-    j->record = pad && !j->replay && r->seen[pad]; // second time at this size: record, then replay
+    j->gi = pad + (sl->masked ? MAX_GRAPH_BATCH + 1 : 0);
+    j->replay = pad && r->rk[0].graphs[j->gi];
+    j->record = pad && !j->replay && r->seen[j->gi]; // second time at this size: record, then replay
     build_batch(r, so, sl, pad, &j->b);
     j->meta_bytes = sizeof(int32_t) * (r->lay.sparams + (size_t)j->b.num_sample * (sizeof(struct sample_params) / 4));
     sl->any_logprobs = 0;
     for (int i = 0; i < sl->num; i++) sl->any_logprobs |= j->b.h_sample_params[i].num_logprobs >= 0;
     if (diag_on("1")) diag_batch(r, so, &j->b, pad > 0);
     team_run(r->team, launch_rank, r);
-    if (pad && !j->replay) r->seen[pad] = 1;
+    if (pad && !j->replay) r->seen[j->gi] = 1;
     r->num_graphs += j->record;
     r->steps++;
     *step = s;

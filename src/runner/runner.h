@@ -55,6 +55,14 @@ int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes);
 // sample (replayed from a graph for pure-decode batches), and the sampled ids
 // copied back without waiting. Returns the step's handle in *step.
 int runner_launch(struct runner *r, const struct sched_output *so, int *step);
+// A step with a constrained row (request.has_cons) is launched without its
+// sampler: the forward runs on the device while the host postprocesses the
+// step before, whose tokens the constraints must see first; then
+// runner_sample fills the masks and queues mask_logits and the sampler (and
+// the copies back). Call it for the last launched step only, before
+// runner_wait on it.
+int runner_needs_sample(const struct runner *r, int step);
+void runner_sample(struct runner *r, int step);
 // Waits for a launched step; *out is valid until that handle is launched again.
 void runner_wait(struct runner *r, int step, struct step_out *out);
 void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user);

@@ -57,6 +57,9 @@ static void events_append(struct gen_events *ev, const struct vllm_output *o, in
         ev->done = 1;
         ev->reason = o->finish_reason;
         ev->status = o->status;
+        free(ev->stop_str);
+        ev->stop_str = o->stop_str ? xstrdup(o->stop_str) : NULL;
+        ev->stop_token = o->stop_token_id;
         snprintf(ev->error, sizeof ev->error, "%s", o->error ? o->error : "");
     }
 }
@@ -78,8 +81,11 @@ void gen_on_output(void *user, const struct vllm_output *o) {
         else hist_observe(&s->m.itl, now - g->t_last);
         g->t_last = now;
     }
+    if (o->finish_reason == VLLM_FINISH_ERROR && (o->status == VLLM_ERR_BACKEND || o->status == VLLM_ERR_INTERNAL))
+        s->fatal = 1; // the device or the engine broke: /health says so
     if (o->finish_reason != VLLM_FINISH_NONE) {
         if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - g->t_arrival);
+        if (o->finish_reason != VLLM_FINISH_ABORT && o->finish_reason != VLLM_FINISH_ERROR) metrics_finished(&s->m, g, o);
         s->m.finished[finish_index(o->finish_reason)]++;
     }
     if (!g->queued) {
@@ -98,7 +104,7 @@ void gen_on_output(void *user, const struct vllm_output *o) {
 
 static void events_free(struct gen_events *ev) {
     if (!ev) return;
-    free(ev->text), free(ev->ids), free(ev->lp), free(ev->top_ids), free(ev->top_lp);
+    free(ev->text), free(ev->stop_str), free(ev->ids), free(ev->lp), free(ev->top_ids), free(ev->top_lp);
     free(ev);
 }
 
@@ -178,6 +184,14 @@ static void set_streaming(struct gen *g, int on) {
 
 static const char *finish_string(vllm_finish_reason r) {
     return r == VLLM_FINISH_LENGTH ? "length" : r == VLLM_FINISH_ABORT ? "abort" : "stop";
+}
+
+// vLLM's stop_reason: the stop string or stop token id that finished the
+// request; null for EOS, a length limit, or a request still running.
+static json_t *stop_reason_json(const struct gen_events *ev) {
+    if (!ev->done || ev->reason != VLLM_FINISH_STOP) return json_null();
+    if (ev->stop_str) return json_text(ev->stop_str, strlen(ev->stop_str));
+    return ev->stop_token >= 0 ? json_integer(ev->stop_token) : json_null();
 }
 
 static json_t *ids_json(const int32_t *ids, int n) {
@@ -283,7 +297,8 @@ static void stream_start(struct gen *g) {
     int one = 1;
     evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (g->p.kind == API_CHAT) {
+    if (g->p.kind == API_RESPONSES) responses_stream_start(g);
+    else if (g->p.kind == API_CHAT) {
         json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role", "assistant", "content", "",
                                    "logprobs", "finish_reason");
         sse_send(g, stream_chunk(g, choice));
@@ -291,11 +306,26 @@ static void stream_start(struct gen *g) {
 }
 
 static void stream_events(struct gen *g, const struct gen_events *ev) {
+    if (g->p.kind == API_RESPONSES) {
+        responses_stream_events(g, ev);
+        return;
+    }
     int failed = ev->done && (ev->reason == VLLM_FINISH_ABORT || ev->reason == VLLM_FINISH_ERROR);
     int fin = ev->done && !failed, tokens = ev->n && (g->p.logprobs >= 0 || g->p.return_token_ids);
     if (!ev->text_len && !tokens && !fin) return;
     json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(ev->text ? ev->text : "", ev->text_len);
-    if (g->p.kind == API_CHAT) {
+    const char *fin_reason = fin ? finish_string(ev->reason) : NULL;
+    if (g->p.kind == API_CHAT && guided_parses(g->p.guided)) { // reasoning / tool calls: the parsers' deltas
+        json_t *delta = json_object();
+        int any = guided_delta(g->p.guided, ev->text, ev->text_len, fin, delta);
+        json_object_set_new(choice, "delta", delta);
+        json_decref(text);
+        if (fin && guided_stream_finish(g->p.guided, ev->reason)) fin_reason = guided_stream_finish(g->p.guided, ev->reason);
+        if (!any && !tokens && !fin) {
+            json_decref(choice);
+            return;
+        }
+    } else if (g->p.kind == API_CHAT) {
         json_t *delta = json_object(); // the finish chunk's delta is {}
         if (ev->text_len || !fin) json_object_set(delta, "content", text);
         json_object_set_new(choice, "delta", delta);
@@ -306,8 +336,8 @@ static void stream_events(struct gen *g, const struct gen_events *ev) {
     json_t *lp = json_null();
     if (g->p.logprobs >= 0 && ev->n) append_logprobs(g, lp = logprobs_new(g), ev);
     json_object_set_new(choice, "logprobs", lp);
-    json_object_set_new(choice, "finish_reason", fin ? json_string(finish_string(ev->reason)) : json_null());
-    if (g->p.kind == API_COMPLETION) json_object_set_new(choice, "stop_reason", json_null());
+    json_object_set_new(choice, "finish_reason", fin ? json_string(fin_reason) : json_null());
+    json_object_set_new(choice, "stop_reason", stop_reason_json(ev));
     if (g->p.return_token_ids) json_object_set_new(choice, "token_ids", ids_json(ev->ids, ev->n));
     sse_send(g, stream_chunk(g, choice));
 }
@@ -318,16 +348,20 @@ static void stream_finish(struct gen *g, const struct gen_events *ev) {
         api_fail(&err, ev->reason == VLLM_FINISH_ABORT ? 503 : api_status_of(ev->status), NULL, "%s",
                  ev->reason == VLLM_FINISH_ABORT ? "the request was aborted: the server is shutting down" : ev->error);
         sse_send(g, api_error_json(&err));
+    } else if (g->p.kind == API_RESPONSES) {
+        responses_stream_done(g, ev);
     } else if (g->p.include_usage) {
         json_t *c = response_base(g, g->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(c, "choices", json_array());
         json_object_set_new(c, "usage", usage_json(ev));
         sse_send(g, c);
     }
-    struct evbuffer *buf = evbuffer_new();
-    evbuffer_add_printf(buf, "data: [DONE]\n\n");
-    evhttp_send_reply_chunk(g->req, buf);
-    evbuffer_free(buf);
+    if (g->p.kind != API_RESPONSES) { // the Responses API ends with its last event
+        struct evbuffer *buf = evbuffer_new();
+        evbuffer_add_printf(buf, "data: [DONE]\n\n");
+        evhttp_send_reply_chunk(g->req, buf);
+        evbuffer_free(buf);
+    }
     set_streaming(g, 0);
     struct evhttp_request *req = gen_detach(g);
     server_track_reply(g->srv, req);
@@ -365,15 +399,29 @@ static void reply_final(struct gen *g, const struct gen_events *ev) {
         send_error(g->srv, req, &err);
         return;
     }
+    if (g->p.kind == API_RESPONSES) {
+        send_json(g->srv, req, 200, responses_final(g, ev));
+        return;
+    }
     int chat = g->p.kind == API_CHAT;
     json_t *r = response_base(g, chat ? "chat.completion" : "text_completion");
     json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(g->text ? g->text : "", g->text_len);
-    if (chat) json_object_set_new(choice, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
-    else json_object_set_new(choice, "text", text);
+    const char *fin = finish_string(ev->reason);
+    if (chat && guided_parses(g->p.guided)) { // reasoning_content / tool_calls (guided.c)
+        json_t *msg = json_pack("{s:s}", "role", "assistant");
+        const char *f = guided_message(g->p.guided, g->text ? g->text : "", g->text_len, ev->reason, msg);
+        if (f) fin = f;
+        json_object_set_new(choice, "message", msg);
+        json_decref(text);
+    } else if (chat) {
+        json_object_set_new(choice, "message", json_pack("{s:s,s:o}", "role", "assistant", "content", text));
+    } else {
+        json_object_set_new(choice, "text", text);
+    }
     if (g->p.logprobs >= 0 && !g->logprobs) g->logprobs = logprobs_new(g);
     json_object_set(choice, "logprobs", g->logprobs ? g->logprobs : json_null());
-    json_object_set_new(choice, "finish_reason", json_string(finish_string(ev->reason)));
-    if (!chat) json_object_set_new(choice, "stop_reason", json_null());
+    json_object_set_new(choice, "finish_reason", json_string(fin));
+    json_object_set_new(choice, "stop_reason", stop_reason_json(ev));
     if (g->p.return_token_ids) {
         json_object_set_new(chat ? r : choice, "prompt_token_ids", ids_json(g->p.prompt_ids, g->p.num_prompt));
         json_object_set_new(choice, "token_ids", ids_json(g->ids, g->num_ids));
@@ -423,7 +471,7 @@ void gen_handle_ready(struct server *s) {
 // The field an engine message is about ("temperature must be ..."), if any.
 static const char *param_of(const char *msg) {
     static const char *const names[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                                        "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", NULL};
+                                        "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "priority", NULL};
     for (int i = 0; names[i]; i++) {
         size_t n = strlen(names[i]);
         if (!strncmp(msg, names[i], n) && msg[n] == ' ') return names[i];
@@ -438,7 +486,10 @@ void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *
     memset(gp, 0, sizeof *gp);
     g->pend = xcalloc(1, sizeof *g->pend);
     g->work = xcalloc(1, sizeof *g->work);
-    server_new_id(s, g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-", g->id, sizeof g->id);
+    const char *prefix = g->p.kind == API_RESPONSES ? "resp_" : g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-";
+    if (g->p.request_id) snprintf(g->id, sizeof g->id, "%s%s", prefix, g->p.request_id);
+    else server_new_id(s, prefix, g->id, sizeof g->id);
+    if (g->p.kind == API_RESPONSES) server_new_id(s, "msg_", g->msg_id, sizeof g->msg_id);
     g->created = (long long)time(NULL);
     g->t_arrival = now_s();
     g->next = s->live;
@@ -449,7 +500,10 @@ void gen_start(struct server *s, struct evhttp_request *req, struct gen_params *
     vllm_prompt_default(&pr);
     pr.token_ids = g->p.prompt_ids;
     pr.num_token_ids = g->p.num_prompt;
+    struct vllm_constraint cons;
+    if (guided_constraint(g->p.guided, &cons)) g->p.sp.constraint = &cons; // the engine takes it over
     int rc = vllm_submit(s->engine, &pr, &g->p.sp, gen_on_output, g, &g->vreq);
+    g->p.sp.constraint = NULL; // copied by vllm_submit
     if (rc) {
         struct api_error err = {0};
         const char *msg = vllm_last_error();

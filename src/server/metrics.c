@@ -12,6 +12,10 @@ static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.0
                                     0.4,   0.5,    0.75,  1.0,  2.5,   5.0,  7.5,   10,  20,   40,  80};
 static const double e2e_bounds[] = {0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0,  2.5,  5.0,  10,  15,
                                     20,   30,   40,  50,  60,  120, 240, 480, 960, 1920, 7680};
+static const double req_bounds[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+                                    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+static const double tpot_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                     0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
 #define NB(a) ((int)(sizeof(a) / sizeof(a[0])))
 
 void hist_init(struct hist *h, const double *bounds, int n) {
@@ -33,6 +37,40 @@ void metrics_init(struct metrics *m) {
     hist_init(&m->ttft, ttft_bounds, NB(ttft_bounds));
     hist_init(&m->itl, itl_bounds, NB(itl_bounds));
     hist_init(&m->e2e, e2e_bounds, NB(e2e_bounds));
+    hist_init(&m->queue, req_bounds, NB(req_bounds));
+    hist_init(&m->prefill, req_bounds, NB(req_bounds));
+    hist_init(&m->decode, req_bounds, NB(req_bounds));
+    hist_init(&m->inference, req_bounds, NB(req_bounds));
+    hist_init(&m->tpot, tpot_bounds, NB(tpot_bounds));
+    metrics_init_tokens(m, 1);
+}
+
+// vLLM's build_1_2_5_buckets(max_model_len).
+void metrics_init_tokens(struct metrics *m, int max_model_len) {
+    int n = 0;
+    for (double p = 1; n < 30; p *= 10) {
+        static const int mant[] = {1, 2, 5};
+        for (int k = 0; k < 3 && n < 30 && mant[k] * p <= max_model_len; k++) m->token_bounds[n++] = mant[k] * p;
+        if (p * 10 > max_model_len) break;
+    }
+    hist_init(&m->prompt_tokens, m->token_bounds, n);
+    hist_init(&m->generation_tokens, m->token_bounds, n);
+    hist_init(&m->max_generation_tokens, m->token_bounds, n);
+    hist_init(&m->max_tokens_param, m->token_bounds, n);
+}
+
+void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o) {
+    hist_observe(&m->prompt_tokens, o->num_prompt_tokens);
+    hist_observe(&m->generation_tokens, g->num_output);
+    hist_observe(&m->max_generation_tokens, g->num_output); // one sequence per request: its own count
+    hist_observe(&m->max_tokens_param, g->p.sp.max_tokens);
+    if (o->queue_s > 0) hist_observe(&m->queue, o->queue_s);
+    if (g->t_first == 0) return; // no token: no prefill or decode phase to time
+    double prefill = MAX(o->ttft_s - o->queue_s, 0), decode = g->t_last - g->t_first;
+    hist_observe(&m->prefill, prefill);
+    hist_observe(&m->decode, decode);
+    hist_observe(&m->inference, prefill + decode);
+    if (g->num_output > 1) hist_observe(&m->tpot, decode / (g->num_output - 1));
 }
 
 // The model name as a label value: \, " and newlines escaped.
@@ -121,4 +159,30 @@ void metrics_render(struct server *s, struct evbuffer *b) {
     histogram(b, model, "vllm:time_to_first_token_seconds", "Time from the HTTP request to its first token.", &m.ttft);
     histogram(b, model, "vllm:inter_token_latency_seconds", "Time between successive tokens of a request.", &m.itl);
     histogram(b, model, "vllm:e2e_request_latency_seconds", "Time from the HTTP request to its last token.", &m.e2e);
+    histogram(b, model, "vllm:request_queue_time_seconds", "Time from submit to the first admission.", &m.queue);
+    histogram(b, model, "vllm:request_prefill_time_seconds", "Time from the first admission to the first token.",
+              &m.prefill);
+    histogram(b, model, "vllm:request_decode_time_seconds", "Time from the first token to the last.", &m.decode);
+    histogram(b, model, "vllm:request_inference_time_seconds", "Time from the first admission to the last token.",
+              &m.inference);
+    histogram(b, model, "vllm:request_time_per_output_token_seconds", "Mean time per output token of a request.",
+              &m.tpot);
+    histogram(b, model, "vllm:request_prompt_tokens", "Prompt tokens of a finished request.", &m.prompt_tokens);
+    histogram(b, model, "vllm:request_generation_tokens", "Generated tokens of a finished request.",
+              &m.generation_tokens);
+    histogram(b, model, "vllm:request_max_num_generation_tokens", "Generated tokens of a request's longest sequence.",
+              &m.max_generation_tokens);
+    histogram(b, model, "vllm:request_params_max_tokens", "The max_tokens of a finished request.", &m.max_tokens_param);
+    struct hist it;
+    static const double it_bounds[VLLM_NUM_ITERATION_BOUNDS] = VLLM_ITERATION_TOKEN_BOUNDS;
+    hist_init(&it, it_bounds, VLLM_NUM_ITERATION_BOUNDS);
+    for (int k = 0; k <= VLLM_NUM_ITERATION_BOUNDS; k++) it.counts[k] = st.iteration_tokens[k], it.count += it.counts[k];
+    it.sum = (double)st.iteration_tokens_sum;
+    histogram(b, model, "vllm:iteration_tokens_total", "Tokens scheduled per engine step.", &it);
+    evbuffer_add_printf(b, "# HELP vllm:cache_config_info The KV cache's configuration.\n"
+                           "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info");
+    label(b, model);
+    evbuffer_add_printf(b, ",block_size=\"%d\",num_gpu_blocks=\"%d\",enable_prefix_caching=\"%s\",num_state_slots=\"%d\"} 1\n",
+                        s->info.block_size, s->info.num_kv_blocks, s->info.prefix_caching ? "True" : "False",
+                        s->info.num_state_slots);
 }

@@ -58,6 +58,8 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
     if (!m) return 0;
     if (!json_is_string(m)) return api_fail(err, 400, "model", "'model' must be a string");
     const char *name = json_string_value(m);
+    for (int i = 0; i < s->cfg.num_model_aliases; i++)
+        if (!strcmp(name, s->cfg.model_aliases[i])) return 0;
     if (strcmp(name, s->cfg.served_model_name) && (!*s->cfg.model_path || strcmp(name, s->cfg.model_path)))
         return api_fail(err, 404, "model", "The model `%.200s` does not exist.", json_string_value(m));
     return 0;
@@ -65,8 +67,7 @@ int check_model(struct server *s, const json_t *body, struct api_error *err) {
 
 // Fields that vLLM honours and vllm.c does not: a 400, never a silent ignore.
 static int check_unsupported(const json_t *body, struct api_error *err) {
-    static const char *const never[] = {"suffix", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                        "structured_outputs", NULL};
+    static const char *const never[] = {"suffix", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i])) return api_fail(err, 400, never[i], "'%s' is not supported", never[i]);
     long long n = 1, best_of = 1;
@@ -83,11 +84,7 @@ static int check_unsupported(const json_t *body, struct api_error *err) {
     json_t *lb = field(body, "logit_bias");
     if (lb && (!json_is_object(lb) || json_object_size(lb)))
         return api_fail(err, 400, "logit_bias", "'logit_bias' is not supported");
-    json_t *rf = field(body, "response_format");
-    if (rf && (!json_is_object(rf) || !json_is_string(json_object_get(rf, "type")) ||
-               strcmp(json_string_value(json_object_get(rf, "type")), "text")))
-        return api_fail(err, 400, "response_format", "only the 'text' response_format is supported");
-    return 0;
+    return 0; // response_format, structured_outputs, guided_*: guided.c
 }
 
 static int get_stop(const json_t *body, struct gen_params *gp, struct api_error *err) {
@@ -234,8 +231,9 @@ static json_t *message_content(const json_t *c, size_t i, struct api_error *err)
 
 // "tools" and "tool_choice" against OpenAI's schema: a list of
 // {"type": "function", "function": {"name", "description"?, "parameters"?,
-// "strict"?}}, and "none" | "auto" (what vllm.c honours: "required" and a
-// named function need guided decoding, which it does not have).
+// "strict"?}}, and "none" | "auto" | "required" | {"type": "function",
+// "function": {"name"}} (guided.c constrains the last two by the tools'
+// grammar).
 static int check_tools(const json_t *body, struct api_error *err) {
     json_t *tools = field(body, "tools"), *choice = field(body, "tool_choice"), *t;
     int par = 0;
@@ -265,18 +263,19 @@ static int check_tools(const json_t *body, struct api_error *err) {
     }
     if (!choice) return 0;
     const char *c = json_string_value(choice);
+    if (!json_array_size(tools) && !(c && !strcmp(c, "none")))
+        return api_fail(err, 400, "tool_choice", "When using `tool_choice`, `tools` must be set.");
     if (c && (!strcmp(c, "none") || !strcmp(c, "auto"))) return 0;
-    if (c && !strcmp(c, "required"))
-        return api_fail(err, 400, "tool_choice", "'tool_choice': \"required\" is not supported (it needs guided decoding)");
+    if (c && !strcmp(c, "required")) return 0; // constrained by the tools' grammar (guided.c)
     if (json_is_object(choice)) {
         json_t *type = json_object_get(choice, "type"), *fn = json_object_get(choice, "function");
         if (!json_is_string(type) || strcmp(json_string_value(type), "function") || !json_is_object(fn) ||
             !json_is_string(json_object_get(fn, "name")))
             return api_fail(err, 400, "tool_choice",
-                            "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
-        return api_fail(err, 400, "tool_choice", "a named 'tool_choice' is not supported (it needs guided decoding)");
+                            "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return 0; // guided.c checks the name against tools
     }
-    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\" or {\"type\": \"function\", ...}");
+    return api_fail(err, 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}");
 }
 
 // Names the server sets in the template's variables: chat_template_kwargs
@@ -325,16 +324,23 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
         return NULL;
     }
     if (kw) json_object_update(req, kw);
+    if (fields_documents(body, req, err)) {
+        json_decref(req);
+        return NULL;
+    }
     json_object_set_new(req, "add_generation_prompt", json_boolean(gen_prompt && !cont));
     json_object_set_new(req, "continue_final_message", json_boolean(cont));
     if (tools) json_object_set(req, "tools", tools);
+    json_t *effort = field(body, "reasoning_effort"); // a template variable (gpt-oss's); guided.c checks it
+    if (json_is_string(effort)) json_object_set(req, "reasoning_effort", effort);
     return req;
 }
 
 static int chat_prompt(struct server *s, const json_t *body, int32_t **ids, int *n, struct api_error *err) {
     int add_special = 0; // the template writes BOS itself
-    if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
-    if (!s->info.has_chat_template)
+    const char *tmpl;
+    if (get_bool(body, "add_special_tokens", &add_special, err) || fields_chat_template(s, body, &tmpl, err)) return -1;
+    if (!s->info.has_chat_template && !tmpl)
         return api_fail(err, 400, "messages", "the model has no chat template (tokenizer_config.json chat_template)");
     size_t text_bytes;
     json_t *req = chat_template_input(body, &text_bytes, err);
@@ -342,7 +348,7 @@ static int chat_prompt(struct server *s, const json_t *body, int32_t **ids, int 
     if (check_text_len(s, text_bytes, "messages", err)) return json_decref(req), -1;
     char *js = json_dumps(req, JSON_COMPACT), *text = NULL;
     json_decref(req);
-    int rc = vllm_apply_chat_template(s->engine, js, &text);
+    int rc = vllm_apply_chat_template_source(s->engine, tmpl, js, &text);
     free(js);
     if (rc) return api_fail(err, 400, "messages", "applying the chat template: %s", vllm_last_error());
     rc = check_text_len(s, strlen(text), "messages", err) ||
@@ -379,6 +385,7 @@ static int get_max_tokens(struct server *s, const json_t *body, struct gen_param
                         "the %s, %d in the completion). Please reduce the length of the %s or completion.",
                         mml, (long long)n + mt, n, what, mt, what);
     gp->sp.max_tokens = mt > 0 ? mt : gp->kind == API_CHAT ? mml - n : MIN(16, mml - n);
+    if (gp->max_new_tokens) gp->sp.max_tokens = MIN(gp->sp.max_tokens, gp->max_new_tokens); // as vLLM: the least
     if (gp->sp.min_tokens > gp->sp.max_tokens)
         return api_fail(err, 400, "min_tokens", "'min_tokens' (%d) is larger than max_tokens (%d)", gp->sp.min_tokens,
                         gp->sp.max_tokens);
@@ -408,12 +415,15 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
     memset(gp, 0, sizeof *gp);
     gp->kind = kind;
     vllm_sampling_params_default(&gp->sp);
-    int rc = check_unsupported(body, err) || get_sampling(s, body, gp, err) || get_stream(body, gp, err) ||
-             get_logprobs(body, gp, err);
+    fields_defaults(s, gp);
+    int rc = check_unsupported(body, err) || fields_parse(s, body, gp, err) || get_sampling(s, body, gp, err) ||
+             get_stream(body, gp, err) || get_logprobs(body, gp, err);
     if (!rc) rc = kind == API_CHAT ? chat_prompt(s, body, &gp->prompt_ids, &gp->num_prompt, err)
                                    : completion_prompt(s, body, gp, err);
+    if (!rc) fields_truncate(gp);
     if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
     if (!rc) rc = get_max_tokens(s, body, gp, err);
+    if (!rc) rc = guided_parse(s, kind, body, gp, err);
     if (rc) gen_params_free(gp);
     return rc ? -1 : 0;
 }
@@ -423,6 +433,8 @@ void gen_params_free(struct gen_params *gp) {
     free(gp->stop);
     free(gp->stop_ids);
     free(gp->prompt_ids);
+    fields_free(gp);
+    guided_req_free(gp->guided);
     memset(gp, 0, sizeof *gp);
 }
 

@@ -209,18 +209,25 @@ static int authorized(struct server *s, struct evhttp_request *req) {
     return key_matches(s->cfg.api_key, h);
 }
 
-static void handle_models(struct server *s, struct evhttp_request *req) {
+static json_t *model_card(struct server *s, const char *name) {
     json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->cfg.served_model_name));
+    json_object_set_new(m, "id", json_string(name));
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->start_time));
     json_object_set_new(m, "owned_by", json_string("vllm"));
     json_object_set_new(m, "root", json_text(s->cfg.model_path, strlen(s->cfg.model_path)));
     json_object_set_new(m, "parent", json_null());
     json_object_set_new(m, "max_model_len", json_integer(s->info.max_model_len));
-    json_t *list = json_object();
+    return m;
+}
+
+// One card per served name (--served-model-name A B ...), as vLLM lists them.
+static void handle_models(struct server *s, struct evhttp_request *req) {
+    json_t *list = json_object(), *data = json_array();
+    json_array_append_new(data, model_card(s, s->cfg.served_model_name));
+    for (int i = 0; i < s->cfg.num_model_aliases; i++) json_array_append_new(data, model_card(s, s->cfg.model_aliases[i]));
     json_object_set_new(list, "object", json_string("list"));
-    json_object_set_new(list, "data", json_pack("[o]", m));
+    json_object_set_new(list, "data", data);
     send_json(s, req, 200, list);
 }
 
@@ -242,13 +249,17 @@ static void handle_plain(struct server *s, struct evhttp_request *req, const cha
     evbuffer_free(buf);
 }
 
-enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS, R_NONE };
+enum route {
+    R_COMPLETIONS, R_CHAT, R_RESPONSES, R_MODELS, R_HEALTH, R_PING, R_VERSION, R_TOKENIZE, R_DETOKENIZE, R_METRICS,
+    R_LOAD, R_NONE
+};
 static const struct {
     const char *path;
     enum evhttp_cmd_type method;
 } routes[R_NONE] = {
     [R_COMPLETIONS] = {"/v1/completions", EVHTTP_REQ_POST},
     [R_CHAT] = {"/v1/chat/completions", EVHTTP_REQ_POST},
+    [R_RESPONSES] = {"/v1/responses", EVHTTP_REQ_POST},
     [R_MODELS] = {"/v1/models", EVHTTP_REQ_GET},
     [R_HEALTH] = {"/health", EVHTTP_REQ_GET},
     [R_PING] = {"/ping", EVHTTP_REQ_GET},
@@ -256,7 +267,28 @@ static const struct {
     [R_TOKENIZE] = {"/tokenize", EVHTTP_REQ_POST},
     [R_DETOKENIZE] = {"/detokenize", EVHTTP_REQ_POST},
     [R_METRICS] = {"/metrics", EVHTTP_REQ_GET},
+    [R_LOAD] = {"/load", EVHTTP_REQ_GET},
 };
+
+// Routes that answer while the model loads (the others are 503 then).
+static int needs_engine(enum route r) {
+    return r != R_HEALTH && r != R_PING && r != R_VERSION && r != R_LOAD && r != R_NONE;
+}
+
+// /health: 200 once the model is loaded, 503 while it loads or after a
+// device or internal error broke the engine (as vLLM's engine-dead check).
+static void handle_health(struct server *s, struct evhttp_request *req) {
+    pthread_mutex_lock(&s->mu);
+    int fatal = s->fatal;
+    pthread_mutex_unlock(&s->mu);
+    if (!s->engine || fatal) {
+        struct api_error err = {0};
+        api_fail(&err, 503, NULL, "%s", fatal ? "the engine failed (see the server's log)" : "the model is loading");
+        send_error(s, req, &err);
+        return;
+    }
+    handle_plain(s, req, "");
+}
 
 // With an API key, every route needs it but these (and /metrics with
 // --metrics-no-auth); an unknown path needs it too, so that it tells nothing.
@@ -270,17 +302,20 @@ static void on_request(struct evhttp_request *req, void *arg) {
     const char *uri = evhttp_request_get_uri(req);
     size_t plen = strcspn(uri, "?#");
     client_request_read(s, req);
+    if (cors_handle(s, req)) return;
     enum route r = R_NONE;
     for (int i = 0; i < R_NONE; i++)
         if (strlen(routes[i].path) == plen && !strncmp(uri, routes[i].path, plen)) r = (enum route)i;
+    enum evhttp_cmd_type method = evhttp_request_get_command(req);
     if (!open_route(s, r) && !authorized(s, req))
         api_fail(&err, 401, NULL, "a valid API key is required (Authorization: Bearer <key>)");
     else if (r == R_NONE) api_fail(&err, 404, NULL, "no route %.*s", (int)MIN(plen, 200), uri);
-    else if (evhttp_request_get_command(req) != routes[r].method) {
+    else if (method != routes[r].method && !(r == R_PING && method == EVHTTP_REQ_POST)) { // vLLM's /ping takes both
         int post = routes[r].method == EVHTTP_REQ_POST;
         evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", post ? "POST" : "GET");
         api_fail(&err, 405, NULL, "%s takes %s", routes[r].path, post ? "POST" : "GET");
     } else if (s->stopping) api_fail(&err, 503, NULL, "the server is shutting down");
+    else if (!s->engine && needs_engine(r)) api_fail(&err, 503, NULL, "the model is loading");
     if (err.status) {
         send_error(s, req, &err);
         return;
@@ -288,9 +323,11 @@ static void on_request(struct evhttp_request *req, void *arg) {
     switch (r) {
     case R_COMPLETIONS: work_submit(s, req, JOB_COMPLETION); break;
     case R_CHAT: work_submit(s, req, JOB_CHAT); break;
+    case R_RESPONSES: work_submit(s, req, JOB_RESPONSES); break;
     case R_MODELS: handle_models(s, req); break;
     case R_HEALTH:
-    case R_PING: handle_plain(s, req, ""); break;
+    case R_PING: handle_health(s, req); break;
+    case R_LOAD: send_json(s, req, 200, json_pack("{s:i}", "server_load", s->num_live + s->num_jobs)); break;
     case R_VERSION: send_json(s, req, 200, json_pack("{s:s}", "version", vllm_version())); break;
     case R_TOKENIZE: work_submit(s, req, JOB_TOKENIZE); break;
     case R_DETOKENIZE: work_submit(s, req, JOB_DETOKENIZE); break;
@@ -337,6 +374,51 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
 }
 
 static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
+
+static int max_token_bytes(struct server *s);
+
+static json_t *parse_defaults(const struct vllm_model_info *in) {
+    json_t *d = in->generation_defaults ? json_loads(in->generation_defaults, 0, NULL) : NULL;
+    if (d && !json_object_size(d)) json_decref(d), d = NULL;
+    return d;
+}
+
+void server_set_engine(struct server *s, struct vllm_engine *e, int status) {
+    if (e) { // the loop thread reads these only once it has adopted e
+        vllm_engine_info(e, &s->info);
+        s->max_token_bytes = max_token_bytes(s);
+        s->gen_defaults = parse_defaults(&s->info);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->loaded = e;
+    s->load_status = status;
+    s->load_done = 1;
+    pthread_mutex_unlock(&s->mu);
+    event_active(s->loaded_ev, EV_READ, 0);
+}
+
+static void on_loaded(evutil_socket_t fd, short what, void *arg) {
+    (void)fd, (void)what;
+    struct server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    struct vllm_engine *e = s->loaded;
+    s->loaded = NULL;
+    int status = s->load_status;
+    pthread_mutex_unlock(&s->mu);
+    if (status || !e) {
+        vllm_engine_free(e);
+        s->load_status = status ? status : VLLM_ERR_INTERNAL;
+        event_base_loopexit(s->base, NULL);
+        return;
+    }
+    s->engine = e;
+    pthread_mutex_lock(&s->mu); // the engine thread observes them
+    metrics_init_tokens(&s->m, s->info.max_model_len);
+    pthread_mutex_unlock(&s->mu);
+    if (s->stopping) return; // a signal came during the load: it exits with what is left
+    printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", s->cfg.served_model_name, s->cfg.host, s->port);
+    fflush(stdout);
+}
 
 // evhttp's listener calls back with the evhttp: which server it belongs to.
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -405,23 +487,38 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->cfg.api_key = dup_or_null(cfg->api_key);
     s->cfg.model_path = xstrdup(cfg->model_path ? cfg->model_path : "");
     s->cfg.served_model_name = xstrdup(cfg->served_model_name ? cfg->served_model_name : s->cfg.model_path);
+    s->cfg.chat_template = dup_or_null(cfg->chat_template);
+    char **aliases = xcalloc(cfg->num_model_aliases + 1, sizeof(char *));
+    for (int i = 0; i < cfg->num_model_aliases; i++) aliases[i] = xstrdup(cfg->model_aliases[i]);
+    s->cfg.model_aliases = (const char *const *)aliases;
     pthread_mutex_init(&s->mu, NULL);
     metrics_init(&s->m);
+    int crc = cors_init(s);
+    s->cfg.allowed_origins = s->cfg.allowed_methods = s->cfg.allowed_headers = NULL; // parsed, not kept
+    if (crc) {
+        server_free(s);
+        return crc;
+    }
     json_t *name = json_string(s->cfg.served_model_name); // it goes into every response
     json_decref(name);
+    for (int i = 0; i < s->cfg.num_model_aliases && name; i++) {
+        name = json_string(s->cfg.model_aliases[i]);
+        json_decref(name);
+    }
     if (!name) {
         server_free(s);
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the served model name is not valid UTF-8");
     }
     s->start_time = (long long)time(NULL);
     s->id_state = (uint64_t)s->start_time * 0x2545F4914F6CDD1Dull ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now_s() * 1e9);
-    vllm_engine_info(e, &s->info);
+    if (e) vllm_engine_info(e, &s->info);
     // The engine thread activates `wake`: libevent must lock its base.
     if (evthread_use_pthreads() || !(s->base = event_base_new())) {
         server_free(s);
         return vllm_err(VLLM_ERR_INTERNAL, "libevent: cannot create an event base");
     }
     s->wake = event_new(s->base, -1, 0, on_wake, s);
+    s->loaded_ev = event_new(s->base, -1, 0, on_loaded, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
     s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
     event_add(s->sig_int, NULL);
@@ -429,7 +526,11 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     s->http = evhttp_new(s->base);
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_bevcb(s->http, client_new, s); // conn.c sees every connection's bytes first
-    s->max_token_bytes = max_token_bytes(s);
+    if (e) {
+        s->max_token_bytes = max_token_bytes(s);
+        s->gen_defaults = parse_defaults(&s->info);
+        metrics_init_tokens(&s->m, s->info.max_model_len);
+    }
     // Every method reaches on_request, which answers 405 as JSON.
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                             EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_TRACE |
@@ -437,7 +538,8 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
     evhttp_set_max_body_size(s->http, (ev_ssize_t)s->cfg.max_body_bytes);
     evhttp_set_max_headers_size(s->http, 64 << 10);
     evhttp_set_timeout(s->http, s->cfg.io_timeout_s);
-    int rc = bind_listener(s);
+    int rc = guided_init(s);
+    if (!rc) rc = bind_listener(s);
     if (!rc) rc = work_start(s);
     if (rc) {
         server_free(s);
@@ -452,8 +554,11 @@ int server_create(struct vllm_engine *e, const struct server_config *cfg, struct
 int server_port(const struct server *s) { return s->port; }
 
 int server_run(struct server *s) {
+    if (s->engine)
+        printf("vllm serve: serving %s on http://%s:%d (Ctrl-C to stop)\n", s->cfg.served_model_name, s->cfg.host,
+               s->port);
     event_base_dispatch(s->base);
-    return VLLM_OK;
+    return s->load_status;
 }
 
 void server_free(struct server *s) {
@@ -467,13 +572,18 @@ void server_free(struct server *s) {
     work_stop(s); // before the engine: a worker may be tokenizing
     gen_release_all(s);
     vllm_engine_free(s->engine);
+    vllm_engine_free(s->loaded); // loaded, never adopted
     if (s->base) gen_handle_ready(s);
     gen_free_all(s);
+    guided_free(s);
     if (s->piece_cache)
         for (int i = 0; i < s->info.vocab_size; i++) free(s->piece_cache[i]);
     free(s->piece_cache);
     free(s->batch);
     if (s->wake) event_free(s->wake);
+    if (s->loaded_ev) event_free(s->loaded_ev);
+    json_decref(s->gen_defaults);
+    cors_free(s);
     if (s->sig_int) event_free(s->sig_int);
     if (s->sig_term) event_free(s->sig_term);
     if (s->stop_timer) event_free(s->stop_timer);
@@ -484,5 +594,8 @@ void server_free(struct server *s) {
     free((char *)s->cfg.api_key);
     free((char *)s->cfg.model_path);
     free((char *)s->cfg.served_model_name);
+    free((char *)s->cfg.chat_template);
+    for (int i = 0; s->cfg.model_aliases && i < s->cfg.num_model_aliases; i++) free((char *)s->cfg.model_aliases[i]);
+    free((void *)s->cfg.model_aliases);
     free(s);
 }

@@ -44,16 +44,25 @@ void hist_observe(struct hist *h, double v);
 
 struct metrics {
     struct hist ttft, itl, e2e;
+    // per finished request (not aborted), as vLLM's dashboard queries them
+    struct hist queue, prefill, decode, inference, tpot;
+    struct hist prompt_tokens, generation_tokens, max_generation_tokens, max_tokens_param;
+    double token_bounds[32]; // 1, 2, 5, 10, ... up to max_model_len
     uint64_t finished[4]; // stop, length, abort, error
 };
 void metrics_init(struct metrics *m);
+// The token-count histograms' buckets, once max_model_len is known.
+void metrics_init_tokens(struct metrics *m, int max_model_len);
+// A request finished (engine thread, under server.mu).
+struct gen;
+void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o);
 // Prometheus text exposition (format 0.0.4) into buf.
 struct server;
 void metrics_render(struct server *s, struct evbuffer *buf);
 
 // ------------------------------------------------------------ requests --
 
-enum api_kind { API_COMPLETION, API_CHAT };
+enum api_kind { API_COMPLETION, API_CHAT, API_RESPONSES };
 
 // A validated request: what vllm_submit gets, and how to answer.
 struct gen_params {
@@ -65,6 +74,13 @@ struct gen_params {
     int num_prompt;
     int stream, include_usage, return_token_ids;
     int logprobs; // -1: none; else top logprobs per token
+    // fields.c
+    char *request_id; // the response id's suffix (NULL: a random one)
+    char *cache_salt; // sp.cache_salt
+    int truncate;     // keep the prompt's last N tokens (0: all)
+    int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
+    json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
+    struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
 };
 // Parses and checks a /v1/completions or /v1/chat/completions body: fields,
 // the prompt (tokenized; chat through the template) and the length limit.
@@ -81,8 +97,48 @@ json_t *detokenize_reply(struct server *s, const json_t *body, struct api_error 
 // chat_template_kwargs, which may not set what the server sets. NULL with a
 // 400 in *err. *text_bytes: the messages' text.
 json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_error *err);
+// fields.c: the fields beyond sampling and the prompt. fields_parse checks
+// the rejected ones and reads priority, request_id, cache_salt and
+// truncate_prompt_tokens; fields_truncate applies the last once the prompt is
+// tokenized; fields_chat_template gives the template source for a chat body
+// (the request's, when trusted, or --chat-template's; NULL: the model's);
+// fields_documents adds "documents" to the template's variables.
+int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+void fields_truncate(struct gen_params *gp);
+int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
+int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
+// generation_config.json's sampling defaults (as vLLM applies them): into
+// gp->sp before the request's own fields are read.
+void fields_defaults(struct server *s, struct gen_params *gp);
+void fields_free(struct gen_params *gp);
 // Checks an optional "model" field against the served name (404 if unknown).
 int check_model(struct server *s, const json_t *body, struct api_error *err);
+
+// ---------------------------------------- structured output (guided.c) --
+
+struct guided_req;
+// The server's parsers (--tool-call-parser, --reasoning-parser) and grammar
+// registry; an unknown parser name is an error.
+int guided_init(struct server *s);
+void guided_free(struct server *s);
+// A chat / completions body's response_format, structured_outputs,
+// guided_*, tools and tool_choice: compiles the grammar (400 naming the
+// field and what it cannot do); gp->guided stays NULL when none applies.
+int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
+                 struct api_error *err);
+void guided_req_free(struct guided_req *q);
+// The request's vllm_constraint: 1 and *out set when it has a grammar.
+int guided_constraint(struct guided_req *q, struct vllm_constraint *out);
+// Whether the answer goes through the reasoning / tool-call parsers.
+int guided_parses(const struct guided_req *q);
+// Non-streaming: content, reasoning_content and tool_calls into msg; the
+// finish_reason to report instead of the engine's, or NULL.
+const char *guided_message(struct guided_req *q, const char *text, size_t len, vllm_finish_reason reason,
+                           json_t *msg);
+// Streaming: one event's text (fin: the last) into delta's fields; 1 when
+// delta has any.
+int guided_delta(struct guided_req *q, const char *text, size_t len, int fin, json_t *delta);
+const char *guided_stream_finish(const struct guided_req *q, vllm_finish_reason reason);
 
 // --------------------------------------------------------- generations --
 
@@ -90,6 +146,8 @@ int check_model(struct server *s, const json_t *body, struct api_error *err);
 struct gen_events {
     char *text;
     size_t text_len, text_cap;
+    char *stop_str;     // with done: the stop string that finished it (vLLM's stop_reason), or NULL
+    int32_t stop_token; // with done: the stop token id that finished it, or -1
     int32_t *ids;
     float *lp;          // [n] sampled-token logprobs (when asked)
     int32_t *top_ids;   // [n * k]
@@ -115,7 +173,7 @@ struct gen {
     struct vllm_request *vreq;       // NULL once released
     int engine_done;
     int started;                     // streaming: headers sent
-    char id[48];
+    char id[160];                    // "chatcmpl-" + request_id or 32 hex digits
     long long created;
     // non-streaming: the answer so far
     char *text;
@@ -124,6 +182,8 @@ struct gen {
     int num_ids, cap_ids;
     json_t *logprobs;
     size_t text_offset;              // completions logprobs: offset of the next token
+    char msg_id[48];                 // /v1/responses: the output message's id
+    int seq;                         // /v1/responses: the next event's sequence_number
     // under srv->mu
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
     int queued;
@@ -133,6 +193,14 @@ struct gen {
     // live list (loop thread)
     struct gen *prev, *next;
 };
+
+// /v1/responses (responses.c): the body as a chat request; the final
+// response object; the typed stream events (start, text deltas, the end).
+int responses_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+json_t *responses_final(struct gen *g, const struct gen_events *ev);
+void responses_stream_start(struct gen *g);
+void responses_stream_events(struct gen *g, const struct gen_events *ev);
+void responses_stream_done(struct gen *g, const struct gen_events *ev);
 
 // Starts a generation for a parsed request (takes over gp), or answers the
 // error. Called on the loop thread.
@@ -151,7 +219,7 @@ void gen_free_all(struct server *s);
 // ---------------------------------------------------------- workers --
 
 // Requests whose bodies are parsed (and tokenized) on a worker thread.
-enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT };
+enum job_kind { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETION, JOB_CHAT, JOB_RESPONSES };
 struct job;
 // Loop thread: takes the request's body and answers when the job is done.
 void work_submit(struct server *s, struct evhttp_request *req, enum job_kind kind);
@@ -178,11 +246,25 @@ struct server *server_of_http(void *http);
 // The reason phrase of an HTTP status.
 const char *http_reason(int status);
 
+// --------------------------------------------------------------- CORS --
+
+struct str_list {
+    char **v;
+    int n, cap;
+};
+void str_list_free(struct str_list *l);
+// Parses --allowed-origins / --allowed-methods / --allowed-headers.
+int cors_init(struct server *s);
+void cors_free(struct server *s);
+// First in on_request: adds the CORS headers for an allowed Origin, and
+// answers a preflight (then returns 1).
+int cors_handle(struct server *s, struct evhttp_request *req);
+
 // -------------------------------------------------------------- server --
 
 struct server {
     struct server_config cfg; // strings owned
-    struct vllm_engine *engine;
+    struct vllm_engine *engine; // NULL while the model loads (server_set_engine)
     struct vllm_model_info info;
     struct event_base *base;
     struct evhttp *http;
@@ -220,6 +302,17 @@ struct server {
     struct job *todo, *todo_tail, *done;
     struct event *work_wake;
     int num_jobs; // submitted, not yet answered or dropped (loop thread)
+
+    struct str_list cors_origins, cors_methods, cors_headers;
+    // loading (server_set_engine): the loaded engine waits here, under mu,
+    // until the loop thread adopts it
+    struct vllm_engine *loaded;
+    int load_status;     // != VLLM_OK: the load failed, the server exits
+    int load_done;       // under mu
+    struct event *loaded_ev;
+    int fatal;           // under mu: a request failed with a device or internal error: /health is 503
+    json_t *gen_defaults; // info.generation_defaults parsed (NULL: none)
+    struct guided *guided; // guided.c
 };
 
 // Replies (loop thread). The body is JSON; send_json takes over `body`.

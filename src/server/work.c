@@ -61,6 +61,7 @@ static void run_job(struct job *j) {
         case JOB_CHAT:
             j->have_gp = !gen_params_parse(s, j->kind == JOB_CHAT ? API_CHAT : API_COMPLETION, body, &j->gp, &j->err);
             break;
+        case JOB_RESPONSES: j->have_gp = !responses_parse(s, body, &j->gp, &j->err); break;
         }
     }
     json_decref(body);

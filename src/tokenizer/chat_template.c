@@ -98,6 +98,20 @@ int chat_template_load(const char *model_dir, struct chat_template **out) {
     return VLLM_OK;
 }
 
+int chat_template_from_source(const char *src, const struct chat_template *base, struct chat_template **out) {
+    *out = NULL;
+    struct chat_template *ct = xcalloc(1, sizeof *ct);
+    int rc = parse_into(src, "chat_template", &ct->tmpl);
+    if (rc) {
+        chat_template_free(ct);
+        return rc;
+    }
+    ct->bos = base && base->bos ? xstrdup(base->bos) : NULL;
+    ct->eos = base && base->eos ? xstrdup(base->eos) : NULL;
+    *out = ct;
+    return VLLM_OK;
+}
+
 void chat_template_free(struct chat_template *ct) {
     if (!ct) return;
     jinja_free(ct->tmpl);

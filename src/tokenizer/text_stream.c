@@ -25,6 +25,7 @@ struct text_stream {
     char **stop;
     size_t *stop_len, max_stop;
     int n_stop;
+    int stop_hit; // the stop string that matched; -1: none
 };
 
 static int has_byte_fallback(const struct decoder *d) {
@@ -52,6 +53,7 @@ struct text_stream *text_stream_create(const struct tokenizer *t, const int32_t 
     s->t = t;
     s->skip_special = skip_special;
     s->include_stop = include_stop;
+    s->stop_hit = -1;
     s->byte_fallback = has_byte_fallback(t->decoder);
     xgrow((void **)&s->ids, &s->cap, 16, sizeof *s->ids);
     int k = MIN(MAX(num_prompt, 0), CONTEXT_IDS);
@@ -112,6 +114,7 @@ static int add_text(struct text_stream *s, const char *p, size_t n, int final, c
         if (f && (size_t)(f - tx) < best) {
             best = (size_t)(f - tx);
             best_len = s->stop_len[i];
+            s->stop_hit = i;
         }
     }
     if (best != SIZE_MAX) {
@@ -185,4 +188,8 @@ void text_stream_flush(struct text_stream *s, char **out, size_t *out_len) {
     free(ctx);
     free(full);
     free(own);
+}
+
+const char *text_stream_stop(const struct text_stream *s) {
+    return s->stopped && s->stop_hit >= 0 ? s->stop[s->stop_hit] : NULL;
 }

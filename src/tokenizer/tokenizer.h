@@ -50,6 +50,8 @@ int text_stream_push(struct text_stream *s, int32_t id, char **out, size_t *out_
 // End of stream without a stop string: emits everything held back.
 void text_stream_flush(struct text_stream *s, char **out, size_t *out_len);
 void text_stream_free(struct text_stream *s);
+// The stop string that ended the stream, or NULL.
+const char *text_stream_stop(const struct text_stream *s);
 
 // Chat templates (tokenizer_config.json "chat_template", or chat_template.jinja).
 struct chat_template;
@@ -60,6 +62,9 @@ int chat_template_load(const char *model_dir, struct chat_template **out);
 // A template that cannot be rendered is VLLM_ERR_UNSUPPORTED (or
 // VLLM_ERR_INVALID_ARGUMENT for raise_exception) naming the construct.
 int chat_template_render(const struct chat_template *ct, const json_t *request, char **out);
+// A template from its Jinja source (a per-request or --chat-template one),
+// with base's bos_token / eos_token (base may be NULL).
+int chat_template_from_source(const char *src, const struct chat_template *base, struct chat_template **out);
 void chat_template_free(struct chat_template *ct);
 
 #endif

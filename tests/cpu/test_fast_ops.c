@@ -321,6 +321,55 @@ static void test_moe(void) {
     }
 }
 
+// The KDA recurrence: 3 heads of 20 (rows not a multiple of the vector
+// width), two decodes, a fresh prefill with checkpoints at 16 and 32, a
+// prefill continuing its slot, and a 1-token prefill.
+static void test_kda(void) {
+    struct kda_dims d = {3, 20, 4, 16};
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 3;
+    int qlen[] = {1, 1, 40, 9, 1}, ctx[] = {13, 2, 0, 17, 0}, init[] = {1, 1, 0, 1, 0}, S = 5, nd = 2;
+    struct hb h;
+    make_batch(&h, S, qlen, ctx, init, nd, 4);
+    add_ckpts(&h, 2, 2, (int[]){16, 32}, (int[]){0, 1});
+    int T = h.b.num_tokens;
+    size_t sn = (size_t)16 * H * K * K;
+    float *x = rnd((size_t)T * ld, 1), *g = rnd((size_t)T * HK, 1), *st1 = rnd(sn, 0.3f), *st2 = dup(st1, sn);
+    for (int i = 0; i < T * HK; i++) g[i] = -0.3f * (g[i] + 1.0f); // log-decays <= 0
+    float *y1 = rnd((size_t)T * HK, 1), *y2 = dup(y1, (size_t)T * HK);
+    ref->ops->kda_decode(ref, y1, x, ld, g, st1, &h.b, &d);
+    fast->ops->kda_decode(fast, y2, x, ld, g, st2, &h.b, &d);
+    ref->ops->kda_prefill(ref, y1, x, ld, g, st1, &h.b, nd, S, &d);
+    fast->ops->kda_prefill(fast, y2, x, ld, g, st2, &h.b, nd, S, &d);
+    cmp("kda_decode + kda_prefill", y2, y1, (size_t)T * HK, TOL);
+    cmp("kda state and checkpoints", st2, st1, sn, TOL);
+    free(x), free(g), free(st1), free(st2), free(y1), free(y2);
+}
+
+// MLA over cached latents: 16 heads (two groups of 8) and 3 (one group of
+// all), decodes and prefills longer than a task's 8 queries, scattered blocks.
+static void test_mla(void) {
+    for (int v = 0; v < 2; v++) {
+        struct mla_dims d = {v ? 3 : 16, 16, 8, 12, 40, 4, 0};
+        d.scale = 1.0f / sqrtf(24.0f);
+        int H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope);
+        int qlen[] = {1, 1, 21, 9, 1}, ctx[] = {13, 2, 0, 17, 30}, init[] = {1, 1, 0, 1, 1}, S = 5, nd = 2;
+        struct hb h;
+        make_batch(&h, S, qlen, ctx, init, nd, d.block_size);
+        int T = h.b.num_tokens;
+        size_t cn = (size_t)16 * 64 * d.block_size * W;
+        float *cache = rnd(cn, 1), *lat = rnd((size_t)T * W, 1), *q = rnd((size_t)T * qw, 1);
+        float *kvb = rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.3f);
+        float *o1 = rnd((size_t)T * H * d.v_dim, 1), *o2 = dup(o1, (size_t)T * H * d.v_dim);
+        ref->ops->mla_kv_write(ref, cache, lat, W, &h.b, &d);
+        ref->ops->mla_attn(ref, o1, q, cache, kvb, &h.b, 0, nd, &d);
+        fast->ops->mla_attn(fast, o2, q, cache, kvb, &h.b, 0, nd, &d);
+        ref->ops->mla_attn(ref, o1, q, cache, kvb, &h.b, nd, S, &d);
+        fast->ops->mla_attn(fast, o2, q, cache, kvb, &h.b, nd, S, &d);
+        cmp(v ? "mla_attn (3 heads)" : "mla_attn (16 heads)", o2, o1, (size_t)T * H * d.v_dim, TOL);
+        free(cache), free(lat), free(q), free(kvb), free(o1), free(o2);
+    }
+}
+
 int main(void) {
     int best = fast_detect(), runs = 0;
     printf("this CPU: %s\n", fast_isa_name(best));
@@ -333,6 +382,8 @@ int main(void) {
         test_norms();
         test_mamba();
         test_attention();
+        test_mla();
+        test_kda();
         test_moe();
         printf("%-12s %ld values compared against the reference\n", isa, values);
         CHECKF(values > 0, "%s: nothing compared", isa);

@@ -1,7 +1,7 @@
 // test_cuda_ops.c - every CUDA op against its CPU reference op of the same
 // name, on random inputs at real shapes (Nemotron-3-Nano: hidden 2688, 64
 // Mamba heads of 64, state 128, 8 groups, 128 experts top-6, 32/2 heads of
-// 128). fp32 weights: relative error <= 1e-5; bf16: the tolerances vLLM's
+// 128; Kimi-Linear-48B's KDA and MLA). fp32 weights: relative error <= 1e-5; bf16: the tolerances vLLM's
 // tests use for these ops (2e-2). Exits 77 (skip) without a GPU.
 #include <math.h>
 #include <stdlib.h>
@@ -69,6 +69,8 @@ struct tb_ckpt {
     int src[8], num[8], pos[16], slot[16];
 };
 
+static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+
 static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const int *init, int nd, int block_size,
                     int mbps, const struct tb_ckpt *ck) {
     int T = 0, nck = 0;
@@ -78,6 +80,8 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
     size_t off[NARR], tot = 0;
     for (int i = 0; i < NARR; i++) off[i] = tot, tot += sz[i];
     int32_t *h = t->h = xcalloc(tot, sizeof(int32_t));
+    int mul = 7; // scattered blocks: a multiplier coprime with the pool, so no two sequences share one
+    while (gcd(mul, n * mbps) != 1) mul += 2;
     for (int s = 0, tk = 0; s < n; s++) {
         h[off[QSL] + s] = tk;
         h[off[CTX] + s] = ctx[s];
@@ -85,7 +89,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         h[off[STATE] + s] = (s * 5 + 3) % 16; // scattered slots
         h[off[SRC] + s] = ck && ck->src[s] != -2 ? ck->src[s] : init[s] ? h[off[STATE] + s] : -1;
         h[off[CK_START] + s + 1] = h[off[CK_START] + s] + (ck ? ck->num[s] : 0);
-        for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (s * mbps + j) * 7 % (n * mbps);
+        for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (int)((int64_t)(s * mbps + j) * mul % (n * mbps));
         for (int i = 0; i < qlen[s]; i++, tk++) {
             int p = ctx[s] + i;
             h[off[POS] + tk] = p;
@@ -251,25 +255,36 @@ static void test_mamba(void) {
     free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
 }
 
-static void test_attention(enum dtype kv, double tol) {
-    struct attn_dims d = {32, 2, 128, 16, 0};
-    d.scale = 1.0f / sqrtf(128.0f);
-    int qlen[] = {1, 1, 200, 5, 1}, ctx[] = {1100, 30, 0, 700, 0}, init[] = {1, 1, 0, 1, 0};
-    int mbps = 80; // 1280 tokens
+// Four decodes (contexts of 1,101, 31, 256 and 2,001 tokens: one chunk of the
+// decode kernel, a chunk boundary, several chunks) and three prefills, at the
+// GQA shapes in use: 16 and 8 query heads a KV head (NemotronH, Qwen3), 32
+// (two head groups a block), 3 (a partial group), MHA at head_dim 64, and a
+// head_dim that is not a multiple of 8 (the generic kernel). `fixed` runs the
+// decode as a recorded graph would (splits sized for max_model_len).
+struct attn_case {
+    int heads, kv_heads, head_dim, fixed;
+};
+
+static void test_attention(const struct attn_case *ac, enum dtype kv, double tol) {
+    struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, 16, 0};
+    d.scale = 1.0f / sqrtf((float)d.head_dim);
+    enum { NS = 7, ND = 4 };
+    int qlen[NS] = {1, 1, 1, 1, 200, 5, 1}, ctx[NS] = {1100, 30, 255, 2000, 0, 700, 0}, init[NS] = {1, 1, 1, 1, 0, 1, 0};
+    int mbps = 130; // 2,080 tokens
     struct tb t;
-    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps, NULL);
+    make_tb(&t, NS, qlen, ctx, init, ND, 16, mbps, NULL);
     int T = t.c.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
-    size_t cn = (size_t)5 * mbps * 16 * kvd;
+    size_t cn = (size_t)NS * mbps * 16 * kvd;
     float *kc = rnd(cn, 1), *vc = rnd(cn, 1), *qkv = rnd((size_t)T * ld, 1);
     gpu->kv_dtype = kv;
     struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     memcpy(pk.c, kc, cn * 4), memcpy(pv.c, vc, cn * 4);
     // the context positions of every sequence, written through kv_write on both sides
-    int cq[5], zero[5] = {0};
-    for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
+    int cq[NS], zero[NS] = {0};
+    for (int s = 0; s < NS; s++) cq[s] = ctx[s] + qlen[s];
     struct tb full;
-    make_tb(&full, 5, cq, zero, init, 0, 16, mbps, NULL);
+    make_tb(&full, NS, cq, zero, init, 0, 16, mbps, NULL);
     int TF = full.c.num_tokens;
     float *fq = rnd((size_t)TF * ld, 1);
     struct pair pfq = up(fq, sizeof(float) * TF * ld);
@@ -279,10 +294,15 @@ static void test_attention(enum dtype kv, double tol) {
     cpu->ops->kv_write(cpu, pk.c, pv.c, pq.c, ld, &t.c, &d);
     gpu->ops->kv_write(gpu, pk.g, pv.g, pq.g, ld, &t.g, &d);
     cpu->ops->attn_decode(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, &d);
+    t.g.fixed_shapes = ac->fixed, t.g.max_model_len = mbps * 16;
     gpu->ops->attn_decode(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, &d);
-    cpu->ops->attn_prefill(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, 2, 5, &d);
-    gpu->ops->attn_prefill(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, 2, 5, &d);
-    cmp(kv == DT_BF16 ? "attention, bf16 KV" : "attention, fp32 KV", po, (size_t)T * qd, tol);
+    t.g.fixed_shapes = 0;
+    cpu->ops->attn_prefill(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, ND, NS, &d);
+    gpu->ops->attn_prefill(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, ND, NS, &d);
+    char name[96];
+    snprintf(name, sizeof name, "attention %d/%d heads of %d, %s KV%s", d.heads, d.kv_heads, d.head_dim,
+             kv == DT_BF16 ? "bf16" : "fp32", ac->fixed ? ", graph splits" : "");
+    cmp(name, po, (size_t)T * qd, tol);
     struct pair all[] = {pk, pv, pfq, pq, po};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free_tb(&t), free_tb(&full);
@@ -416,6 +436,118 @@ static void test_sample(void) {
     free(lg), free(table);
 }
 
+// Kimi-Linear at Kimi-Linear-48B-A3B's shapes: KDA of 32 heads of 128 (the
+// q | k | v conv through conv1d, then the recurrence with checkpoints and a
+// restored slot), its gate and gated norm; MLA of 32 heads over a latent of
+// 512 + 64 (fp32 and bf16 KV).
+static void test_kimi_kda(void) {
+    struct kda_dims d = {32, 128, 4, 64};
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 8, slots = 16;
+    struct mamba_dims conv = {.conv_kernel = 4, .chunk_size = 64, .conv_dim = 3 * HK};
+    int qlen[] = {1, 1, 1, 200, 70, 1}, ctx[] = {40, 9, 500, 0, 64, 0}, init[] = {1, 1, 1, 0, 1, 0};
+    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {64, 128, 128}, {15, 14, 10}};
+    struct tb t;
+    make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
+    int T = t.c.num_tokens;
+    size_t sn = (size_t)slots * H * K * K;
+    float *x = rnd((size_t)T * ld, 1), *cw = rnd((size_t)3 * HK * 4, 0.5f), *cs = rnd((size_t)slots * 3 * 3 * HK, 1);
+    float *st = rnd(sn, 0.2f), *g = rnd((size_t)T * HK, 2), *Al = rnd(H, 1), *dtb = rnd(HK, 1), *w = rnd(K, 1);
+    float *z = rnd((size_t)T * HK, 2);
+    struct pair px = up(x, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * 3 * HK * 4);
+    struct pair pcs = up(cs, sizeof(float) * slots * 3 * 3 * HK), pst = up(st, sizeof(float) * sn);
+    struct pair pg = up(g, sizeof(float) * T * HK), pAl = up(Al, sizeof(float) * H), pdt = up(dtb, sizeof(float) * HK);
+    struct pair pw = up(w, sizeof(float) * K), pz = up(z, sizeof(float) * T * HK), py = up(z, sizeof(float) * T * HK);
+    cpu->ops->kda_gate(cpu, pg.c, pAl.c, pdt.c, T, &d);
+    gpu->ops->kda_gate(gpu, pg.g, pAl.g, pdt.g, T, &d);
+    cmp("kda_gate", pg, (size_t)T * HK, 1e-5);
+    cpu->ops->conv1d_update(cpu, px.c, ld, pcw.c, NULL, pcs.c, &t.c, &conv);
+    gpu->ops->conv1d_update(gpu, px.g, ld, pcw.g, NULL, pcs.g, &t.g, &conv);
+    cpu->ops->conv1d_fwd(cpu, px.c, ld, pcw.c, NULL, pcs.c, &t.c, 3, 6, &conv);
+    gpu->ops->conv1d_fwd(gpu, px.g, ld, pcw.g, NULL, pcs.g, &t.g, 3, 6, &conv);
+    cmp("KDA q | k | v conv", px, (size_t)T * ld, 1e-5);
+    cpu->ops->kda_decode(cpu, py.c, px.c, ld, pg.c, pst.c, &t.c, &d);
+    gpu->ops->kda_decode(gpu, py.g, px.g, ld, pg.g, pst.g, &t.g, &d);
+    cpu->ops->kda_prefill(cpu, py.c, px.c, ld, pg.c, pst.c, &t.c, 3, 6, &d);
+    gpu->ops->kda_prefill(gpu, py.g, px.g, ld, pg.g, pst.g, &t.g, 3, 6, &d);
+    cmp("kda_decode + kda_prefill (y)", py, (size_t)T * HK, 1e-5);
+    cmp("KDA state (and checkpoints)", pst, sn, 1e-5);
+    cpu->ops->head_norm_gate(cpu, py.c, pz.c, pw.c, T, H, K, 1e-5f);
+    gpu->ops->head_norm_gate(gpu, py.g, pz.g, pw.g, T, H, K, 1e-5f);
+    cmp("head_norm_gate", py, (size_t)T * HK, 1e-5);
+    struct pair all[] = {px, pcw, pcs, pst, pg, pAl, pdt, pw, pz, py};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t);
+    free(x), free(cw), free(cs), free(st), free(g), free(Al), free(dtb), free(w), free(z);
+}
+
+static void test_kimi_mla(enum dtype kv, double tol) {
+    struct mla_dims d = {32, 128, 64, 128, 512, 16, 0};
+    d.scale = 1.0f / sqrtf(192.0f);
+    int H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), mbps = 40;
+    int qlen[] = {1, 1, 30, 5, 1}, ctx[] = {600, 30, 0, 200, 0}, init[] = {1, 1, 0, 1, 0};
+    struct tb t;
+    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps, NULL);
+    int T = t.c.num_tokens;
+    // the context of every sequence, written through mla_kv_write on both sides
+    int cq[5], zero[5] = {0};
+    for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
+    struct tb full;
+    make_tb(&full, 5, cq, zero, init, 0, 16, mbps, NULL);
+    size_t cn = (size_t)5 * mbps * 16 * W;
+    gpu->kv_dtype = kv;
+    struct pair pc = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    float *fl = rnd((size_t)full.c.num_tokens * W, 1), *lat = rnd((size_t)T * (W + 3), 1), *q = rnd((size_t)T * qw, 1);
+    float *kvb = rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.05f);
+    if (kv == DT_BF16) // the CPU reference keeps fp32: give both the same bf16-representable latents
+        for (size_t i = 0; i < (size_t)full.c.num_tokens * W; i++) fl[i] = (float)(int)(fl[i] * 64) / 64;
+    if (kv == DT_BF16)
+        for (size_t i = 0; i < (size_t)T * (W + 3); i++) lat[i] = (float)(int)(lat[i] * 64) / 64;
+    struct pair pfl = up(fl, sizeof(float) * full.c.num_tokens * W), plat = up(lat, sizeof(float) * T * (W + 3));
+    struct pair pq = up(q, sizeof(float) * T * qw), pkvb = up(kvb, sizeof(float) * H * (d.nope + d.v_dim) * d.rank);
+    struct pair po = up(q, sizeof(float) * T * H * d.v_dim);
+    cpu->ops->mla_kv_write(cpu, pc.c, pfl.c, W, &full.c, &d);
+    gpu->ops->mla_kv_write(gpu, pc.g, pfl.g, W, &full.g, &d);
+    cpu->ops->mla_kv_write(cpu, pc.c, plat.c, W + 3, &t.c, &d);
+    gpu->ops->mla_kv_write(gpu, pc.g, plat.g, W + 3, &t.g, &d);
+    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 0, 2, &d);
+    gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 0, 2, &d);
+    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 2, 5, &d);
+    gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 2, 5, &d);
+    cmp(kv == DT_BF16 ? "MLA, bf16 KV" : "MLA, fp32 KV", po, (size_t)T * H * d.v_dim, tol);
+    struct pair all[] = {pc, pfl, plat, pq, pkvb, po};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t), free_tb(&full);
+    free(fl), free(lat), free(q), free(kvb);
+    gpu->kv_dtype = DT_F32;
+}
+
+// Constrained decoding's mask: a vocabulary that is no multiple of 32 (a last
+// partial word), rows of every density; the logits must match bit for bit.
+static void test_mask_logits(void) {
+    enum { V = 151669, R = 5, W = (V + 31) / 32 };
+    float *lg = rnd((size_t)R * V, 4);
+    uint32_t *mask = xmalloc(sizeof(uint32_t) * R * W);
+    for (int r = 0; r < R; r++)
+        for (int w = 0; w < W; w++) {
+            uint32_t x = (uint32_t)(frand() * 2147483647.0f) ^ ((uint32_t)w * 2654435761u);
+            mask[r * W + w] = r == 0 ? 0 : r == 1 ? 0xffffffffu : r == 2 ? (x & (x >> 3) & (x >> 7)) : x;
+        }
+    struct pair pl = up(lg, sizeof(float) * R * V), pm = up(mask, sizeof(uint32_t) * R * W);
+    cpu->ops->mask_logits(cpu, pl.c, R, V, pm.c);
+    gpu->ops->mask_logits(gpu, pl.g, R, V, pm.g);
+    float *h = xmalloc(sizeof(float) * R * V);
+    gpu->ops->download(gpu, h, pl.g, sizeof(float) * R * V);
+    size_t same = 0, masked = 0;
+    for (size_t i = 0; i < (size_t)R * V; i++) {
+        same += !memcmp(&h[i], &((float *)pl.c)[i], sizeof(float));
+        masked += isinf(h[i]);
+    }
+    printf("  mask_logits: %zu/%zu logits agree, %zu masked\n", same, (size_t)R * V, masked);
+    CHECKF(same == (size_t)R * V && masked > (size_t)V, "mask_logits agrees on %zu of %zu", same, (size_t)R * V);
+    pfree(pl), pfree(pm);
+    free(lg), free(mask), free(h);
+}
+
 int main(void) {
 #ifndef VLLM_HAVE_CUDA
     TEST_SKIP("built without CUDA");
@@ -424,10 +556,18 @@ int main(void) {
     if (backend_cpu_create(0, DT_F32, &cpu)) return 1;
     test_dense();
     test_mamba();
-    test_attention(DT_F32, 1e-5);
-    test_attention(DT_BF16, 2e-2);
+    static const struct attn_case attn[] = {{32, 2, 128, 0}, {32, 4, 128, 1}, {64, 2, 128, 0},
+                                            {24, 8, 96, 1},  {16, 16, 64, 0}, {12, 3, 20, 0}};
+    for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) {
+        test_attention(&attn[i], DT_F32, 1e-5);
+        test_attention(&attn[i], DT_BF16, 2e-2);
+    }
     test_moe();
+    test_kimi_kda();
+    test_kimi_mla(DT_F32, 1e-5);
+    test_kimi_mla(DT_BF16, 1e-4);
     test_sample();
+    test_mask_logits();
     backend_free(gpu);
     backend_free(cpu);
     return test_summary("cuda ops");

@@ -46,6 +46,11 @@ void srv_dump_log(const struct srv *s) {
 }
 
 void srv_start(struct srv *s, const char *vllm, const char *model, const char *const *extra) {
+    srv_start_marked(s, vllm, model, extra, " on http://127.0.0.1:");
+}
+
+void srv_start_marked(struct srv *s, const char *vllm, const char *model, const char *const *extra,
+                      const char *marker) {
     memset(s, 0, sizeof *s);
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(s->log, sizeof s->log, "%s/vllm_serve_test_%d_%ld.log", tmp, (int)getpid(), (long)(now_sec() * 1e6) % 1000000);
@@ -72,8 +77,8 @@ void srv_start(struct srv *s, const char *vllm, const char *model, const char *c
     double t0 = now_sec();
     while (now_sec() - t0 < 120) {
         char *log = slurp(s->log);
-        const char *p = log ? strstr(log, " on http://127.0.0.1:") : NULL;
-        if (p) s->port = atoi(p + strlen(" on http://127.0.0.1:"));
+        const char *p = log ? strstr(log, marker) : NULL;
+        if (p) s->port = atoi(p + strlen(marker));
         int skip = log && strstr(log, "tokenizer support is not built yet");
         free(log);
         if (s->port > 0) return;

@@ -26,6 +26,10 @@ void srv_start(struct srv *s, const char *vllm, const char *model, const char *c
 // or -1 (after SIGKILL) if it did not exit, or 128+signal if a signal ended it.
 // The log is removed after a clean exit, printed otherwise.
 int srv_stop(struct srv *s, double timeout_s);
+// The same, ready once the log holds marker followed by the port (srv_start's
+// is " on http://127.0.0.1:", printed once the model is loaded).
+void srv_start_marked(struct srv *s, const char *vllm, const char *model, const char *const *extra,
+                      const char *marker);
 // The same without the SIGTERM (it was sent already: a second one during
 // the teardown would end the server by the default action).
 int srv_wait(struct srv *s, double timeout_s);

@@ -120,6 +120,11 @@ static void test_field_errors(int port) {
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}",
          "max_completion_tokens", 400},
         {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 3}", "n", 400},
+        // without --scheduling-policy priority / --trust-request-chat-template
+        {"/v1/completions", "{\"prompt\": \"hi\", \"priority\": 1}", "priority", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1, \"priority\": 0}", NULL, 200},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template\": \"x\"}",
+         "chat_template", 400},
         {"/tokenize", "{}", "prompt", 400},
         {"/tokenize", "{\"prompt\": 3}", "prompt", 400},
         {"/detokenize", "{\"tokens\": [999]}", "tokens", 400},

@@ -89,6 +89,28 @@ void cpu_route_tokens(int32_t *ids, float *weights, const float *logits, const f
                       const struct moe_route_cfg *c, void *scratch);
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                      const int32_t *ids, const float *weights, int n, int top_k);
+// ops in cpu_kimi.c (Kimi-Linear: KDA, MLA)
+// The KDA recurrence over sequences [seq0, seq1) (decode: continuing their
+// slots; else from state_src, with checkpoints), a task per (sequence, head).
+// step runs one token of one head (st [K, K] updated in place, y [K]
+// written, scr 3K floats): the reference's loops or the fast path's kernels.
+void cpu_kda_run(struct backend *be,
+                 void (*step)(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H,
+                              int K, float *scr),
+                 float *y, const float *proj, int ld, const float *g, float *state, const struct batch *b, int seq0,
+                 int seq1, int decode, const struct kda_dims *d);
+void cpu_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                     const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
+void cpu_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                    const struct batch *b, const struct kda_dims *d);
+void cpu_kda_gate(struct backend *be, float *g, const float *A_log, const float *dt_bias, int n,
+                  const struct kda_dims *d);
+void cpu_head_norm_gate(struct backend *be, float *y, const float *gate, const float *w, int n, int heads,
+                        int head_dim, float eps);
+void cpu_mla_kv_write(struct backend *be, void *cache, const float *lat, int ld, const struct batch *b,
+                      const struct mla_dims *d);
+void cpu_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                  const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
 // y: [n, nr] = x @ W[row0 .. row0 + nr)^T, W dequantized to fp32 first.
 void cpu_matmul_rows(struct backend *be, float *y, const float *x, const struct weight *w, int64_t row0, int64_t nr,
                      int n);

@@ -279,6 +279,33 @@ static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
     return s;
 }
 
+// The reference of every backend's mask_logits, a row per task; a word at a
+// time (all set: nothing to do, the common case inside JSON strings).
+struct mask_ctx {
+    float *logits;
+    int vocab;
+    const uint32_t *mask;
+};
+
+static void mask_row(void *ctx, int r, int thread) {
+    (void)thread;
+    const struct mask_ctx *c = ctx;
+    int V = c->vocab, W = CDIV(V, 32);
+    float *l = c->logits + (size_t)r * V;
+    const uint32_t *m = c->mask + (size_t)r * W;
+    for (int w = 0; w < W; w++) {
+        uint32_t bits = m[w];
+        if (bits == 0xffffffffu) continue;
+        for (int i = w * 32, e = MIN(i + 32, V); i < e; i++)
+            if (!((bits >> (i & 31)) & 1u)) l[i] = -INFINITY;
+    }
+}
+
+static void cpu_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask) {
+    struct mask_ctx c = {logits, vocab, mask};
+    cpu_parallel(be, rows, mask_row, &c);
+}
+
 struct sample_ctx {
     struct backend *be;
     const float *logits;
@@ -345,6 +372,17 @@ int cpu_supports(struct backend *be, const struct op_query *q) {
         return cpu_reserve(be, sizeof(float) * A * ((size_t)w->dim + U + w->dim) + sizeof(int32_t) * 2 * A,
                            "the MoE experts");
     }
+    case OP_KDA: { // the q | k | v conv (conv1d_fwd) and one head's step
+        const struct kda_dims *d = q->kda;
+        size_t conv = sizeof(float) * (size_t)(d->conv_kernel - 1 + T) * 3 * d->heads * d->head_dim;
+        return cpu_reserve(be, MAX(conv, sizeof(float) * 3 * (size_t)d->head_dim), "Kimi Delta Attention");
+    }
+    case OP_MLA: {
+        const struct mla_dims *d = q->mla;
+        if (be->kv_dtype != DT_F32)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "MLA: the CPU backend keeps the KV cache in float32 only");
+        return cpu_reserve(be, sizeof(float) * ((size_t)2 * d->rank + d->rope + S), "multi-head latent attention");
+    }
     }
     return VLLM_OK;
 }
@@ -386,8 +424,15 @@ static const struct backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,
+    .kda_prefill = cpu_kda_prefill,
+    .kda_decode = cpu_kda_decode,
+    .kda_gate = cpu_kda_gate,
+    .head_norm_gate = cpu_head_norm_gate,
+    .mla_kv_write = cpu_mla_kv_write,
+    .mla_attn = cpu_mla_attn,
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
+    .mask_logits = cpu_mask_logits,
     .sample = cpu_sample,
     .all_reduce = cpu_all_reduce,
     .all_gather = cpu_all_gather,
@@ -420,6 +465,9 @@ static void fast_ops_init(struct backend_ops *o) {
     o->attn_decode = fast_attn_decode;
     o->moe_route = fast_moe_route;
     o->moe_experts = fast_moe_experts;
+    o->mla_attn = fast_mla_attn;
+    o->kda_prefill = fast_kda_prefill;
+    o->kda_decode = fast_kda_decode;
 }
 
 int cpu_backend_create(int num_threads, int reference, int isa, struct backend **out) {

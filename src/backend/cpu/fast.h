@@ -224,5 +224,13 @@ void fast_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
                       const void *v_cache, const struct batch *b, const struct attn_dims *d);
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                       const int32_t *ids, const float *weights, int n, int top_k);
+void fast_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                      const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
+void fast_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                     const struct batch *b, const struct kda_dims *d);
+void fast_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                   const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
+// Per-thread scratch bytes of fast_mla_attn over sequences of max_seq_len tokens.
+size_t fast_mla_scratch(const struct mla_dims *d, int max_seq_len);
 
 #endif

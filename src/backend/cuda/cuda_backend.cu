@@ -717,6 +717,23 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         need = 4 * (3 * (size_t)(w->num_experts + 1) + 1 + 2 * nk) + 256 + 4 * (nk * (U + w->inter + w->dim) + T * w->dim);
         break;
     }
+    case OP_KDA: {
+        const struct kda_dims *d = q->kda;
+        if (d->conv_kernel < CUDA_CONV_KMIN || d->conv_kernel > CUDA_CONV_KMAX)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: short_conv_kernel_size %d outside [%d, %d]",
+                     d->conv_kernel, CUDA_CONV_KMIN, CUDA_CONV_KMAX), why = buf;
+        else if (d->head_dim > 1024 || cuda_kda_smem(d->head_dim) > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d (its [%d, %d] state per head exceeds the "
+                     "%zu bytes of shared memory)", d->head_dim, d->head_dim, d->head_dim, cu(be)->smem_optin), why = buf;
+        break;
+    }
+    case OP_MLA: {
+        const struct mla_dims *d = q->mla;
+        if (d->rank > CUDA_MLA_MAX_RANK || cuda_mla_smem(d) > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "multi-head latent attention: kv_lora_rank %d (at most %d)", d->rank,
+                     CUDA_MLA_MAX_RANK), why = buf;
+        break;
+    }
     }
     if (why) return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend cannot run %s", why);
     return scratch_grow(be, need); // now: no step grows it (nor a graph's recording)
@@ -764,10 +781,17 @@ static void init_ops(void) {
     o->ssd_decode = cuda_ssd_decode;
     o->gated_rmsnorm = cuda_gated_rmsnorm;
     o->kv_write = cuda_kv_write;
+    o->kda_prefill = cuda_kda_prefill;
+    o->kda_decode = cuda_kda_decode;
+    o->kda_gate = cuda_kda_gate;
+    o->head_norm_gate = cuda_head_norm_gate;
+    o->mla_kv_write = cuda_mla_kv_write;
+    o->mla_attn = cuda_mla_attn;
     o->attn_prefill = cuda_attn_prefill;
     o->attn_decode = cuda_attn_decode;
     o->moe_route = cuda_moe_route;
     o->moe_experts = cuda_moe_experts;
+    o->mask_logits = cuda_mask_logits;
     o->sample = cuda_sample;
     o->bind = cu_bind;
     o->peaks = cu_peaks;

@@ -140,6 +140,7 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_MAX_STATE 256
 #define CUDA_CONV_KMIN 2
 #define CUDA_CONV_KMAX 6
+#define CUDA_MLA_MAX_RANK 1024 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512)
 
 // ops in cuda_mamba.cu, cuda_attn.cu, cuda_moe.cu, cuda_sample.cu
 void cuda_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
@@ -163,6 +164,7 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
                     const struct moe_route_cfg *c);
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k);
+void cuda_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
 // Prefill attention on tensor cores for a bf16 KV cache and head_dim 64 /
@@ -172,6 +174,21 @@ int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld,
 // y [n, N] = x [n, K] W^T for a WF_FP8 weight: the weight-only FP8 GEMV
 // (cuda_quant.cu), 16 rows of x per pass.
 void cuda_matmul_fp8(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+// Kimi-Linear's ops, in cuda_kimi.cu, and the dynamic shared memory they take
+void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                      const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
+void cuda_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                     const struct batch *b, const struct kda_dims *d);
+void cuda_kda_gate(struct backend *be, float *g, const float *A_log, const float *dt_bias, int n,
+                   const struct kda_dims *d);
+void cuda_head_norm_gate(struct backend *be, float *y, const float *gate, const float *w, int n, int heads,
+                         int head_dim, float eps);
+void cuda_mla_kv_write(struct backend *be, void *cache, const float *lat, int ld, const struct batch *b,
+                       const struct mla_dims *d);
+void cuda_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                   const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
+size_t cuda_kda_smem(int head_dim);
+size_t cuda_mla_smem(const struct mla_dims *d);
 // tensor parallelism, in cuda_nccl.cu (the collectives exist only with NCCL)
 void cuda_all_reduce(struct backend *be, float *x, int64_t n);
 void cuda_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);

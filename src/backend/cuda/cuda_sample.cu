@@ -184,3 +184,19 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
                                            (int32_t *)(s + wbytes), *out);
     LAUNCH_CHECK();
 }
+
+// Constrained decoding: a thread per id, a row per blockIdx.y; the mask's
+// words are read once per 32 ids (a warp shares one word).
+__global__ void k_mask_logits(float *logits, int V, const uint32_t *mask, int W) {
+    int r = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= V) return;
+    uint32_t w = mask[(int64_t)r * W + (i >> 5)];
+    if (!((w >> (i & 31)) & 1u)) logits[(int64_t)r * V + i] = -INFINITY;
+}
+
+void cuda_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask) {
+    if (rows <= 0) return;
+    dim3 grid((unsigned)CDIV(vocab, 256), (unsigned)rows);
+    k_mask_logits<<<grid, 256, 0, cu(be)->stream>>>(logits, vocab, mask, CDIV(vocab, 32));
+    LAUNCH_CHECK();
+}

@@ -1,0 +1,136 @@
+// fast_kimi.c - Kimi-Linear on the fast path: the KDA recurrence of the
+// reference (cpu_kimi.c) with each token's row updates on the vector
+// kernels, and multi-head latent attention as matrix products. Every head reads the same cached latents (one KV "head"), so a
+// task gathers a sequence's context rows [n, R+P] once for a group of heads
+// and a block of queries, and runs
+//   Q_lat = [q_nope W_kb | q_r]   per head          [nq*hg, R+P]
+//   S = Q_lat C^T * scale, causal softmax              [nq*hg, n]
+//   O_lat = P C[:, :R];  out_h = O_lat_h W_vb_h^T      [nq, V] per head
+// as OpenBLAS products (single-threaded inside the pool's tasks). The same
+// sums as the reference (cpu_kimi.c), in another order.
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+
+#include "backend/cpu/fast.h"
+#include "core/common.h"
+
+// One token of one KDA head, as the reference's kda_step, row by row of the
+// state: S[i] *= exp(g_i), mem += k_i S[i]; then S[i] += k_i delta, y += q_i S[i].
+static void fast_kda_step(struct backend *be, float *st, const float *row, const float *g, float *y, int h, int H, int K,
+                          float *scr) {
+    const struct fast_kern *k = fast_k(be);
+    float *q = scr, *kk = q + K, *mem = kk + K;
+    const float *qr = row + h * K, *kr = row + H * K + h * K, *v = row + 2 * H * K + h * K;
+    float rq = (1.0f / sqrtf((float)K)) / sqrtf((float)k->sumsq(qr, K) + 1e-6f);
+    float rk = 1.0f / sqrtf((float)k->sumsq(kr, K) + 1e-6f);
+    for (int i = 0; i < K; i++) q[i] = qr[i] * rq, kk[i] = kr[i] * rk;
+    float beta = 1.0f / (1.0f + expf(-row[3 * H * K + h]));
+    memset(mem, 0, sizeof(float) * K);
+    for (int i = 0; i < K; i++) {
+        float *si = st + (int64_t)i * K;
+        k->scale(si, expf(g[h * K + i]), K);
+        k->axpy(mem, kk[i], si, K);
+    }
+    for (int j = 0; j < K; j++) mem[j] = beta * (v[j] - mem[j]); // the delta
+    memset(y, 0, sizeof(float) * K);
+    for (int i = 0; i < K; i++) {
+        float *si = st + (int64_t)i * K;
+        k->axpy(si, kk[i], mem, K);
+        k->axpy(y, q[i], si, K);
+    }
+}
+
+void fast_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                      const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
+    cpu_kda_run(be, fast_kda_step, y, proj, ld, g, state, b, seq0, seq1, 0, d);
+}
+
+void fast_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
+                     const struct batch *b, const struct kda_dims *d) {
+    cpu_kda_run(be, fast_kda_step, y, proj, ld, g, state, b, 0, b->num_decodes, 1, d);
+}
+
+#define MLA_QBLK 8  // queries per task
+#define MLA_HGRP 8  // heads per task (all of them when H is not a multiple)
+
+static int head_group(int H) { return H % MLA_HGRP ? H : MLA_HGRP; }
+
+static size_t task_floats(int n, int nq, int hg, const struct mla_dims *d) {
+    size_t W = (size_t)d->rank + d->rope, rows = (size_t)nq * hg;
+    return (size_t)n * W + rows * W + rows * n + rows * d->rank;
+}
+
+size_t fast_mla_scratch(const struct mla_dims *d, int max_seq_len) {
+    return sizeof(float) * task_floats(max_seq_len, MLA_QBLK, head_group(d->heads), d);
+}
+
+struct mla_ctx {
+    struct backend *be;
+    float *out;
+    const float *q, *cache, *kv_b;
+    const struct batch *b;
+    const struct mla_dims *d;
+    int *task_seq, *task_q0, groups;
+};
+
+static void mla_task(void *ctx, int task, int thread) {
+    struct mla_ctx *c = ctx;
+    const struct mla_dims *d = c->d;
+    const struct batch *b = c->b;
+    const struct fast_kern *k = fast_k(c->be);
+    int H = d->heads, N = d->nope, P = d->rope, V = d->v_dim, R = d->rank, W = R + P, bs = d->block_size;
+    int hg = head_group(H), h0 = task % c->groups * hg, s = c->task_seq[task / c->groups], q0 = c->task_q0[task / c->groups];
+    int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, ctx0 = b->context_lens[s];
+    int nq = MIN(MLA_QBLK, L - q0), n = ctx0 + q0 + nq, rows = nq * hg; // keys [0, n) cover the last query
+    const int32_t *bt = b->block_tables + (int64_t)s * b->max_blocks_per_seq;
+    float *cc = cpu_scratch(c->be, thread, sizeof(float) * task_floats(n, nq, hg, d));
+    float *ql = cc + (size_t)n * W, *sc = ql + (size_t)rows * W, *ol = sc + (size_t)rows * n;
+    for (int j = 0; j < n; j++)
+        memcpy(cc + (int64_t)j * W, c->cache + ((int64_t)bt[j / bs] * bs + j % bs) * W, sizeof(float) * W);
+    // rows of ql, sc, ol: (query i, head hh) at i*hg + hh
+    for (int hh = 0; hh < hg; hh++) {
+        int h = h0 + hh;
+        const float *qh = c->q + (int64_t)(t0 + q0) * H * (N + P) + (int64_t)h * (N + P);
+        const float *wk = c->kv_b + (int64_t)h * (N + V) * R;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, R, N, 1.0f, qh, H * (N + P), wk, R, 0.0f,
+                    ql + (int64_t)hh * W, hg * W);
+        for (int i = 0; i < nq; i++) memcpy(ql + ((int64_t)i * hg + hh) * W + R, qh + (int64_t)i * H * (N + P) + N,
+                                            sizeof(float) * P);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, W, d->scale, ql, W, cc, W, 0.0f, sc, n);
+    for (int r = 0; r < rows; r++) { // query r / hg sees keys [0, ctx0 + q0 + r / hg]
+        float *x = sc + (int64_t)r * n, mx = -FLT_MAX, sum = 0;
+        int m = ctx0 + q0 + r / hg + 1;
+        for (int j = 0; j < m; j++) mx = x[j] > mx ? x[j] : mx;
+        for (int j = 0; j < m; j++) x[j] -= mx;
+        k->vexp(x, x, m);
+        for (int j = 0; j < m; j++) sum += x[j];
+        float inv = 1.0f / sum;
+        for (int j = 0; j < m; j++) x[j] *= inv;
+        for (int j = m; j < n; j++) x[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, R, n, 1.0f, sc, n, cc, W, 0.0f, ol, R);
+    for (int hh = 0; hh < hg; hh++) {
+        int h = h0 + hh;
+        const float *wv = c->kv_b + (int64_t)h * (N + V) * R + (int64_t)N * R; // [V, R]
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, V, R, 1.0f, ol + (int64_t)hh * R, hg * R, wv, R, 0.0f,
+                    c->out + (int64_t)(t0 + q0) * H * V + (int64_t)h * V, H * V);
+    }
+}
+
+void fast_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                   const struct batch *b, int seq0, int seq1, const struct mla_dims *d) {
+    int nt = 0;
+    for (int s = seq0; s < seq1; s++) nt += CDIV(b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], MLA_QBLK);
+    if (!nt) return;
+    int *ts = fast_shared(be, 0, sizeof(int) * 2 * (size_t)nt), *tq = ts + nt; // slot 0, as attention
+    nt = 0;
+    for (int s = seq0; s < seq1; s++)
+        for (int q0 = 0; q0 < b->h_query_start_loc[s + 1] - b->h_query_start_loc[s]; q0 += MLA_QBLK) {
+            ts[nt] = s;
+            tq[nt++] = q0;
+        }
+    struct mla_ctx c = {be, out, q, cache, kv_b, b, d, ts, tq, d->heads / head_group(d->heads)};
+    cpu_parallel(be, nt * c.groups, mla_task, &c);
+}

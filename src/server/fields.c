@@ -1,0 +1,187 @@
+// fields.c - the request fields of vLLM's and OpenAI's schemas beyond
+// sampling and the prompt: those vllm.c honours (priority, request_id,
+// cache_salt, truncate_prompt_tokens, a per-request chat_template,
+// documents) and those it cannot, which get a 400 naming them unless they
+// hold the value that changes nothing ("store": false, "n": 1), so that no
+// field is ever silently ignored. docs/SERVING.md lists every field with
+// its status; tests/server/fields.tsv is the list both are checked against.
+// (allowed_token_ids is guided.c's: a token mask, as structured output.)
+#include <limits.h>
+#include <math.h>
+
+#include "core/common.h"
+#include "server/server_internal.h"
+
+#define MAX_REQUEST_ID 128 // bytes: it goes into every response's id
+
+static json_t *field(const json_t *body, const char *key) {
+    json_t *v = json_object_get(body, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+// The value a field may hold and change nothing.
+enum noop { NOOP_NONE, NOOP_FALSE, NOOP_TRUE, NOOP_ONE, NOOP_EMPTY, NOOP_TEXT_ONLY, NOOP_AUTO };
+
+static int is_noop(const json_t *v, enum noop k) {
+    switch (k) {
+    case NOOP_NONE: return 0;
+    case NOOP_FALSE: return json_is_false(v);
+    case NOOP_TRUE: return json_is_true(v);
+    case NOOP_ONE: return json_is_number(v) && json_number_value(v) == 1.0;
+    case NOOP_EMPTY: return (json_is_array(v) && !json_array_size(v)) || (json_is_object(v) && !json_object_size(v));
+    case NOOP_TEXT_ONLY:
+        return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+               !strcmp(json_string_value(json_array_get(v, 0)), "text");
+    case NOOP_AUTO:
+        return json_is_string(v) && (!strcmp(json_string_value(v), "auto") || !strcmp(json_string_value(v), "default"));
+    }
+    return 0;
+}
+
+// Fields vllm.c does not implement: a 400 naming the field (and why) for
+// any value but null and the no-op one.
+static const struct {
+    const char *name;
+    enum noop ok;
+    const char *why;
+} rejected[] = {
+    {"length_penalty", NOOP_ONE, "it applies to beam search, which is not supported"},
+    {"prompt_logprobs", NOOP_NONE, "prompt log-probs are not implemented yet"},
+    {"spaces_between_special_tokens", NOOP_TRUE, "special tokens are always detokenized as they are"},
+    {"logits_processors", NOOP_EMPTY, "custom logits processors are not supported"},
+    {"return_tokens_as_token_ids", NOOP_FALSE, "it is not implemented (use return_token_ids)"},
+    {"kv_transfer_params", NOOP_EMPTY, "disaggregated prefill is not supported"},
+    {"vllm_xargs", NOOP_EMPTY, "no extension reads it"},
+    {"prompt_embeds", NOOP_NONE, "prompts are text or token ids"},
+    {"mm_processor_kwargs", NOOP_EMPTY, "the models are text-only"},
+    {"media_io_kwargs", NOOP_EMPTY, "the models are text-only"},
+    {"modalities", NOOP_TEXT_ONLY, "the models produce text only"},
+    {"audio", NOOP_NONE, "the models produce text only"},
+    {"prediction", NOOP_NONE, "predicted outputs are not supported"},
+    {"web_search_options", NOOP_NONE, "there is no web search"},
+    {"verbosity", NOOP_NONE, "it is not implemented"},
+    {"store", NOOP_FALSE, "nothing is stored server-side: only false"},
+    {"service_tier", NOOP_AUTO, "there is one tier: only \"auto\" or \"default\""},
+    {"bad_words", NOOP_EMPTY, "token masks are not implemented yet"},
+    {"n_predict", NOOP_NONE, "it is llama-server's; use max_tokens"},
+    {"cache_prompt", NOOP_NONE, "it is llama-server's; prefix caching is automatic"},
+    {"grammar", NOOP_NONE, "it is llama-server's; grammars are not supported here"},
+    {"json_schema", NOOP_NONE, "it is llama-server's; use response_format"},
+};
+
+static int check_rejected(const json_t *body, struct api_error *err) {
+    for (size_t i = 0; i < sizeof rejected / sizeof rejected[0]; i++) {
+        json_t *v = field(body, rejected[i].name);
+        if (v && !is_noop(v, rejected[i].ok))
+            return api_fail(err, 400, rejected[i].name, "'%s' is not supported: %s", rejected[i].name, rejected[i].why);
+    }
+    json_t *so = field(body, "stream_options"), *cu = so ? field(so, "continuous_usage_stats") : NULL;
+    if (cu && !json_is_false(cu))
+        return api_fail(err, 400, "stream_options", "'stream_options.continuous_usage_stats' is not supported");
+    return 0;
+}
+
+// An optional string of at most max bytes, copied into *out.
+static int get_string(const json_t *body, const char *key, size_t max, char **out, struct api_error *err) {
+    json_t *v = field(body, key);
+    if (!v) return 0;
+    if (!json_is_string(v)) return api_fail(err, 400, key, "'%s' must be a string", key);
+    if (json_string_length(v) > max) return api_fail(err, 400, key, "'%s' is longer than %zu bytes", key, max);
+    *out = xstrdup(json_string_value(v));
+    return 0;
+}
+
+static int get_priority(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    json_t *v = field(body, "priority");
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < INT_MIN || json_integer_value(v) > INT_MAX)
+        return api_fail(err, 400, "priority", "'priority' must be an integer");
+    int p = (int)json_integer_value(v);
+    if (p && !s->cfg.priority_scheduling)
+        return api_fail(err, 400, "priority",
+                        "'priority' needs the priority scheduling policy (vllm serve --scheduling-policy priority)");
+    gp->sp.priority = p;
+    return 0;
+}
+
+static int get_truncate(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    json_t *v = field(body, "truncate_prompt_tokens");
+    if (!v) return 0;
+    long long n = json_is_integer(v) ? json_integer_value(v) : 0;
+    if (!json_is_integer(v) || (n < 1 && n != -1))
+        return api_fail(err, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or a positive integer");
+    if (n > s->info.max_model_len)
+        return api_fail(err, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' (%lld) is larger than max_model_len (%d)",
+                        n, s->info.max_model_len);
+    gp->truncate = n == -1 ? s->info.max_model_len : (int)n;
+    return 0;
+}
+
+int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    if (check_rejected(body, err) || get_priority(s, body, gp, err) || get_truncate(s, body, gp, err) ||
+        get_string(body, "request_id", MAX_REQUEST_ID, &gp->request_id, err) ||
+        get_string(body, "cache_salt", 1 << 10, &gp->cache_salt, err))
+        return -1;
+    if (gp->cache_salt && !*gp->cache_salt) return api_fail(err, 400, "cache_salt", "'cache_salt' must not be empty");
+    gp->sp.cache_salt = gp->cache_salt;
+    // informational: accepted, typed
+    static const char *const strings[] = {"user", "safety_identifier", "prompt_cache_key", NULL};
+    for (int i = 0; strings[i]; i++)
+        if (field(body, strings[i]) && !json_is_string(field(body, strings[i])))
+            return api_fail(err, 400, strings[i], "'%s' must be a string", strings[i]);
+    if (field(body, "metadata") && !json_is_object(field(body, "metadata")))
+        return api_fail(err, 400, "metadata", "'metadata' must be an object");
+    return 0;
+}
+
+// truncate_prompt_tokens: the prompt's last N tokens, as vLLM keeps them.
+void fields_truncate(struct gen_params *gp) {
+    if (gp->truncate <= 0 || gp->num_prompt <= gp->truncate) return;
+    memmove(gp->prompt_ids, gp->prompt_ids + (gp->num_prompt - gp->truncate), sizeof(int32_t) * gp->truncate);
+    gp->num_prompt = gp->truncate;
+}
+
+int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err) {
+    json_t *v = field(body, "chat_template");
+    *src = s->cfg.chat_template;
+    if (!v) return 0;
+    if (!json_is_string(v)) return api_fail(err, 400, "chat_template", "'chat_template' must be a string");
+    if (!s->cfg.trust_request_chat_template)
+        return api_fail(err, 400, "chat_template",
+                        "a per-request 'chat_template' needs vllm serve --trust-request-chat-template");
+    *src = json_string_value(v);
+    return 0;
+}
+
+int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err) {
+    json_t *d = field(body, "documents");
+    if (!d) return 0;
+    if (!json_is_array(d)) return api_fail(err, 400, "documents", "'documents' must be a list of objects");
+    size_t i;
+    json_t *x;
+    json_array_foreach(d, i, x) {
+        if (!json_is_object(x)) return api_fail(err, 400, "documents", "documents[%zu] must be an object", i);
+    }
+    json_object_set(template_vars, "documents", d);
+    return 0;
+}
+
+void fields_defaults(struct server *s, struct gen_params *gp) {
+    const json_t *d = s->gen_defaults;
+    if (!d) return;
+    struct vllm_sampling_params *sp = &gp->sp;
+    const json_t *v;
+    if ((v = json_object_get(d, "temperature"))) sp->temperature = (float)json_number_value(v);
+    if ((v = json_object_get(d, "top_p"))) sp->top_p = (float)json_number_value(v);
+    if ((v = json_object_get(d, "top_k"))) sp->top_k = (int)json_number_value(v);
+    if ((v = json_object_get(d, "min_p"))) sp->min_p = (float)json_number_value(v);
+    if ((v = json_object_get(d, "repetition_penalty"))) sp->repetition_penalty = (float)json_number_value(v);
+    if ((v = json_object_get(d, "max_new_tokens")) && json_number_value(v) >= 1)
+        gp->max_new_tokens = (int)MIN(json_number_value(v), 1e9);
+}
+
+void fields_free(struct gen_params *gp) {
+    json_decref(gp->resp_echo);
+    free(gp->request_id);
+    free(gp->cache_salt);
+}
