@@ -416,8 +416,8 @@ static void expect_error(const char *dir, const char *quant, const char *want, c
 }
 
 // Rewrites qdir/model.safetensors without tensor `drop`, or with `reshape`'s
-// shape cut by one row.
-static void edit_ckpt(const char *qdir, const char *drop, const char *reshape) {
+// shape cut by one row, or with `retype` stored as F8_E4M3 codes.
+static void edit_ckpt3(const char *qdir, const char *drop, const char *reshape, const char *retype) {
     char *p = path_join(qdir, "model.safetensors");
     struct st_set *st = NULL;
     CHECK(st_open_file(p, &st) == 0);
@@ -436,6 +436,7 @@ static void edit_ckpt(const char *qdir, const char *drop, const char *reshape) {
             t[k].shape[0]--;
             t[k].nbytes = s->nbytes / s->shape[0] * t[k].shape[0];
         }
+        if (retype && !strcmp(s->name, retype)) t[k].dtype = "F8_E4M3", t[k].nbytes = (size_t)s->numel;
         t[k].name = xstrdup(s->name);
         k++;
     }
@@ -451,6 +452,8 @@ static void fresh(char **q, char **d, const char *fx, enum layout L) {
     *q = tu_tmpdir(), *d = tu_tmpdir();
     CHECK(make_pair(fx, L, *q, *d) == 0);
 }
+
+static void edit_ckpt(const char *qdir, const char *drop, const char *reshape) { edit_ckpt3(qdir, drop, reshape, NULL); }
 
 static void run_errors(void) {
     char *q = NULL, *d = NULL;
@@ -477,6 +480,10 @@ static void run_errors(void) {
                      "\"model.layers.0.mlp\"]}}";
     tu_write(q, "hf_quant_config.json", ex, strlen(ex));
     expect_error(q, NULL, "model.layers.0.mlp.", "an excluded module stored quantized");
+    fresh(&q, &d, "qwen3", L_MO_FP8);
+    edit_ckpt3(q, NULL, NULL, "model.layers.1.post_attention_layernorm.weight");
+    expect_error(q, NULL, "model.layers.1.post_attention_layernorm.weight is stored quantized",
+                 "a quantized tensor the model reads as a plain one (a norm)");
     fresh(&q, &d, "qwen3", L_CT_BLOCK);
     tu_write(q, "config.json", "{", 1);
     tu_copy(d, q, "config.json");
