@@ -17,3 +17,7 @@ foreach(isa ${cpu_isas})
   add_test(NAME cpu_gate_logits_${isa} COMMAND test_logits)
   set_tests_properties(cpu_gate_logits_${isa} PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_CPU_ISA=${isa}")
 endforeach()
+# Quantized weights (FP8, FP8 128-blocks, NVFP4): the fast path's kernels,
+# which dequantize in registers, against the reference ops over 1..40 rows.
+vllm_test_exe(test_quant_kernels cpu/test_quant_kernels.c)
+add_test(NAME quant_kernels COMMAND test_quant_kernels)

@@ -4,6 +4,9 @@ if(VLLM_CUDA)
   set(GPU ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh)
   vllm_test_exe(test_cuda_ops cuda/test_cuda_ops.c)
   add_test(NAME gpu_ops COMMAND ${GPU} $<TARGET_FILE:test_cuda_ops>)
+  # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
+  vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
+  add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
   foreach(fx ${VLLM_GATE_FIXTURES})
     foreach(mode ${VLLM_GATE_MODES})

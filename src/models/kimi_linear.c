@@ -361,7 +361,7 @@ static int kl_load(const char *dir, const json_t *config, const struct model_loa
     m->eps = c->eps;
     if (!m->max_seq_len) m->max_seq_len = c->max_position ? c->max_position : 4096;
     struct loader l;
-    rc = loader_open(&l, dir, o->dummy, o->seed, o->weight_fmt, be);
+    rc = loader_open_opts(&l, dir, o, be);
     l.keep_fp32 = "e_score_correction_bias"; // fp32 in a bf16 model, as transformers keeps it
     if (!rc) rc = load_weights(m, &l, c);
     int64_t bytes = l.device_bytes;

@@ -170,6 +170,10 @@ int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dim
     }
     const struct st_tensor *t;
     TRY(find_shaped(l, name, ndim, dims, &t));
+    if (loader_is_quantized(l, t)) // its scales would be lost: never read as plain values
+        return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s is stored quantized (%s), but this model reads it as a plain "
+                        "tensor; dequantize it in the checkpoint or add it to the exclude list",
+                        st_file_path(l->st, t->file), name, st_dtype_name(t->dtype));
     TRY(st_read_f32(t, dst));
     round_vector(l, name, dst, numel);
     return VLLM_OK;

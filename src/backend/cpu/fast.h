@@ -56,6 +56,11 @@ struct fast_kern {
     // arithmetic, codes dequantized in the kernel; for few rows (decode)
     void (*mm_q)(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                  int64_t c1);
+    // WF_FP8 / WF_FP8_B128, few rows, with x also permuted by perm_x64 into
+    // xp [m, ldxp] (NULL where the kernel set has none: mm_q instead)
+    void (*mm_fp8p)(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xp, int64_t ldxp, int m,
+                    const struct weight *w, int64_t c0, int64_t c1);
+    void (*perm_x64)(float *xp, const float *x, int64_t K); // whole 64-blocks of x
     // rows [r0, r0 + nr) of a quantized weight as fp32: dst [nr, cols]
     void (*deq_q)(float *dst, const struct weight *w, int64_t r0, int64_t nr);
     void (*vexp)(float *y, const float *x, int64_t n);  // y = exp(x), in place allowed
@@ -118,6 +123,11 @@ void fast_mm_q_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, int m,
                       int64_t c1);
 void fast_deq_q_avx512(float *dst, const struct weight *w, int64_t r0, int64_t nr);
 void fast_quant_avx512_init(void);
+// FP8 with AVX512_VBMI (fast_quant_vbmi.c)
+void fast_mm_fp8_vbmi(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xp, int64_t ldxp, int m,
+                      const struct weight *w, int64_t c0, int64_t c1);
+void fast_perm_x64(float *xp, const float *x, int64_t K);
+void fast_quant_vbmi_init(void);
 #endif
 // quantized weights, portable (fast_quant.c)
 void fast_mm_q_scalar(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,

@@ -61,6 +61,14 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
         fast_quant_avx512_init();
         k->mm_q = fast_mm_q_avx512, k->deq_q = fast_deq_q_avx512;
     }
+    // The FP8 table kernel needs AVX512_VBMI, which some AVX512_BF16 CPUs
+    // (Cooper Lake) lack; the plain avx512 set keeps the other kernel, so a
+    // VBMI machine tests both (tests/cpu/test_quant_kernels.c).
+    unsigned a, b, c, d;
+    if (isa == FAST_AVX512_BF16 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 1) & 1)) {
+        fast_quant_vbmi_init();
+        k->mm_fp8p = fast_mm_fp8_vbmi, k->perm_x64 = fast_perm_x64;
+    }
 #endif
 }
 
@@ -305,8 +313,16 @@ void fast_mm_serial(struct backend *be, int thread, float *y, int64_t ldy, const
     case WF_FP8:
     case WF_FP8_B128:
     case WF_NVFP4:
-        if (n <= F32_KERNEL_MAX_ROWS) k->mm_q(y, ldy, x, ldx, n, w, c0, c1);
-        else fast_mm_q_many(be, thread, y, ldy, x, ldx, n, w, c0, c1);
+        if (n > F32_KERNEL_MAX_ROWS) {
+            fast_mm_q_many(be, thread, y, ldy, x, ldx, n, w, c0, c1);
+        } else if (k->mm_fp8p && w->fmt != WF_NVFP4 && w->cols >= 64) { // x permuted for the table kernel
+            int64_t K64 = w->cols / 64 * 64;
+            float *xp = fast_pack_scratch(be, thread, (size_t)n * K64);
+            for (int i = 0; i < n; i++) k->perm_x64(xp + i * K64, x + i * ldx, w->cols);
+            k->mm_fp8p(y, ldy, x, ldx, xp, K64, n, w, c0, c1);
+        } else {
+            k->mm_q(y, ldy, x, ldx, n, w, c0, c1);
+        }
         return;
     }
     if (n <= F32_KERNEL_MAX_ROWS) {
@@ -421,9 +437,10 @@ static int matmul_reserve(struct backend *be, const struct weight *w, int n) {
 }
 
 int fast_quant_reserve(struct backend *be, const struct weight *w, int n) {
-    if (wfmt_quantized(w->fmt) && n > F32_KERNEL_MAX_ROWS)
-        return reserve_pack(be, fast_quant_pack_floats(w->cols), "a quantized matmul");
-    return VLLM_OK;
+    if (!wfmt_quantized(w->fmt)) return VLLM_OK;
+    size_t few = (size_t)F32_KERNEL_MAX_ROWS * w->cols; // the permuted x of the FP8 table kernel
+    return reserve_pack(be, n > F32_KERNEL_MAX_ROWS ? MAX(few, fast_quant_pack_floats(w->cols)) : few,
+                        "a quantized matmul");
 }
 
 // What the reference needs (its ops are the fast path's fallbacks), then

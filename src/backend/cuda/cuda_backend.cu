@@ -104,15 +104,19 @@ static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be
 
 static int cu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
     memset(w, 0, sizeof *w);
-    if (wfmt_quantized(fmt)) // refused at load, naming the format (docs/QUANTIZATION.md)
+    // FP8 with per-row scales runs weight-only (cuda_quant.cu); the block and
+    // NVFP4 formats are refused at load, naming the format (docs/QUANTIZATION.md)
+    if (wfmt_quantized(fmt) && fmt != WF_FP8)
         return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend has no %s weights yet (the CPU backend runs them)",
                         wfmt_name(fmt));
-    size_t bytes = (size_t)rows * cols * wfmt_size(fmt);
+    size_t bytes = (size_t)rows * wfmt_bytes(fmt, cols);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
     w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
+    if (fmt == WF_FP8 && !(w->scale = (float *)cu_alloc(be, sizeof(float) * (size_t)rows)))
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the scales of a weight on the GPU");
     return VLLM_OK;
 }
 
@@ -123,6 +127,9 @@ static int cu_weight_upload_raw(struct backend *be, struct weight *w, int64_t ro
     cudaStream_t s = cu(be)->stream; // after the zeroing memset cu_alloc queued here
     size_t es = wfmt_size(w->fmt), ss = wfmt_size(src_fmt), row = (size_t)w->cols * es;
     char *dst = (char *)w->data + (size_t)row0 * row;
+    if (wfmt_quantized(w->fmt) && src_fmt != w->fmt)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "a %s weight cannot be made from %s rows", wfmt_name(w->fmt),
+                        wfmt_name(src_fmt));
     if (src_fmt == w->fmt) {
         CUDA_CHECK(cudaMemcpy2DAsync(dst, row, src, (size_t)ld * ss, row, (size_t)n, cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
@@ -163,7 +170,7 @@ static int cu_weight_random(struct backend *be, struct weight *w, uint64_t seed,
     case WF_F16: k_random<<<4096, 256, 0, s>>>((__half *)w->data, n, seed, std); break;
     case WF_FP8:
     case WF_FP8_B128:
-    case WF_NVFP4: return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend has no %s weights", wfmt_name(w->fmt));
+    case WF_NVFP4: return weight_random_quant(be, w, seed, std); // quantized on the host
     }
     LAUNCH_CHECK();
     return VLLM_OK;
@@ -441,7 +448,8 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     int N = (int)w->rows, K = (int)w->cols;
     bool gemv = n <= 4 && K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
     cudaStream_t s = cu(be)->stream;
-    if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, N, K, n);
+    if (w->fmt == WF_FP8) cuda_matmul_fp8(be, y, x, w, n);
+    else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, N, K, n);
     else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, N, K, n);
     else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, N, K, n);
     else blas_matmul(be, y, x, w, n);
@@ -668,7 +676,10 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
     size_t T = (size_t)MAX(q->max_tokens, 1), S = (size_t)MAX(q->max_seq_len, 1), need = 0;
     switch (q->op) {
     case OP_MATMUL: need = T * q->w->cols * 2; break; // x rounded to 16 bits
-    case OP_EMBED: break;                            // fp32, bf16 and fp16 weights
+    case OP_EMBED:                                   // fp32, bf16 and fp16 weights
+        if (wfmt_quantized(q->w->fmt))
+            snprintf(buf, sizeof buf, "embedding: %s table", wfmt_name(q->w->fmt)), why = buf;
+        break;
     case OP_ATTN: {
         const struct attn_dims *d = q->attn;
         if (d->head_dim > CUDA_MAX_HEAD_DIM)
@@ -697,7 +708,10 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
     }
     case OP_MOE_EXPERTS: {
         const struct moe_experts *w = q->moe;
-        if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
+        if (wfmt_quantized(w->up.fmt) || wfmt_quantized(w->down.fmt))
+            snprintf(buf, sizeof buf, "MoE experts: %s weights (the FP8 grouped GEMM is not written yet)",
+                     wfmt_name(w->up.fmt)), why = buf;
+        else if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
             snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
         size_t nk = T * q->route->top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
         need = 4 * (3 * (size_t)(w->num_experts + 1) + 1 + 2 * nk) + 256 + 4 * (nk * (U + w->inter + w->dim) + T * w->dim);
