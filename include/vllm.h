@@ -61,8 +61,6 @@ struct vllm_engine_params {
     const char *device;         // "cpu" (default) or "cuda"
     const char *dtype;          // weights: "auto", "float32", "bfloat16" or "float16"
     const char *load_format;    // "auto" (safetensors) or "dummy" (random weights)
-    const char *quantization;   // "auto" (the checkpoint's; NULL too), "none", "fp8", "nvfp4", "fp8_block":
-                                // a checkpoint must be quantized so; dummy weights are made so (docs/QUANTIZATION.md)
     int block_size;             // tokens per KV block (default 16)
     int64_t kv_cache_bytes;     // KV pool budget in bytes (0: default)
     int num_kv_blocks;          // exact KV block count (0: from kv_cache_bytes)
@@ -88,6 +86,9 @@ struct vllm_engine_params {
     // "vllm" (none), or a directory holding one. Its eos_token_id entries stop
     // every request; its sampling keys are vllm_model_info.generation_defaults.
     const char *generation_config;
+    // "auto" (the checkpoint's; NULL too), "none", "fp8", "nvfp4", "fp8_block":
+    // a checkpoint must be quantized so; dummy weights are made so (docs/QUANTIZATION.md)
+    const char *quantization;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
