@@ -62,7 +62,6 @@ static const struct {
     {"verbosity", NOOP_NONE, "it is not implemented"},
     {"store", NOOP_FALSE, "nothing is stored server-side: only false"},
     {"service_tier", NOOP_AUTO, "there is one tier: only \"auto\" or \"default\""},
-    {"bad_words", NOOP_EMPTY, "token masks are not implemented yet"},
     {"n_predict", NOOP_NONE, "it is llama-server's; use max_tokens"},
     {"cache_prompt", NOOP_NONE, "it is llama-server's; prefix caching is automatic"},
     {"grammar", NOOP_NONE, "it is llama-server's; grammars are not supported here"},

@@ -57,6 +57,7 @@ struct guided_req {
     const struct tokenizer *tok;
     uint32_t *allow; // allowed_token_ids as a mask [CDIV(vocab_size, 32)], or NULL
     int allow_words;
+    struct bad_words *bad; // bad_words as token sequences, or NULL
     // streaming
     struct sg_reasoning_stream *rs;
     struct sg_tool_stream *ts;
@@ -348,6 +349,60 @@ static int allowed_ids(struct server *s, const json_t *body, struct guided_req *
     return 0;
 }
 
+// vLLM's bad_words: each word's token sequence, as it starts the text and,
+// when that is a different single word's worth of tokens, after a space.
+// The last id of a sequence is banned where the output so far ends in the
+// ids before it (a one-token word: everywhere).
+struct bad_words {
+    int32_t *ids; // the sequences one after another
+    int *off;     // sequence i: ids[off[i] .. off[i + 1])
+    int n, longest;
+};
+
+static void bad_words_free(struct bad_words *b) {
+    if (!b) return;
+    free(b->ids), free(b->off), free(b);
+}
+
+static void bad_words_add(struct bad_words *b, const int32_t *ids, int n) {
+    b->ids = xrealloc(b->ids, sizeof *b->ids * (size_t)(b->off[b->n] + n));
+    memcpy(b->ids + b->off[b->n], ids, sizeof *ids * (size_t)n);
+    b->off = xrealloc(b->off, sizeof *b->off * (size_t)(b->n + 2));
+    b->off[b->n + 1] = b->off[b->n] + n;
+    b->n++;
+    b->longest = MAX(b->longest, n);
+}
+
+static int bad_words(struct server *s, const json_t *body, struct guided_req *q, struct api_error *err) {
+    json_t *a = field(body, "bad_words"), *v;
+    if (!a || (json_is_array(a) && !json_array_size(a))) return 0;
+    if (!json_is_array(a)) return api_fail(err, 400, "bad_words", "'bad_words' must be a list of strings");
+    if (!s->info.has_tokenizer) return api_fail(err, 400, "bad_words", "'bad_words' needs the model's tokenizer");
+    struct bad_words *b = q->bad = xcalloc(1, sizeof *b);
+    b->off = xcalloc(1, sizeof *b->off);
+    size_t i;
+    json_array_foreach(a, i, v) {
+        if (!json_is_string(v)) return api_fail(err, 400, "bad_words", "bad_words[%zu] is not a string", i);
+        const char *w = json_string_value(v);
+        while (*w == ' ' || *w == '\t' || *w == '\n' || *w == '\r') w++;
+        if (!*w) continue;
+        int first = b->n;
+        for (int space = 0; space < 2; space++) {
+            char *text = xmalloc(strlen(w) + 2);
+            snprintf(text, strlen(w) + 2, "%s%s", space ? " " : "", w);
+            int32_t *ids = NULL;
+            int n = 0;
+            int rc = vllm_tokenize(s->engine, text, strlen(text), 0, &ids, &n);
+            free(text);
+            if (rc) return api_fail(err, 400, "bad_words", "bad_words[%zu]: %s", i, vllm_last_error());
+            int prev = first < b->n ? b->off[first + 1] - b->off[first] : -1;
+            if (n > 0 && (!space || (prev == n && ids[0] != b->ids[b->off[first]]))) bad_words_add(b, ids, n);
+            vllm_free(ids);
+        }
+    }
+    return 0;
+}
+
 int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
                  struct api_error *err) {
     struct guided *gs = s->guided;
@@ -369,11 +424,12 @@ int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struc
         return -1;
     }
     if (q->grammar && q->reasoning) reasoning_first(s, gp, q);
-    if (allowed_ids(s, body, q, err)) {
+    if (allowed_ids(s, body, q, err) || bad_words(s, body, q, err)) {
         guided_req_free(q);
         return -1;
     }
-    if (!q->grammar && !q->allow && !q->reasoning && q->tools == TOOLS_OFF) guided_req_free(q), q = NULL;
+    if (q->bad && !q->bad->n) bad_words_free(q->bad), q->bad = NULL; // only blank words
+    if (!q->grammar && !q->allow && !q->bad && !q->reasoning && q->tools == TOOLS_OFF) guided_req_free(q), q = NULL;
     gp->guided = q;
     return 0;
 }
@@ -385,6 +441,7 @@ void guided_req_free(struct guided_req *q) {
     if (q->rs) sg_reasoning_stream_free(q->rs);
     if (q->ts) sg_tool_stream_free(q->ts);
     free(q->allow);
+    bad_words_free(q->bad);
     free(q);
 }
 
@@ -399,6 +456,9 @@ struct gcons {
     char tail[sizeof THINK_END]; // the last bytes of the reasoning so far
     uint32_t *allow;             // [allow_words] or NULL
     int allow_words;
+    struct bad_words *bad;       // or NULL
+    int32_t *hist;               // the last bad->longest - 1 output ids, oldest first
+    int nhist;
 };
 
 // Reasoning, and after an EOS (the grammar is done; a request that goes on,
@@ -411,6 +471,13 @@ static void c_fill(void *user, uint32_t *mask, int words) {
     else sg_matcher_fill_mask(c->m, mask); // words >= the vocabulary's: get_vocab checked the sizes
     if (c->allow)
         for (int i = 0; i < words; i++) mask[i] &= i < c->allow_words ? c->allow[i] : 0;
+    const struct bad_words *b = c->bad;
+    for (int k = 0; b && k < b->n; k++) {
+        const int32_t *w = b->ids + b->off[k];
+        int n = b->off[k + 1] - b->off[k], id = w[n - 1];
+        if (n - 1 > c->nhist || memcmp(c->hist + c->nhist - (n - 1), w, sizeof *w * (size_t)(n - 1))) continue;
+        if (id >= 0 && id < words * 32) mask[id >> 5] &= ~(1u << (id & 31));
+    }
 }
 
 // A reasoning token: the grammar applies from the next one once the text so
@@ -435,6 +502,11 @@ static void reasoning_token(struct gcons *c, int32_t id) {
 
 static int c_accept(void *user, int32_t id) {
     struct gcons *c = user;
+    if (c->bad && c->bad->longest > 1) { // keep the last longest - 1 ids
+        int cap = c->bad->longest - 1;
+        if (c->nhist == cap) memmove(c->hist, c->hist + 1, sizeof *c->hist * (size_t)--c->nhist);
+        c->hist[c->nhist++] = id;
+    }
     if (!c->m) return 0;
     if (c->tok) return reasoning_token(c, id), 0;
     return !sg_matcher_is_done(c->m) && sg_matcher_accept(c->m, id) != VLLM_OK;
@@ -445,11 +517,13 @@ static void c_release(void *user) {
     sg_matcher_free(c->m);
     sg_grammar_free(c->g);
     free(c->allow);
+    bad_words_free(c->bad);
+    free(c->hist);
     free(c);
 }
 
 int guided_constraint(struct guided_req *q, struct vllm_constraint *out) {
-    if (!q || (!q->grammar && !q->allow)) return 0;
+    if (!q || (!q->grammar && !q->allow && !q->bad)) return 0;
     struct gcons *c = xcalloc(1, sizeof *c);
     if (q->grammar) {
         c->g = sg_grammar_ref(q->grammar); // the registry may evict it, the gen may go first
@@ -459,6 +533,15 @@ int guided_constraint(struct guided_req *q, struct vllm_constraint *out) {
         c->allow_words = q->allow_words;
         c->allow = xmalloc(sizeof *c->allow * (size_t)q->allow_words);
         memcpy(c->allow, q->allow, sizeof *c->allow * (size_t)q->allow_words);
+    }
+    if (q->bad) { // the constraint outlives the request's guided_req
+        struct bad_words *b = c->bad = xcalloc(1, sizeof *b);
+        b->n = q->bad->n, b->longest = q->bad->longest;
+        b->off = xmalloc(sizeof *b->off * (size_t)(b->n + 1));
+        memcpy(b->off, q->bad->off, sizeof *b->off * (size_t)(b->n + 1));
+        b->ids = xmalloc(sizeof *b->ids * (size_t)b->off[b->n]);
+        memcpy(b->ids, q->bad->ids, sizeof *b->ids * (size_t)b->off[b->n]);
+        c->hist = xmalloc(sizeof *c->hist * (size_t)MAX(1, b->longest));
     }
     c->tok = q->reason_first ? q->tok : NULL;
     out->user = c;
