@@ -2,6 +2,8 @@
 // (the definition every backend's ops are held to), and dummy quantized
 // weights made on the host for any backend.
 #include <math.h>
+#include <pthread.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "core/common.h"
@@ -116,24 +118,60 @@ static void quantize_row(enum wfmt f, const float *v, int64_t cols, uint8_t *cod
     }
 }
 
+// Dummy quantized weights: uniform values of standard deviation std,
+// quantized on the host by every core (an 8B model's weights are billions of
+// values), a block of rows a thread, then uploaded. Each row has its own
+// random stream, so the values do not depend on the thread count.
+struct wq_job {
+    enum wfmt fmt;
+    int64_t row0, n, cols, g, nb;
+    size_t rb;
+    uint64_t seed;
+    float a;
+    uint8_t *codes, *bs;
+    float *sc, *v;
+};
+
+static void *wq_run(void *arg) {
+    const struct wq_job *j = arg;
+    for (int64_t i = 0; i < j->n; i++) {
+        uint64_t x = (j->seed ^ ((uint64_t)(j->row0 + i) + 1) * 0x9E3779B97F4A7C15ull) | 1;
+        for (int64_t c = 0; c < j->cols; c++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            j->v[c] = j->a * (float)(int32_t)(x >> 32);
+        }
+        quantize_row(j->fmt, j->v, j->cols, j->codes + i * j->rb, j->sc + i * j->g, j->bs + i * j->nb);
+    }
+    return NULL;
+}
+
 int weight_random_quant(struct backend *be, struct weight *w, uint64_t seed, float std) {
+    enum { MAX_THREADS = 32 };
     int64_t rows = w->rows, cols = w->cols, per = MAX(1, (1 << 20) / MAX(cols, 1));
     int64_t g = wfmt_scale_cols(w->fmt, cols), nb = w->fmt == WF_NVFP4 ? cols / WF_NVFP4_GROUP : 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = (int)MIN(MAX_THREADS, MAX(1, MIN(cores, CDIV(rows, per))));
     size_t rb = wfmt_bytes(w->fmt, cols);
-    float a = std * 1.7320508f * 0x1.0p-31f, *v = xmalloc(sizeof(float) * (size_t)cols);
-    float *sc = xmalloc(sizeof(float) * (size_t)(per * g));
-    uint8_t *codes = xmalloc(rb * (size_t)per), *bs = xmalloc((size_t)(per * nb) + 1);
-    uint64_t x = seed | 1;
+    struct wq_job jobs[MAX_THREADS];
+    float *sc = xmalloc(sizeof(float) * (size_t)(nt * per * g)), *v = xmalloc(sizeof(float) * (size_t)(nt * cols));
+    uint8_t *codes = xmalloc(rb * (size_t)(nt * per)), *bs = xmalloc((size_t)(nt * per * nb) + 1);
     int rc = VLLM_OK;
-    for (int64_t r0 = 0; r0 < rows && !rc; r0 += per) {
-        int64_t n = MIN(per, rows - r0);
-        for (int64_t i = 0; i < n; i++) {
-            for (int64_t c = 0; c < cols; c++) {
-                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                v[c] = a * (float)(int32_t)(x >> 32);
-            }
-            quantize_row(w->fmt, v, cols, codes + i * rb, sc + i * g, bs + i * nb);
+    for (int64_t r0 = 0; r0 < rows && !rc; r0 += nt * per) {
+        pthread_t th[MAX_THREADS];
+        unsigned started = 0;
+        for (int t = 0; t < nt; t++) {
+            int64_t a = r0 + t * per;
+            jobs[t] = (struct wq_job){w->fmt, a, MAX(0, MIN(per, rows - a)), cols, g, nb, rb, seed,
+                                      std * 1.7320508f * 0x1.0p-31f, codes + (size_t)(t * per) * rb,
+                                      bs + t * per * nb, sc + t * per * g, v + t * cols};
+            if (jobs[t].n == 0) continue;
+            if (t > 0 && !pthread_create(&th[t], NULL, wq_run, &jobs[t])) started |= 1u << t;
+            else if (t > 0) wq_run(&jobs[t]); // no thread: do it here
         }
+        if (jobs[0].n) wq_run(&jobs[0]);
+        for (int t = 1; t < nt; t++)
+            if (started & (1u << t)) pthread_join(th[t], NULL);
+        int64_t n = MIN(nt * per, rows - r0);
         rc = be->ops->weight_upload_raw(be, w, r0, n, codes, w->fmt, cols);
         if (!rc) weight_upload_scales(be, w, r0, n, sc, bs);
     }
