@@ -26,7 +26,7 @@ static int status_of(int port, const char *method, const char *path, const char 
 }
 
 static void test_loading(void) {
-    setenv("VLLM_TEST_LOAD_DELAY_MS", "1500", 1);
+    setenv("VLLM_TEST_LOAD_DELAY_MS", "4000", 1); // long enough for the checks below on a loaded (or ASan) machine
     const char *extra[] = {"--api-key", "k", NULL};
     struct srv s;
     srv_start_marked(&s, vllm_bin, model_dir, extra, " port "); // bound, not loaded
