@@ -179,7 +179,36 @@ void fields_defaults(struct server *s, struct gen_params *gp) {
         gp->max_new_tokens = (int)MIN(json_number_value(v), 1e9);
 }
 
+// vLLM's echo: a text prompt as sent (when the whole of it is kept), else
+// the kept ids detokenized. With logprobs it would need the prompt's
+// logprobs, which are not computed: a 400.
+int fields_echo(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    json_t *v = field(body, "echo");
+    if (!v || json_is_false(v)) return 0;
+    if (!json_is_boolean(v)) return api_fail(err, 400, "echo", "'echo' must be a boolean");
+    if (gp->kind != API_COMPLETION)
+        return api_fail(err, 400, "echo", "'echo' is supported on /v1/completions only");
+    if (gp->logprobs >= 0)
+        return api_fail(err, 400, "echo", "'echo' with 'logprobs' needs the prompt's logprobs, which are not computed");
+    json_t *p = field(body, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
+    if (json_is_string(p) && !gp->truncate) {
+        gp->echo_len = json_string_length(p);
+        gp->echo = xmalloc(gp->echo_len + 1);
+        memcpy(gp->echo, json_string_value(p), gp->echo_len + 1);
+        return 0;
+    }
+    char *text = NULL;
+    if (!s->info.has_tokenizer || vllm_detokenize(s->engine, gp->prompt_ids, gp->num_prompt, 0, &text))
+        return api_fail(err, 400, "echo", "'echo' needs the model's tokenizer to show token ids as text");
+    gp->echo = xstrdup(text);
+    gp->echo_len = strlen(text);
+    vllm_free(text);
+    return 0;
+}
+
 void fields_free(struct gen_params *gp) {
+    free(gp->echo);
     json_decref(gp->resp_echo);
     free(gp->request_id);
     free(gp->cache_salt);

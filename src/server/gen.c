@@ -298,7 +298,11 @@ static void stream_start(struct gen *g) {
     evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (g->p.kind == API_RESPONSES) responses_stream_start(g);
-    else if (g->p.kind == API_CHAT) {
+    else if (g->p.echo) { // the prompt's text as the first chunk
+        json_t *choice = json_pack("{s:i,s:o,s:n,s:n}", "index", 0, "text", json_text(g->p.echo, g->p.echo_len),
+                                   "logprobs", "finish_reason");
+        sse_send(g, stream_chunk(g, choice));
+    } else if (g->p.kind == API_CHAT) {
         json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role", "assistant", "content", "",
                                    "logprobs", "finish_reason");
         sse_send(g, stream_chunk(g, choice));
@@ -405,6 +409,13 @@ static void reply_final(struct gen *g, const struct gen_events *ev) {
     }
     int chat = g->p.kind == API_CHAT;
     json_t *r = response_base(g, chat ? "chat.completion" : "text_completion");
+    if (g->p.echo) { // echo: the prompt's text, then the completion
+        char *t = xmalloc(g->p.echo_len + g->text_len + 1);
+        memcpy(t, g->p.echo, g->p.echo_len);
+        if (g->text_len) memcpy(t + g->p.echo_len, g->text, g->text_len);
+        free(g->text);
+        g->text = t, g->text_len += g->p.echo_len, g->text_cap = g->text_len + 1;
+    }
     json_t *choice = json_pack("{s:i}", "index", 0), *text = json_text(g->text ? g->text : "", g->text_len);
     const char *fin = finish_string(ev->reason);
     if (chat && guided_parses(g->p.guided)) { // reasoning_content / tool_calls (guided.c)

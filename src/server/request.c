@@ -71,15 +71,14 @@ static int check_unsupported(const json_t *body, struct api_error *err) {
     for (int i = 0; never[i]; i++)
         if (field(body, never[i])) return api_fail(err, 400, never[i], "'%s' is not supported", never[i]);
     long long n = 1, best_of = 1;
-    int echo = 0, beam = 0;
+    int beam = 0;
     if (get_int64(body, "n", LLONG_MIN, LLONG_MAX, &n, err) ||
         get_int64(body, "best_of", LLONG_MIN, LLONG_MAX, &best_of, err))
         return -1;
     if (n != 1 || best_of != 1)
         return api_fail(err, 400, n != 1 ? "n" : "best_of",
                         "one choice per request is supported: 'n' and 'best_of' must be 1");
-    if (get_bool(body, "echo", &echo, err) || get_bool(body, "use_beam_search", &beam, err)) return -1;
-    if (echo) return api_fail(err, 400, "echo", "'echo' is not supported");
+    if (get_bool(body, "use_beam_search", &beam, err)) return -1;
     if (beam) return api_fail(err, 400, "use_beam_search", "beam search is not supported");
     json_t *lb = field(body, "logit_bias");
     if (lb && (!json_is_object(lb) || json_object_size(lb)))
@@ -421,6 +420,7 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
     if (!rc) rc = kind == API_CHAT ? chat_prompt(s, body, &gp->prompt_ids, &gp->num_prompt, err)
                                    : completion_prompt(s, body, gp, err);
     if (!rc) fields_truncate(gp);
+    if (!rc) rc = fields_echo(s, body, gp, err);
     if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
     if (!rc) rc = get_max_tokens(s, body, gp, err);
     if (!rc) rc = guided_parse(s, kind, body, gp, err);

@@ -78,6 +78,8 @@ struct gen_params {
     char *request_id; // the response id's suffix (NULL: a random one)
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
+    char *echo;       // completions' "echo": the prompt's text, before the completion (NULL: off)
+    size_t echo_len;
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
     json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
     struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
@@ -105,6 +107,8 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
 // fields_documents adds "documents" to the template's variables.
 int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
 void fields_truncate(struct gen_params *gp);
+// "echo" (completions): the prompt's text into gp->echo, once it is tokenized.
+int fields_echo(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
 int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
 int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
 // generation_config.json's sampling defaults (as vLLM applies them): into
