@@ -535,13 +535,11 @@ int guided_constraint(struct guided_req *q, struct vllm_constraint *out) {
         memcpy(c->allow, q->allow, sizeof *c->allow * (size_t)q->allow_words);
     }
     if (q->bad) { // the constraint outlives the request's guided_req
-        struct bad_words *b = c->bad = xcalloc(1, sizeof *b);
-        b->n = q->bad->n, b->longest = q->bad->longest;
-        b->off = xmalloc(sizeof *b->off * (size_t)(b->n + 1));
-        memcpy(b->off, q->bad->off, sizeof *b->off * (size_t)(b->n + 1));
-        b->ids = xmalloc(sizeof *b->ids * (size_t)b->off[b->n]);
-        memcpy(b->ids, q->bad->ids, sizeof *b->ids * (size_t)b->off[b->n]);
-        c->hist = xmalloc(sizeof *c->hist * (size_t)MAX(1, b->longest));
+        c->bad = xcalloc(1, sizeof *c->bad);
+        c->bad->off = xcalloc(1, sizeof *c->bad->off);
+        for (int k = 0; k < q->bad->n; k++)
+            bad_words_add(c->bad, q->bad->ids + q->bad->off[k], q->bad->off[k + 1] - q->bad->off[k]);
+        c->hist = xmalloc(sizeof *c->hist * (size_t)MAX(1, c->bad->longest));
     }
     c->tok = q->reason_first ? q->tok : NULL;
     out->user = c;
