@@ -25,7 +25,7 @@
 
 #define RUN_TIMEOUT_S 30
 
-static const char *vllm_bin, *fixture;
+static const char *vllm_bin, *fixture, *rope_fixture;
 static char root[512];
 static json_t *base_cfg;   // the fixture's config.json
 static json_t *base_hdr;   // its model.safetensors header
@@ -96,6 +96,7 @@ static char *new_dir(void) {
 struct kase {
     char *what, *dir, *needles;
     int want_ok;
+    long as_mb; // > 0: run under prlimit --as (MiB), so an allocation too big fails fast
     struct tu_proc p;
 };
 static struct kase *cases;
@@ -103,9 +104,13 @@ static int cap_cases;
 
 // want_ok: the fixture's tokens; else exit 1 or 2 with every `|`-separated
 // needle in the output.
-static void run_case(const char *what, const char *dir, int want_ok, const char *needles) {
+static void run_case_as(const char *what, const char *dir, int want_ok, const char *needles, long as_mb) {
     if (n_cases == cap_cases) cases = realloc(cases, sizeof *cases * (cap_cases = cap_cases ? 2 * cap_cases : 256));
-    cases[n_cases++] = (struct kase){strdup(what), strdup(dir), needles ? strdup(needles) : NULL, want_ok, {0}};
+    cases[n_cases++] = (struct kase){strdup(what), strdup(dir), needles ? strdup(needles) : NULL, want_ok, as_mb, {0}};
+}
+
+static void run_case(const char *what, const char *dir, int want_ok, const char *needles) {
+    run_case_as(what, dir, want_ok, needles, 0);
 }
 
 static int next_case;
@@ -118,9 +123,11 @@ static void *runner(void *arg) {
         int i = next_case++;
         pthread_mutex_unlock(&next_mu);
         if (i >= n_cases) return NULL;
-        char *argv[] = {(char *)vllm_bin, "generate", "--model", cases[i].dir, "--prompt-ids", "1,2,3", "--max-tokens",
-                        "2", "--threads", "1", "--kv-cache-gb", "0.01", NULL};
-        if (tu_run(argv, RUN_TIMEOUT_S, &cases[i].p)) cases[i].p.exit_code = -2;
+        char as[64];
+        snprintf(as, sizeof as, "--as=%ld", cases[i].as_mb << 20);
+        char *argv[] = {"/usr/bin/prlimit", as, "--", (char *)vllm_bin, "generate", "--model", cases[i].dir,
+                        "--prompt-ids", "1,2,3", "--max-tokens", "2", "--threads", "1", "--kv-cache-gb", "0.01", NULL};
+        if (tu_run(cases[i].as_mb > 0 ? argv : argv + 3, RUN_TIMEOUT_S, &cases[i].p)) cases[i].p.exit_code = -2;
     }
 }
 
@@ -559,6 +566,41 @@ static void special_cases(void) {
     }
 }
 
+// ------------------------------------------------------- allocations --
+
+// Sizes that pass every range check but whose product is more memory than
+// the process may have (ALLOC_AS_MB of address space): a clean error naming
+// what was being allocated, never an abort. The bound makes a failing
+// allocation fail at once instead of swapping.
+#define ALLOC_AS_MB 1536L
+
+static void alloc_case(const char *fx, const char *key, const char *value, const char *needles) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/config.json", fx);
+    json_t *cfg = json_load_file(path, 0, NULL), *v = json_loads(value, JSON_DECODE_ANY, NULL);
+    CHECKF(cfg && v, "%s: cannot read it", path);
+    if (!cfg || !v) return;
+    json_object_set_new(cfg, key, v);
+    char *t = json_dumps(cfg, JSON_COMPACT), *dir = new_dir(), src[PATH_MAX + 64], dst[PATH_MAX + 64];
+    write_file(dir, "config.json", t, strlen(t));
+    snprintf(src, sizeof src, "%s/model.safetensors", fx);
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    if (symlink(src, dst)) perror(dst);
+    char what[256];
+    snprintf(what, sizeof what, "%s config %s = %s under prlimit --as %ld MiB", fx, key, value, ALLOC_AS_MB);
+    run_case_as(what, dir, 0, needles, ALLOC_AS_MB);
+    free(t);
+    json_decref(cfg);
+}
+
+static void alloc_cases(void) {
+    // A 2^24-token model length: the attention scratch for one such sequence (NemotronH, NoPE).
+    alloc_case(fixture, "max_position_embeddings", "16777216", "cannot allocate|attention");
+    // RoPE's [max_seq_len, head_dim] table is made on the host at load (Qwen3).
+    if (rope_fixture)
+        alloc_case(rope_fixture, "max_position_embeddings", "16777216", "cannot allocate the RoPE table|max_seq_len");
+}
+
 // ---------------------------------------------------------------- main --
 
 static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *f) {
@@ -568,12 +610,17 @@ static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s VLLM_BINARY FIXTURE_DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s VLLM_BINARY FIXTURE_DIR [ROPE_FIXTURE_DIR]\n", argv[0]);
         return 2;
     }
     static char fx[PATH_MAX];
     vllm_bin = argv[1];
     fixture = realpath(argv[2], fx) ? fx : argv[2]; // the cases link to it
+    static char rfx[PATH_MAX];
+    if (argc > 3) rope_fixture = realpath(argv[3], rfx) ? rfx : argv[3];
+    // OpenBLAS's threads spin retrying mmap when the address space runs out
+    // (under prlimit --as); the cases run with --threads 1 anyway.
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/config.json", fixture);
     base_cfg = json_load_file(path, 0, NULL);
@@ -601,6 +648,7 @@ int main(int argc, char **argv) {
     header_cases();
     shard_cases();
     special_cases();
+    alloc_cases();
     double t0 = now_s();
     pthread_t th[2];
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, runner, NULL);
