@@ -253,9 +253,12 @@ static void tensor_case(const char *name, const char *how, void (*mutate)(json_t
     char *dir = new_dir();
     write_st(dir, "model.safetensors", hdr);
     link_fixture(dir, "config.json");
-    char what[256];
+    char what[256], where[1024];
     snprintf(what, sizeof what, "tensor %s: %s", name, how);
-    run_case(what, dir, 0, needles);
+    // every message also names where: the file's path, or (a tensor that
+    // is missing) the model directory
+    snprintf(where, sizeof where, "%s|%s", needles, dir);
+    run_case(what, dir, 0, where);
     json_decref(hdr);
 }
 
@@ -460,6 +463,11 @@ static void header_cases(void) {
 
 // ---------------------------------------------------------- sharding --
 
+// A tensor whose dtype shard_case sets to I32 in whichever shard holds it
+// (NULL: none); the error must name that shard and the tensor.
+static const char *shard_bad;
+static int shard_bad_in[2]; // cases whose bad tensor is in the first / second shard
+
 // Splits the fixture into two shards (tensors before / after `split`) and
 // writes an index from `weight_map` (NULL: the true one).
 static void shard_case(const char *what, const char *index_text, int want_ok, const char *needles, int dup_tensor) {
@@ -488,6 +496,15 @@ static void shard_case(const char *what, const char *index_text, int want_ok, co
             json_object_set_new(h2, k, c2);
         }
     }
+    char bad_needles[512];
+    if (shard_bad) {
+        int second = !json_object_get(h1, shard_bad);
+        json_t *e = json_object_get(second ? h2 : h1, shard_bad);
+        CHECKF(e != NULL, "no tensor %s in the fixture", shard_bad);
+        if (e) json_object_set_new(e, "dtype", json_string("I32")), shard_bad_in[second]++;
+        snprintf(bad_needles, sizeof bad_needles, "model-0000%d-of-00002.safetensors|%s", second + 1, shard_bad);
+        needles = bad_needles;
+    }
     char *dir = new_dir();
     char *t1 = json_dumps(h1, JSON_COMPACT), *t2 = json_dumps(h2, JSON_COMPACT);
     write_st_raw(dir, "model-00001-of-00002.safetensors", t1, ~(uint64_t)0, d1, o1);
@@ -508,6 +525,17 @@ static void shard_case(const char *what, const char *index_text, int want_ok, co
 }
 
 static void shard_cases(void) {
+    // a bad tensor in either shard: the message names its shard
+    static const char *const bad[] = {"backbone.embeddings.weight", "lm_head.weight",
+                                      "backbone.layers.1.mixer.k_proj.weight", "backbone.layers.3.mixer.A_log"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "two shards, %s is I32", bad[i]);
+        shard_bad = bad[i];
+        shard_case(what, NULL, 0, NULL, 0);
+    }
+    shard_bad = NULL;
+    CHECKF(shard_bad_in[0] && shard_bad_in[1], "bad tensors in shard 1: %d, shard 2: %d", shard_bad_in[0], shard_bad_in[1]);
     shard_case("two shards with a true index", NULL, 1, NULL, 0);
     shard_case("two shards, no index", "-", 1, NULL, 0);
     shard_case("two shards, a tensor in both", NULL, 0, "twice|backbone.embeddings.weight", 1);
