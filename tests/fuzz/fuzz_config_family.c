@@ -55,7 +55,8 @@ static void check_spec(const struct model_spec *s) {
             abort();
         if (l->num_states < 0 || l->num_states > MAX_STATE_BUFS || l->state_align < 0) abort();
         for (int j = 0; j < l->num_states; j++)
-            if (!l->states[j].name || l->states[j].floats < 1 || l->states[j].floats > CFG_MAX_STATE) abort();
+            // 0 floats is valid: conv_kernel 1 keeps no conv history
+            if (!l->states[j].name || l->states[j].floats < 0 || l->states[j].floats > CFG_MAX_STATE) abort();
     }
 }
 
