@@ -4,7 +4,8 @@ add_test(NAME config_values COMMAND test_config_values)
 set_tests_properties(config_values PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
 # `vllm generate` on a few hundred malformed model directories made from nh_dense.
 vllm_test_exe(test_hostile_dirs models/test_hostile_dirs.c proc.c)
-add_test(NAME hostile_dirs COMMAND test_hostile_dirs $<TARGET_FILE:vllm_cli> ${VLLM_FIXTURES}/nh_dense)
+add_test(NAME hostile_dirs COMMAND test_hostile_dirs $<TARGET_FILE:vllm_cli> ${VLLM_FIXTURES}/nh_dense
+         ${VLLM_FIXTURES}/qwen3)
 set_tests_properties(hostile_dirs PROPERTIES TIMEOUT 600)
 # Quantized checkpoints (FP8 / NVFP4, ModelOpt and compressed-tensors layouts)
 # made at test time from the qwen3 and nh_moe fixtures: the reference and the

@@ -23,6 +23,11 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t n, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+// An allocation whose size comes from input (a config, a checkpoint, a file,
+// a flag) must fail cleanly instead: NULL, with VLLM_ERR_OUT_OF_MEMORY as the
+// last error naming `what` and the bytes, when n * size overflows or the
+// allocation fails. Zeroed.
+void *try_calloc(size_t n, size_t size, const char *what);
 // Grows *p (of *cap elements of elt bytes) to hold at least need elements.
 void xgrow(void **p, int *cap, int need, size_t elt);
 

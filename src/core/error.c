@@ -92,6 +92,16 @@ void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
+void *try_calloc(size_t n, size_t size, const char *what) {
+    if (size && n > SIZE_MAX / size) {
+        vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %s: %zu x %zu bytes overflows", what, n, size);
+        return NULL;
+    }
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %s (%zu bytes of host memory)", what, n * size);
+    return p;
+}
+
 void *xrealloc(void *p, size_t n) {
     p = realloc(p, n ? n : 1);
     if (!p) oom(n);

@@ -214,7 +214,7 @@ static int engine_init(struct vllm_engine *e) {
                                p->block_size, num_blocks, slots, VLLM_MAX_LOGPROBS, !getenv("VLLM_NO_GRAPHS"),
                                ckpts, sched_max_ckpt_writes(&sc)};
     TRY(runner_create(e->tp, e->be, e->model, &rc, &e->runner));
-    sched_init(&e->sched, &sc);
+    TRY(sched_init(&e->sched, &sc));
     TRY(load_text(e));
     TRY(engine_generation_config(e));
     fill_info(e, num_blocks);

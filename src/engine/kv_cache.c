@@ -3,26 +3,29 @@
 #include "core/common.h"
 #include "engine/kv_cache.h"
 
-void kv_pool_init(struct kv_pool *p, int total) {
+int kv_pool_init(struct kv_pool *p, int total) {
     memset(p, 0, sizeof *p);
     int n = MAX(total, 1);
+    uint32_t nb = 1;
+    while (nb < 2u * (uint32_t)n) nb <<= 1; // load factor <= 1/2
+    // ~38 host bytes a block: sized by the KV budget, so a pool of tiny
+    // blocks fails here with a message rather than aborting.
+    void **dst[] = {(void **)&p->ref, (void **)&p->hash, (void **)&p->committed, (void **)&p->prev,
+                    (void **)&p->next, (void **)&p->in_lru, (void **)&p->chain, (void **)&p->free_ids,
+                    (void **)&p->bucket};
+    size_t elt[] = {4, 8, 1, 4, 4, 1, 4, 4, 4}, cnt[] = {n, n, n, n, n, n, n, n, nb};
+    for (size_t i = 0; i < sizeof dst / sizeof dst[0]; i++)
+        if (!(*dst[i] = try_calloc(cnt[i], elt[i], "the KV block pool's index"))) {
+            kv_pool_release(p);
+            return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%d blocks", total);
+        }
     p->total = total;
-    p->ref = xcalloc(n, sizeof(int32_t));
-    p->hash = xcalloc(n, sizeof(uint64_t));
-    p->committed = xcalloc(n, 1);
-    p->prev = xcalloc(n, sizeof(int32_t));
-    p->next = xcalloc(n, sizeof(int32_t));
-    p->in_lru = xcalloc(n, 1);
-    p->chain = xcalloc(n, sizeof(int32_t));
-    p->free_ids = xcalloc(n, sizeof(int32_t));
     for (int i = 0; i < total; i++) p->free_ids[i] = total - 1 - i;
     p->num_free = total;
     p->lru_head = p->lru_tail = -1;
-    uint32_t nb = 1;
-    while (nb < 2u * (uint32_t)n) nb <<= 1; // load factor <= 1/2
     p->mask = nb - 1;
-    p->bucket = xmalloc(sizeof(int32_t) * nb);
     for (uint32_t i = 0; i < nb; i++) p->bucket[i] = -1;
+    return VLLM_OK;
 }
 
 void kv_pool_release(struct kv_pool *p) {

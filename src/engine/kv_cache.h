@@ -34,7 +34,8 @@ struct kv_pool {
     uint64_t evictions;
 };
 
-void kv_pool_init(struct kv_pool *p, int total);
+// VLLM_ERR_OUT_OF_MEMORY (p left empty) when the host index cannot be allocated.
+int kv_pool_init(struct kv_pool *p, int total);
 void kv_pool_release(struct kv_pool *p);
 // Ids an allocation can take now: without content, or evictable.
 static inline int kv_pool_available(const struct kv_pool *p) { return p->num_free + p->num_lru; }

@@ -23,11 +23,15 @@
 #include "core/common.h"
 #include "engine/scheduler.h"
 
-void sched_init(struct scheduler *s, const struct sched_config *cfg) {
+int sched_init(struct scheduler *s, const struct sched_config *cfg) {
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
-    kv_pool_init(&s->blocks, cfg->num_blocks);
-    kv_pool_init(&s->ckpts, cfg->prefix_caching && cfg->num_slots ? cfg->num_ckpts : 0);
+    TRY(kv_pool_init(&s->blocks, cfg->num_blocks));
+    int rc = kv_pool_init(&s->ckpts, cfg->prefix_caching && cfg->num_slots ? cfg->num_ckpts : 0);
+    if (rc) {
+        kv_pool_release(&s->blocks);
+        return rc;
+    }
     id_pool_init(&s->slots, cfg->num_slots);
     id_pool_init(&s->rows, cfg->max_num_seqs);
     s->running = xcalloc(cfg->max_num_seqs, sizeof(struct request *));
@@ -36,6 +40,7 @@ void sched_init(struct scheduler *s, const struct sched_config *cfg) {
     int mc = MAX(sched_max_ckpt_writes(cfg), 1);
     s->out.ckpt_pos = xcalloc(mc, sizeof(int32_t));
     s->out.ckpt_id = xcalloc(mc, sizeof(int32_t));
+    return VLLM_OK;
 }
 
 void sched_release(struct scheduler *s) {

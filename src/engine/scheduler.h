@@ -62,7 +62,8 @@ struct scheduler {
     uint64_t prefix_queries, prefix_hits; // tokens looked up at admission, and found
 };
 
-void sched_init(struct scheduler *s, const struct sched_config *cfg);
+// VLLM_ERR_OUT_OF_MEMORY (nothing held) when the block pools' host index cannot be allocated.
+int sched_init(struct scheduler *s, const struct sched_config *cfg);
 void sched_release(struct scheduler *s);
 void sched_add(struct scheduler *s, struct request *r); // to the back of the waiting queue
 // Builds the next step. Preempted requests go back to the front of the queue.

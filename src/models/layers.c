@@ -21,7 +21,7 @@ struct lm *lm_create(struct backend *be, const struct model_load_opts *o, const 
 }
 
 struct block *lm_add_block(struct lm *m, enum blk_kind kind) {
-    m->blocks = xrealloc(m->blocks, sizeof *m->blocks * (m->num_blocks + 1));
+    xgrow((void **)&m->blocks, &m->blocks_cap, m->num_blocks + 1, sizeof *m->blocks);
     struct block *b = &m->blocks[m->num_blocks++];
     memset(b, 0, sizeof *b);
     b->kind = kind;

@@ -169,6 +169,7 @@ struct lm {
     struct rope rope; // the attention blocks' positions (rope.table NULL: none)
     struct block *blocks;
     int num_blocks, num_caches;
+    int blocks_cap; // of blocks[], grown geometrically (up to 2 x CFG_MAX_LAYERS blocks)
     struct lm_ws ws;
     int max_tokens, max_rows, max_seq_len;
     void *family;                  // a family's own state (config), freed by family_free

@@ -27,7 +27,14 @@ static void free_weight(struct backend *be, struct weight *w) {
 // [3 * cs.len, K] device array.
 static int load_kda_conv(struct loader *l, const char *p, int64_t C, int64_t K, struct span cs, float **dev) {
     static const char *const which[3] = {"q", "k", "v"};
-    float *all = xmalloc(sizeof(float) * (size_t)(C * K)), *dst = xmalloc(sizeof(float) * (size_t)(3 * cs.len * K));
+    // all: [C, K] one conv, dst: [3 cs.len, K]; sized by the config before
+    // the file's shapes are checked, so they may fail.
+    float *all = try_calloc((size_t)(C * K), sizeof(float), "the q/k/v conv1d taps");
+    float *dst = all ? try_calloc((size_t)(3 * cs.len * K), sizeof(float), "this rank's q/k/v conv1d taps") : NULL;
+    if (!dst) {
+        free(all);
+        return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%sq_conv1d.weight [%lld, 1, %lld]", p, (long long)C, (long long)K);
+    }
     char n[256];
     int rc = VLLM_OK;
     for (int i = 0; i < 3 && !rc; i++) {

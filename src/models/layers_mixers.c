@@ -20,7 +20,8 @@ static int load_bias(struct loader *l, const char *const *names, const int64_t *
                      float **dev) {
     int64_t total = 0, maxn = 0;
     for (int i = 0; i < n; i++) total += spans[i].len, maxn = MAX(maxn, lens[i]);
-    float *all = xmalloc(sizeof(float) * (size_t)(total + maxn)), *tmp = all + total;
+    float *all = try_calloc((size_t)(total + maxn), sizeof(float), "a bias"), *tmp = all + total;
+    if (!all) return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%s", names[0]);
     int64_t o = 0;
     int rc = VLLM_OK;
     for (int i = 0; i < n && !rc; i++) {
@@ -266,7 +267,14 @@ int mamba2_load(struct lm *m, struct loader *l, const char *p, const struct mamb
     TRY(loader_matrix(l, NAME(n, "%sout_proj.weight", p), D, I, (struct span){0, D}, is.off, is.off + is.len, 0,
                       &w->out_proj));
     struct span conv[3] = {is, {I + gs.off, gs.len}, {I + GN + gs.off, gs.len}};
-    float *tmp = loader_tmp(l, (size_t)C * K), *dst = xmalloc(sizeof(float) * (size_t)w->d.conv_dim * K);
+    // tmp: [C, K] the whole conv, dst: [conv_dim, K] this rank's channels; sized
+    // by the config before the file's shape is checked, so they may fail.
+    float *tmp = try_calloc((size_t)C * K, sizeof(float), "the conv1d taps");
+    float *dst = tmp ? try_calloc((size_t)w->d.conv_dim * K, sizeof(float), "this rank's conv1d taps") : NULL;
+    if (!dst) {
+        free(tmp);
+        return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%sconv1d.weight [%lld, 1, %lld]", p, (long long)C, (long long)K);
+    }
     int rc = loader_read(l, NAME(n, "%sconv1d.weight", p), 3, (int64_t[]){C, 1, K}, tmp, DUMMY_NORMAL, 0.2f);
     for (int i = 0, o = 0; i < 3 && !rc; o += (int)conv[i].len, i++)
         memcpy(dst + (int64_t)o * K, tmp + conv[i].off * K, sizeof(float) * conv[i].len * K);
@@ -278,14 +286,15 @@ int mamba2_load(struct lm *m, struct loader *l, const char *p, const struct mamb
         rc = load_bias(l, names, lens, conv, 3, &w->conv_b);
     }
     free(dst);
+    free(tmp);
     TRY(rc);
     TRY(loader_vector(l, NAME(n, "%sdt_bias", p), H, hs, &w->dt_bias, DUMMY_DTBIAS, 0));
     TRY(loader_vector(l, NAME(n, "%sD", p), H, hs, &w->D, DUMMY_CONST, 1.0f));
     TRY(loader_vector(l, NAME(n, "%snorm.weight", p), I, is, &w->norm_w, DUMMY_CONST, 1.0f));
-    tmp = loader_tmp(l, H);
-    TRY(loader_read(l, NAME(n, "%sA_log", p), 1, (int64_t[]){H}, tmp, DUMMY_ALOG, 0));
-    for (int64_t h = 0; h < hs.len; h++) tmp[h] = -expf(tmp[hs.off + h]); // A = -exp(A_log), once at load
-    TRY(loader_upload_vector(l, tmp, hs.len, &w->A));
+    float *a = loader_tmp(l, H);
+    TRY(loader_read(l, NAME(n, "%sA_log", p), 1, (int64_t[]){H}, a, DUMMY_ALOG, 0));
+    for (int64_t h = 0; h < hs.len; h++) a[h] = -expf(a[hs.off + h]); // A = -exp(A_log), once at load
+    TRY(loader_upload_vector(l, a, hs.len, &w->A));
     TRY(require_matmul(m, &w->in_proj, "mamba in_proj"));
     TRY(require_matmul(m, &w->out_proj, "mamba out_proj"));
     return lm_require(m, (struct op_query){.op = OP_MAMBA, .mamba = &w->d}, "Mamba2");

@@ -57,6 +57,9 @@ int model_load(const char *dir, const json_t *config_override, const struct mode
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", known[0] ? ", " : "", *a);
         rc = vllm_err(VLLM_ERR_UNSUPPORTED, "%s: unknown architecture %s (supported: %s)", path, arch, known);
     } else rc = f->ops->load(dir, cfg, o, be, out);
+    // Messages about a file name it (the shard, config.json); one that names
+    // none (a tensor no shard has, an allocation) gets the model directory.
+    if (rc && f && !strstr(vllm_last_error(), dir)) vllm_err_prefix(rc, "%s", dir);
     json_decref(cfg);
     free(path);
     return rc;

@@ -145,7 +145,13 @@ void rope_table(const struct rope *p, int max_pos, float *out) {
 
 int rope_upload(struct rope *p, struct loader *l, int max_pos) {
     p->max_pos = max_pos;
-    float *t = xmalloc(sizeof(float) * (size_t)max_pos * p->head_dim);
+    // t: [max_pos, head_dim] fp32; max_pos is the model length (a config or
+    // --max-model-len), so a long one fails here with a message, not an abort.
+    float *t = try_calloc((size_t)max_pos * p->head_dim, sizeof(float), "the RoPE table");
+    if (!t)
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the RoPE table [max_seq_len %d, head_dim %d] "
+                        "(%lld bytes of host memory): lower --max-model-len", max_pos, p->head_dim,
+                        (long long)max_pos * p->head_dim * 4);
     rope_table(p, max_pos, t);
     int rc = loader_upload_vector(l, t, (int64_t)max_pos * p->head_dim, &p->table);
     free(t);

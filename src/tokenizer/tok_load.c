@@ -305,8 +305,12 @@ static int load_model(struct tokenizer *t, const json_t *m) {
         max_id = MAX(max_id, (int)json_integer_value(v));
     }
     t->n_ids = max_id + 1;
-    t->tok_off = xmalloc((size_t)(t->n_ids + 1) * sizeof *t->tok_off);
-    t->tok_len = xmalloc((size_t)(t->n_ids + 1) * sizeof *t->tok_len);
+    // [n_ids + 1] each: the largest id sizes them, so a sparse vocab with a
+    // huge id fails here with a message rather than aborting.
+    t->tok_off = try_calloc((size_t)t->n_ids + 1, sizeof *t->tok_off, "tokenizer.json: the vocab's offsets");
+    t->tok_len = t->tok_off ? try_calloc((size_t)t->n_ids + 1, sizeof *t->tok_len, "tokenizer.json: the vocab's lengths")
+                            : NULL;
+    if (!t->tok_len) return VLLM_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < t->n_ids; i++) t->tok_len[i] = UINT32_MAX;
     strmap_init(&t->vocab, (int)json_object_size(vocab));
     for (void *it = json_object_iter((json_t *)vocab); it; it = json_object_iter_next((json_t *)vocab, it)) {
@@ -432,7 +436,8 @@ static int build_matchers(struct tokenizer *t) {
         }
     t->vocab_size = t->n_ids;
     for (int i = 0; i < t->n_added; i++) t->vocab_size = MAX(t->vocab_size, t->added[i].id + 1);
-    t->added_by_id = xmalloc((size_t)t->vocab_size * sizeof *t->added_by_id);
+    t->added_by_id = try_calloc((size_t)t->vocab_size, sizeof *t->added_by_id, "tokenizer.json: the added-token index");
+    if (!t->added_by_id) return VLLM_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < t->vocab_size; i++) t->added_by_id[i] = -1;
     for (int i = 0; i < t->n_added; i++) t->added_by_id[t->added[i].id] = i;
     return VLLM_OK;

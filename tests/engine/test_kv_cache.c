@@ -1,6 +1,8 @@
 // test_kv_cache.c - the content-addressed pool alone (engine/kv_cache.h):
 // reference counts, commit and lookup, LRU eviction of what no one holds
 // (never of what someone does), and the chain hash (parent, tokens, salt).
+#include <sys/resource.h>
+
 #include "core/common.h"
 #include "engine/kv_cache.h"
 #include "test.h"
@@ -58,8 +60,32 @@ static void test_hash(void) {
     CHECK(kv_hash_block(s1, a, 4) != h && kv_hash_block(s1, a, 4) != kv_hash_block(s2, a, 4)); // tenants never share
 }
 
+// A pool too big for the host (under a 1 GiB address-space bound, so that
+// lazily committed pages cannot make it pass): an error naming the pool,
+// the pool left empty. Not under ASan, whose shadow needs terabytes of
+// address space.
+static void test_pool_too_big(void) {
+#if !defined(__SANITIZE_ADDRESS__)
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_AS, &old) == 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)1 << 30;
+    CHECK(setrlimit(RLIMIT_AS, &lim) == 0);
+    struct kv_pool p;
+    int rc = kv_pool_init(&p, 1 << 30); // ~38 GiB of index
+    setrlimit(RLIMIT_AS, &old);
+    CHECK(rc == VLLM_ERR_OUT_OF_MEMORY);
+    CHECKF(strstr(vllm_last_error(), "KV block pool") != NULL, "%s", vllm_last_error());
+    CHECK(p.ref == NULL && p.bucket == NULL && p.total == 0);
+    kv_pool_release(&p);
+    CHECK(kv_pool_init(&p, 1000) == VLLM_OK && p.num_free == 1000);
+    kv_pool_release(&p);
+#endif
+}
+
 int main(void) {
     test_pool();
     test_hash();
+    test_pool_too_big();
     return test_summary("kv_cache");
 }

@@ -25,7 +25,7 @@
 
 #define RUN_TIMEOUT_S 30
 
-static const char *vllm_bin, *fixture;
+static const char *vllm_bin, *fixture, *rope_fixture;
 static char root[512];
 static json_t *base_cfg;   // the fixture's config.json
 static json_t *base_hdr;   // its model.safetensors header
@@ -96,6 +96,7 @@ static char *new_dir(void) {
 struct kase {
     char *what, *dir, *needles;
     int want_ok;
+    long as_mb; // > 0: run under prlimit --as (MiB), so an allocation too big fails fast
     struct tu_proc p;
 };
 static struct kase *cases;
@@ -103,9 +104,13 @@ static int cap_cases;
 
 // want_ok: the fixture's tokens; else exit 1 or 2 with every `|`-separated
 // needle in the output.
-static void run_case(const char *what, const char *dir, int want_ok, const char *needles) {
+static void run_case_as(const char *what, const char *dir, int want_ok, const char *needles, long as_mb) {
     if (n_cases == cap_cases) cases = realloc(cases, sizeof *cases * (cap_cases = cap_cases ? 2 * cap_cases : 256));
-    cases[n_cases++] = (struct kase){strdup(what), strdup(dir), needles ? strdup(needles) : NULL, want_ok, {0}};
+    cases[n_cases++] = (struct kase){strdup(what), strdup(dir), needles ? strdup(needles) : NULL, want_ok, as_mb, {0}};
+}
+
+static void run_case(const char *what, const char *dir, int want_ok, const char *needles) {
+    run_case_as(what, dir, want_ok, needles, 0);
 }
 
 static int next_case;
@@ -118,9 +123,11 @@ static void *runner(void *arg) {
         int i = next_case++;
         pthread_mutex_unlock(&next_mu);
         if (i >= n_cases) return NULL;
-        char *argv[] = {(char *)vllm_bin, "generate", "--model", cases[i].dir, "--prompt-ids", "1,2,3", "--max-tokens",
-                        "2", "--threads", "1", "--kv-cache-gb", "0.01", NULL};
-        if (tu_run(argv, RUN_TIMEOUT_S, &cases[i].p)) cases[i].p.exit_code = -2;
+        char as[64];
+        snprintf(as, sizeof as, "--as=%ld", cases[i].as_mb << 20);
+        char *argv[] = {"/usr/bin/prlimit", as, "--", (char *)vllm_bin, "generate", "--model", cases[i].dir,
+                        "--prompt-ids", "1,2,3", "--max-tokens", "2", "--threads", "1", "--kv-cache-gb", "0.01", NULL};
+        if (tu_run(cases[i].as_mb > 0 ? argv : argv + 3, RUN_TIMEOUT_S, &cases[i].p)) cases[i].p.exit_code = -2;
     }
 }
 
@@ -246,9 +253,12 @@ static void tensor_case(const char *name, const char *how, void (*mutate)(json_t
     char *dir = new_dir();
     write_st(dir, "model.safetensors", hdr);
     link_fixture(dir, "config.json");
-    char what[256];
+    char what[256], where[1024];
     snprintf(what, sizeof what, "tensor %s: %s", name, how);
-    run_case(what, dir, 0, needles);
+    // every message also names where: the file's path, or (a tensor that
+    // is missing) the model directory
+    snprintf(where, sizeof where, "%s|%s", needles, dir);
+    run_case(what, dir, 0, where);
     json_decref(hdr);
 }
 
@@ -453,6 +463,11 @@ static void header_cases(void) {
 
 // ---------------------------------------------------------- sharding --
 
+// A tensor whose dtype shard_case sets to I32 in whichever shard holds it
+// (NULL: none); the error must name that shard and the tensor.
+static const char *shard_bad;
+static int shard_bad_in[2]; // cases whose bad tensor is in the first / second shard
+
 // Splits the fixture into two shards (tensors before / after `split`) and
 // writes an index from `weight_map` (NULL: the true one).
 static void shard_case(const char *what, const char *index_text, int want_ok, const char *needles, int dup_tensor) {
@@ -481,6 +496,15 @@ static void shard_case(const char *what, const char *index_text, int want_ok, co
             json_object_set_new(h2, k, c2);
         }
     }
+    char bad_needles[512];
+    if (shard_bad) {
+        int second = !json_object_get(h1, shard_bad);
+        json_t *e = json_object_get(second ? h2 : h1, shard_bad);
+        CHECKF(e != NULL, "no tensor %s in the fixture", shard_bad);
+        if (e) json_object_set_new(e, "dtype", json_string("I32")), shard_bad_in[second]++;
+        snprintf(bad_needles, sizeof bad_needles, "model-0000%d-of-00002.safetensors|%s", second + 1, shard_bad);
+        needles = bad_needles;
+    }
     char *dir = new_dir();
     char *t1 = json_dumps(h1, JSON_COMPACT), *t2 = json_dumps(h2, JSON_COMPACT);
     write_st_raw(dir, "model-00001-of-00002.safetensors", t1, ~(uint64_t)0, d1, o1);
@@ -501,6 +525,17 @@ static void shard_case(const char *what, const char *index_text, int want_ok, co
 }
 
 static void shard_cases(void) {
+    // a bad tensor in either shard: the message names its shard
+    static const char *const bad[] = {"backbone.embeddings.weight", "lm_head.weight",
+                                      "backbone.layers.1.mixer.k_proj.weight", "backbone.layers.3.mixer.A_log"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "two shards, %s is I32", bad[i]);
+        shard_bad = bad[i];
+        shard_case(what, NULL, 0, NULL, 0);
+    }
+    shard_bad = NULL;
+    CHECKF(shard_bad_in[0] && shard_bad_in[1], "bad tensors in shard 1: %d, shard 2: %d", shard_bad_in[0], shard_bad_in[1]);
     shard_case("two shards with a true index", NULL, 1, NULL, 0);
     shard_case("two shards, no index", "-", 1, NULL, 0);
     shard_case("two shards, a tensor in both", NULL, 0, "twice|backbone.embeddings.weight", 1);
@@ -559,6 +594,54 @@ static void special_cases(void) {
     }
 }
 
+// ------------------------------------------------------- allocations --
+
+// Sizes that pass every range check but whose product is more memory than
+// the process may have (ALLOC_AS_MB of address space): a clean error naming
+// what was being allocated, never an abort. The bound makes a failing
+// allocation fail at once instead of swapping.
+#define ALLOC_AS_MB 1536L
+
+static void alloc_case(const char *fx, const char *key, const char *value, const char *needles) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/config.json", fx);
+    json_t *cfg = json_load_file(path, 0, NULL), *v = json_loads(value, JSON_DECODE_ANY, NULL);
+    CHECKF(cfg && v, "%s: cannot read it", path);
+    if (!cfg || !v) return;
+    json_object_set_new(cfg, key, v);
+    char *t = json_dumps(cfg, JSON_COMPACT), *dir = new_dir(), src[PATH_MAX + 64], dst[PATH_MAX + 64];
+    write_file(dir, "config.json", t, strlen(t));
+    snprintf(src, sizeof src, "%s/model.safetensors", fx);
+    snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
+    if (symlink(src, dst)) perror(dst);
+    char what[256];
+    snprintf(what, sizeof what, "%s config %s = %s under prlimit --as %ld MiB", fx, key, value, ALLOC_AS_MB);
+    run_case_as(what, dir, 0, needles, ALLOC_AS_MB);
+    free(t);
+    json_decref(cfg);
+}
+
+// ASan's shadow needs terabytes of address space: under prlimit --as an
+// ASan-built vllm cannot start, so these cases run in the plain build only.
+#if defined(__SANITIZE_ADDRESS__)
+#define VLLM_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define VLLM_TEST_ASAN 1
+#endif
+#endif
+
+static void alloc_cases(void) {
+#ifdef VLLM_TEST_ASAN
+    return;
+#endif
+    // A 2^24-token model length: the attention scratch for one such sequence (NemotronH, NoPE).
+    alloc_case(fixture, "max_position_embeddings", "16777216", "cannot allocate|attention");
+    // RoPE's [max_seq_len, head_dim] table is made on the host at load (Qwen3).
+    if (rope_fixture)
+        alloc_case(rope_fixture, "max_position_embeddings", "16777216", "cannot allocate the RoPE table|max_seq_len");
+}
+
 // ---------------------------------------------------------------- main --
 
 static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *f) {
@@ -568,12 +651,17 @@ static int rm_entry(const char *p, const struct stat *st, int flag, struct FTW *
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s VLLM_BINARY FIXTURE_DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s VLLM_BINARY FIXTURE_DIR [ROPE_FIXTURE_DIR]\n", argv[0]);
         return 2;
     }
     static char fx[PATH_MAX];
     vllm_bin = argv[1];
     fixture = realpath(argv[2], fx) ? fx : argv[2]; // the cases link to it
+    static char rfx[PATH_MAX];
+    if (argc > 3) rope_fixture = realpath(argv[3], rfx) ? rfx : argv[3];
+    // OpenBLAS's threads spin retrying mmap when the address space runs out
+    // (under prlimit --as); the cases run with --threads 1 anyway.
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/config.json", fixture);
     base_cfg = json_load_file(path, 0, NULL);
@@ -601,6 +689,7 @@ int main(int argc, char **argv) {
     header_cases();
     shard_cases();
     special_cases();
+    alloc_cases();
     double t0 = now_s();
     pthread_t th[2];
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, runner, NULL);

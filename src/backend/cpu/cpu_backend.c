@@ -98,7 +98,9 @@ static int cpu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt,
     memset(w, 0, sizeof *w);
     size_t bytes = (size_t)rows * wfmt_bytes(fmt, cols);
     w->data = cpu_alloc(be, bytes);
-    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
+    if (!w->data)
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a [%lld, %lld] %s weight", bytes,
+                        (long long)rows, (long long)cols, wfmt_name(fmt));
     w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;

@@ -169,7 +169,9 @@ int fast_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64
     case WF_NVFP4: bytes = (size_t)rows * wfmt_bytes(fmt, cols) + 64; break; // + 64: the kernels' 16-byte loads
     }
     w->data = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a weight", bytes);
+    if (!w->data)
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes for a [%lld, %lld] %s weight", bytes,
+                        (long long)rows, (long long)cols, wfmt_name(fmt));
     memset(w->data, 0, bytes); // pad rows and columns of the packed layout read as zeros
     w->fmt = fmt;
     w->rows = rows;
