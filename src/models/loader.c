@@ -211,7 +211,8 @@ int loader_weight(struct loader *l, const struct wpiece *pieces, int n, int64_t 
     if (!l->st && l->dummy_quant && !(flags & (WL_F32 | WL_NOQUANT))) fmt = l->dummy_qfmt;
     for (int i = 0; l->st && i < n; i++) // shapes against the file before anything is allocated
         TRY(find_shaped(l, pieces[i].name, pieces[i].ndim, pieces[i].dims, &t));
-    TRY(be->ops->weight_alloc(be, w, fmt, rows, c1 - c0));
+    int rc = be->ops->weight_alloc(be, w, fmt, rows, c1 - c0);
+    if (rc) return vllm_err_prefix(rc, "%s", pieces[0].name); // the backend names the size, not the tensor
     l->device_bytes += wfmt_weight_bytes(fmt, rows, c1 - c0);
     if (!l->st) { // dummy: made on the device, seeded by the name and where the part starts
         uint64_t at = (uint64_t)pieces[0].rows.off * 1000003u + (uint64_t)c0;
