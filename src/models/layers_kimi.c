@@ -140,6 +140,7 @@ int mla_load(struct lm *m, struct loader *l, const char *p, const struct mla_cfg
                       1.0f));
     int64_t per = (N + V) * R; // one head's kv_b rows
     float *tmp = loader_tmp(l, (size_t)(H * per));
+    if (!tmp) return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%skv_b_proj.weight", p);
     TRY(loader_read(l, NAME(n, "%skv_b_proj.weight", p), 2, (int64_t[]){H * (N + V), R}, tmp, DUMMY_NORMAL, 0.05f));
     TRY(loader_upload_vector(l, tmp + hs.off * per, hs.len * per, &w->kv_b));
     TRY(loader_matrix(l, NAME(n, "%so_proj.weight", p), D, H * V, (struct span){0, D}, hs.off * V, (hs.off + hs.len) * V,

@@ -292,6 +292,7 @@ int mamba2_load(struct lm *m, struct loader *l, const char *p, const struct mamb
     TRY(loader_vector(l, NAME(n, "%sD", p), H, hs, &w->D, DUMMY_CONST, 1.0f));
     TRY(loader_vector(l, NAME(n, "%snorm.weight", p), I, is, &w->norm_w, DUMMY_CONST, 1.0f));
     float *a = loader_tmp(l, H);
+    if (!a) return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%sA_log", p);
     TRY(loader_read(l, NAME(n, "%sA_log", p), 1, (int64_t[]){H}, a, DUMMY_ALOG, 0));
     for (int64_t h = 0; h < hs.len; h++) a[h] = -expf(a[hs.off + h]); // A = -exp(A_log), once at load
     TRY(loader_upload_vector(l, a, hs.len, &w->A));

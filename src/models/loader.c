@@ -52,8 +52,8 @@ const char *loader_prefix(const struct loader *l, const char *a, const char *b, 
 float *loader_tmp(struct loader *l, size_t n) {
     if (l->tmp_cap < n) {
         free(l->tmp);
-        l->tmp = xmalloc(sizeof(float) * n);
-        l->tmp_cap = n;
+        l->tmp = try_calloc(n, sizeof(float), "a host copy of a vector");
+        l->tmp_cap = l->tmp ? n : 0;
     }
     return l->tmp;
 }
@@ -253,6 +253,7 @@ int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, 
     const struct st_tensor *t;
     if (l->st) TRY(find_shaped(l, name, 1, &n, &t)); // before the host copy is allocated
     float *tmp = loader_tmp(l, n);
+    if (!tmp) return vllm_err_prefix(VLLM_ERR_OUT_OF_MEMORY, "%s", name);
     TRY(loader_read(l, name, 1, &n, tmp, init, arg));
     return loader_upload_vector(l, tmp + s.off, s.len, dev);
 }

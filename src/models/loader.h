@@ -87,7 +87,7 @@ int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, 
 // Uploads host fp32 data as a device vector (for tensors assembled on the host).
 int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **dev);
 // Host scratch of at least n floats, owned by the loader.
-float *loader_tmp(struct loader *l, size_t n);
+float *loader_tmp(struct loader *l, size_t n); // NULL (the error set) when it cannot be allocated
 
 // loader_quant.c: a weight whose pieces are stored quantized (F8_E4M3 or U8
 // codes), in the checkpoint config's format with its scales; the shapes of
