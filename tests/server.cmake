@@ -33,6 +33,18 @@ else()
 endif()
 set_tests_properties(server_openai server_openai_responses PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 
+# Qwen3's real tokenizer and chat template (151k ids, a tiny dummy Qwen3):
+# the server's chat prompts against @huggingface/jinja + HF tokenizers, with
+# tools, a tool call and its result, enable_thinking; streaming; a forced
+# tool call through the hermes parser.
+if(VLLM_NODE)
+  add_test(NAME server_qwen3_chat COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/qwen3_chat.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_FIXTURES}/qwen3)
+else()
+  add_test(NAME server_qwen3_chat COMMAND sh -c "echo 'SKIP: node is not installed'; exit 77")
+endif()
+set_tests_properties(server_qwen3_chat PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+
 # Structured output, tool calls and reasoning end to end (issue 14): every
 # JSON schema of tests/fixtures/structured through the server, each answer
 # validated by ajv; regexes, choices, forced tool calls, reasoning.

@@ -293,6 +293,21 @@ static int check_kwargs(const json_t *kw, struct api_error *err) {
     return 0;
 }
 
+// An assistant message's tool calls carry their arguments as a JSON string
+// on the wire; templates expect the object (`arguments | tojson`, or items()),
+// so a string that parses to an object becomes it, as vLLM does.
+static void tool_call_arguments(json_t *msg) {
+    json_t *calls = json_object_get(msg, "tool_calls"), *tc;
+    size_t i;
+    json_array_foreach(calls, i, tc) {
+        json_t *fn = json_object_get(tc, "function"), *a = json_object_get(fn, "arguments");
+        if (!json_is_string(a)) continue;
+        json_t *obj = json_loads(json_string_value(a), JSON_DECODE_ANY, NULL);
+        if (json_is_object(obj)) json_object_set_new(fn, "arguments", obj);
+        else json_decref(obj);
+    }
+}
+
 json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_error *err) {
     json_t *msgs = field(body, "messages"), *m;
     *text_bytes = 0;
@@ -316,6 +331,7 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
             *text_bytes += json_string_length(content);
             json_t *c = json_deep_copy(m);
             json_object_set_new(c, "content", content);
+            tool_call_arguments(c);
             json_array_append_new(norm, c);
             continue;
         }
