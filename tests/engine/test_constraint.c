@@ -58,10 +58,12 @@ struct run {
     int n;
     vllm_finish_reason reason;
     int rc;
+    pthread_barrier_t *start; // the batch's requests all submit at once (NULL: alone)
 };
 
 static void *run_one(void *arg) {
     struct run *r = arg;
+    if (r->start) pthread_barrier_wait(r->start); // so the small pool holds them together: preemption
     r->rc = vllm_complete_tokens(r->e, r->prompt, r->np, &r->sp, &r->out, &r->n, &r->reason);
     return NULL;
 }
@@ -116,8 +118,11 @@ static void check_batch(int num_kv_blocks, int tp) {
         ks[i] = make(&cs[i]);
         r->sp.constraint = &ks[i];
     }
-    for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, run_one, &runs[i]);
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, N);
+    for (int i = 0; i < N; i++) runs[i].start = &start, pthread_create(&th[i], NULL, run_one, &runs[i]);
     for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&start);
     for (int i = 0; i < N; i++) {
         struct run *r = &runs[i];
         CHECKF(r->rc == VLLM_OK, "request %d: %s", i, vllm_last_error());
@@ -136,7 +141,7 @@ static void check_batch(int num_kv_blocks, int tp) {
     }
     // the unconstrained greedy request matches its run alone
     struct run alone = runs[0];
-    alone.out = NULL;
+    alone.out = NULL, alone.start = NULL;
     run_one(&alone);
     CHECK(alone.rc == VLLM_OK && alone.n == runs[0].n && !memcmp(alone.out, runs[0].out, sizeof(int32_t) * alone.n));
     vllm_free(alone.out);
