@@ -4,10 +4,10 @@
 // which the client must raise as APIError with the right status. Exits 77
 // (skipped) when the client is not installed or the build has no tokenizer.
 // usage: node openai_client.mjs VLLM_BINARY MODEL_DIR
-import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { startServer as spawnServer, stopServer } from './serve_proc.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 let OpenAI;
@@ -30,42 +30,9 @@ function check(cond, what) {
 }
 
 // ------------------------------------------------------------- server --
-function startServer() {
-  const args = ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--api-key', KEY,
-                '--served-model-name', NAME, '--max-model-len', String(MAX_LEN), '--max-body-bytes', '100000'];
-  const proc = spawn(vllm, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the server did not listen in 60 s:\n${log}`)), 60000);
-    const onData = (d) => {
-      log += d;
-      const m = log.match(/ on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ proc, port: Number(m[1]), log: () => log });
-      }
-    };
-    proc.stdout.on('data', onData);
-    proc.stderr.on('data', onData);
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      if (log.includes('tokenizer support is not built yet')) {
-        console.error(`SKIP: this build has no tokenizer yet\n${log}`);
-        process.exit(77);
-      }
-      reject(new Error(`the server exited (${code}) before listening:\n${log}`));
-    });
-  });
-}
+const startServer = () => spawnServer(vllm, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
+  '--api-key', KEY, '--served-model-name', NAME, '--max-model-len', String(MAX_LEN), '--max-body-bytes', '100000']);
 
-function stopServer(srv) {
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => { srv.proc.kill('SIGKILL'); resolve(-1); }, 20000);
-    srv.proc.removeAllListeners('exit');
-    srv.proc.on('exit', (code, sig) => { clearTimeout(timer); resolve(sig ? 128 : code); });
-    srv.proc.kill('SIGTERM');
-  });
-}
 
 // ------------------------------------------------------------- helpers --
 async function expectError(what, status, fn, messageHas) {

@@ -5,10 +5,10 @@
 // events (the deltas add up to the final text), and 400s for what needs
 // server-side state. Exits 77 (skipped) when the client is not installed.
 // usage: node openai_responses.mjs VLLM_BINARY MODEL_DIR
-import { spawn } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { startServer as spawnServer } from './serve_proc.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 let OpenAI;
@@ -30,29 +30,9 @@ function check(cond, what) {
   }
 }
 
-function startServer() {
-  const args = ['serve', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--api-key', KEY,
-                '--served-model-name', NAME, '--max-model-len', '256'];
-  const proc = spawn(vllm, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the server did not listen in 60 s:\n${log}`)), 60000);
-    const onData = (d) => {
-      log += d;
-      const m = log.match(/ on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ proc, port: Number(m[1]), log: () => log });
-      }
-    };
-    proc.stdout.on('data', onData);
-    proc.stderr.on('data', onData);
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`the server exited (${code}) before listening:\n${log}`));
-    });
-  });
-}
+
+const startServer = () => spawnServer(vllm, ['serve', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
+  '--api-key', KEY, '--served-model-name', NAME, '--max-model-len', '256']);
 
 async function expectStatus(p, status, param, what) {
   try {

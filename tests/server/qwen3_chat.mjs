@@ -8,12 +8,12 @@
 // and calls a forced tool through the hermes parser. Exits 77 (skipped) when
 // the npm packages are missing (scripts/install-deps.sh).
 // usage: node qwen3_chat.mjs VLLM_BINARY QWEN3_FIXTURE_DIR
-import { spawn } from 'node:child_process';
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { startServer as startVllm, stopServer } from './serve_proc.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const req = createRequire(join(here, '../../tools/oracle/server/package.json'));
@@ -52,30 +52,9 @@ const tcfg = JSON.parse(readFileSync(join(tokPkg, 'tokenizer_config.json'), 'utf
 const template = new Template(tcfg.chat_template);
 const tok = Tokenizer.fromString(readFileSync(join(tokPkg, 'tokenizer.json'), 'utf8'));
 
-function startServer() {
-  const args = ['serve', '--model', dir, '--load-format', 'dummy', '--host', '127.0.0.1', '--port', '0',
-                '--threads', '1', '--max-model-len', '2048', '--tool-call-parser', 'hermes',
-                '--enable-auto-tool-choice', '--served-model-name', 'qwen3'];
-  const proc = spawn(vllm, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the server did not listen in 120 s:\n${log}`)), 120000);
-    const onData = (d) => {
-      log += d;
-      const m = log.match(/ on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ proc, port: Number(m[1]) });
-      }
-    };
-    proc.stdout.on('data', onData);
-    proc.stderr.on('data', onData);
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`the server exited (${code}) before listening:\n${log}`));
-    });
-  });
-}
+const startServer = () => startVllm(vllm, ['serve', '--model', dir, '--load-format', 'dummy', '--host', '127.0.0.1',
+  '--port', '0', '--threads', '1', '--max-model-len', '2048', '--tool-call-parser', 'hermes', '--enable-auto-tool-choice',
+  '--served-model-name', 'qwen3'], 120000);
 
 const weather = {
   type: 'function',
@@ -157,7 +136,7 @@ try {
   failures++;
   console.error(`FAIL: ${e.stack || e}`);
 } finally {
-  srv.proc.kill('SIGTERM');
+  check(await stopServer(srv) === 0, 'the server exited 0 after SIGTERM');
   rmSync(dir, { recursive: true, force: true });
 }
 console.log(`qwen3_chat: ${checks - failures} of ${checks} checks passed`);

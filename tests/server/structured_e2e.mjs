@@ -16,11 +16,12 @@
 //     sent back renders;
 //   - --reasoning-parser qwen3: reasoning_content, streamed == not.
 // usage: node structured_e2e.mjs VLLM_BINARY MODEL_DIR [NUM_SCHEMAS]
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
+import { startServer as spawnServer, stopServer } from './serve_proc.mjs';
 import { fileURLToPath } from 'node:url';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -34,6 +35,11 @@ try {
   process.exit(77);
 }
 const [vllm, model, numArg] = process.argv.slice(2);
+function startServer(parser = 'hermes') {
+  return spawnServer(vllm, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
+    '--served-model-name', NAME, '--max-model-len', '4096', '--tool-call-parser', parser, '--enable-auto-tool-choice',
+    '--reasoning-parser', 'qwen3']);
+}
 const NAME = 'tiny-chat';
 const SCHEMAS = join(root, 'tests/fixtures/structured/schemas.jsonl');
 
@@ -46,36 +52,7 @@ function check(cond, what) {
   }
 }
 
-function startServer(parser = 'hermes') {
-  const args = ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--served-model-name',
-                NAME, '--max-model-len', '4096', '--tool-call-parser', parser, '--enable-auto-tool-choice',
-                '--reasoning-parser', 'qwen3'];
-  const proc = spawn(vllm, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-  let log = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`the server did not listen in 60 s:\n${log}`)), 60000);
-    const onData = (d) => {
-      log += d;
-      const m = log.match(/ on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) {
-        clearTimeout(timer);
-        resolve({ proc, port: Number(m[1]) });
-      }
-    };
-    proc.stdout.on('data', onData);
-    proc.stderr.on('data', onData);
-    proc.on('exit', (code) => { clearTimeout(timer); reject(new Error(`the server exited (${code}):\n${log}`)); });
-  });
-}
 
-function stopServer(srv) {
-  return new Promise((resolve) => {
-    const timer = setTimeout(() => { srv.proc.kill('SIGKILL'); resolve(-1); }, 20000);
-    srv.proc.removeAllListeners('exit');
-    srv.proc.on('exit', (code, sig) => { clearTimeout(timer); resolve(sig ? 128 : code); });
-    srv.proc.kill('SIGTERM');
-  });
-}
 
 // Runs fn over items, `width` at a time (the engine batches them).
 async function pool(items, width, fn) {
