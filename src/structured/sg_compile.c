@@ -14,6 +14,16 @@
 
 #define NFA_MAX_STATES (1 << 19) // per rule
 #define DFA_MAX_STATES 60000     // per rule; beyond: epsilon-free NFA
+// Subset construction's work (NFA states visited, summed over DFA states and
+// byte intervals) per rule; beyond: epsilon-free NFA. A bounded repetition of
+// a class overlapping what precedes it ("t+[a-z]{243}") makes DFA states of
+// hundreds of NFA states each; unbounded, one request's regex held a server
+// thread for seconds.
+#define DFA_MAX_WORK (1 << 23)
+// The epsilon-free NFA's edges per rule; beyond, the rule is refused. A
+// nullable repetition ("(x|y?){5000}") closes over every later copy, so its
+// edges grow with the square of the count.
+#define EPS_MAX_EDGES (1 << 21)
 
 // ------------------------------------------------------------------- NFA --
 
@@ -371,7 +381,7 @@ static int cmp_i32x4(const void *a, const void *b) {
     return 0;
 }
 
-// Subset construction; 0 when it passed DFA_MAX_STATES.
+// Subset construction; 0 when it passed DFA_MAX_STATES or DFA_MAX_WORK.
 static int determinize(const struct nfa *f, int start, struct rule_fsm *out) {
     struct dstates d = {0};
     uint32_t *mark = xcalloc((size_t)f->n, sizeof *mark);
@@ -380,6 +390,7 @@ static int determinize(const struct nfa *f, int start, struct rule_fsm *out) {
     ipush(&v, start);
     eclose(f, &v, mark, ++epoch);
     int added, ok = 1;
+    int64_t spent = 0;
     ds_get(&d, v.v, v.n, &added);
     for (int cur = 0; cur < d.n && ok; cur++) {
         // byte edges of the set's states: elementary intervals between bounds
@@ -401,7 +412,9 @@ static int determinize(const struct nfa *f, int start, struct rule_fsm *out) {
         for (int i = 0; i < bounds.n; i++)
             if (!nb || bounds.v[nb - 1] != bounds.v[i]) bounds.v[nb++] = bounds.v[i];
         int prev_to = -1, prev_lo = 0, prev_hi = -2;
-        for (int j = 0; j + 1 < nb; j++) {
+        spent += (int64_t)sn * (nb + 1);
+        if (spent > DFA_MAX_WORK) ok = 0;
+        for (int j = 0; j + 1 < nb && ok; j++) {
             int lo = bounds.v[j], hi = bounds.v[j + 1] - 1;
             v.n = 0;
             for (int i = 0; i < sn; i++) {
@@ -466,7 +479,8 @@ static int determinize(const struct nfa *f, int start, struct rule_fsm *out) {
 
 // Fallback: one node per state that starts the rule or ends a non-epsilon
 // edge; its edges are those of its epsilon closure.
-static void eps_free(const struct nfa *f, int start, struct rule_fsm *out) {
+// Epsilon-free NFA; 0 when it passed EPS_MAX_EDGES.
+static int eps_free(const struct nfa *f, int start, struct rule_fsm *out) {
     int32_t *id = xmalloc((size_t)f->n * sizeof *id);
     for (int i = 0; i < f->n; i++) id[i] = -1;
     struct ivec order = {0}, v = {0};
@@ -478,7 +492,8 @@ static void eps_free(const struct nfa *f, int start, struct rule_fsm *out) {
             ipush(&order, f->e[i].to);
         }
     uint32_t *mark = xcalloc((size_t)f->n, sizeof *mark);
-    for (int q = 0; q < order.n; q++) {
+    int ok = 1;
+    for (int q = 0; q < order.n && ok; q++) {
         v.n = 0;
         ipush(&v, order.v[q]);
         eclose(f, &v, mark, (uint32_t)q + 1);
@@ -499,12 +514,14 @@ static void eps_free(const struct nfa *f, int start, struct rule_fsm *out) {
             }
         }
         if (acc) ipush(&out->accept, q);
+        ok = out->eb.n / 4 + out->cl.n / 3 <= EPS_MAX_EDGES;
     }
     out->n = order.n;
     free(id);
     free(order.v);
     free(v.v);
     free(mark);
+    return ok;
 }
 
 // ----------------------------------------------------------------- grammar --
@@ -830,7 +847,10 @@ static int compile_rule(const struct sg_ir *ir, int rule, struct rule_fsm *out) 
         } else {
             free(out->eb.v), free(out->cl.v), free(out->accept.v);
             memset(out, 0, sizeof *out);
-            eps_free(&f, s, out);
+            if (!eps_free(&f, s, out))
+                rc = vllm_err(VLLM_ERR_INVALID_ARGUMENT,
+                              "grammar: rule '%s' is too complex (over %d automaton edges: nested optional repetition?)",
+                              ir->names[rule], EPS_MAX_EDGES);
         }
     }
     free(f.e);
@@ -842,7 +862,7 @@ static int compile_rule(const struct sg_ir *ir, int rule, struct rule_fsm *out) 
 static void set_nullable(struct sg_grammar *g) {
     for (int changed = 1; changed;) {
         changed = 0;
-        for (int n = 0; n < g->n_nodes; n++) {
+        for (int n = g->n_nodes - 1; n >= 0; n--) { // successors mostly follow: one sweep for a chain
             struct sg_node *nd = &g->nodes[n];
             if (nd->flags & SG_N_EPS_ACCEPT) continue;
             int e = (nd->flags & SG_N_ACCEPT) != 0;
@@ -864,7 +884,7 @@ static int prune(struct sg_grammar *g) {
     uint8_t *prod = xcalloc((size_t)g->n_nodes, 1);
     for (int changed = 1; changed;) {
         changed = 0;
-        for (int n = 0; n < g->n_nodes; n++) {
+        for (int n = g->n_nodes - 1; n >= 0; n--) { // as set_nullable: a chain in one sweep, not one a node
             if (prod[n]) continue;
             const struct sg_node *nd = &g->nodes[n];
             int p = (nd->flags & SG_N_ACCEPT) != 0;
@@ -1055,7 +1075,8 @@ static int takes_none(const struct sg_grammar *g, const struct sg_node *t, const
 static void set_uniform(struct sg_grammar *g) {
     for (int n = 0; n < g->n_nodes; n++) {
         struct sg_node *nd = &g->nodes[n];
-        if (nd->n_calls || !nd->n_edges) continue;
+        // over 256 edges: an NFA node (overlapping ranges); the count below is quadratic
+        if (nd->n_calls || !nd->n_edges || nd->n_edges > 256) continue;
         int32_t best = -1;
         int best_n = 0;
         for (int k = 0; k < nd->n_edges; k++) { // the target most ASCII bytes go to

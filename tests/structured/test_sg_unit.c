@@ -123,7 +123,22 @@ static void test_regex(void) {
     expect_err(sg_compile_regex("(ab", &bad), "missing ')'", "unclosed");
     expect_err(sg_compile_regex("a{3,1}", &bad), "n < m", "bad count");
     expect_err(sg_compile_regex("a**", &bad), "quantifier", "double quantifier");
+    // nullable repetitions: the epsilon-free automaton grows as the count's
+    // square; refused by name, never seconds of one request's compile
+    expect_err(sg_compile_regex("(x|y?){5000}(x|y?){5000}", &bad), "too complex", "nullable repetition");
+    expect_err(sg_compile_regex("([a-z]{0,9}[0-9]{0,9}){999}", &bad), "too complex", "nested optional counts");
     CHECK(bad == NULL);
+    // a count overlapping what precedes it: the subset construction gives up
+    // (its work bound) and the epsilon-free automaton still matches exactly
+    g = regex("t+[a-z]{243}");
+    char s[250];
+    memset(s, 'a', sizeof s);
+    s[0] = 't';
+    s[244] = 0;
+    EXPECT(g, "re5", {'A', s}, {'P', "t"});
+    s[200] = '1';
+    EXPECT(g, "re5b", {'R', s});
+    sg_grammar_free(g);
 }
 
 // ----------------------------------------------------- choice, json_object --
