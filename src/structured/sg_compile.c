@@ -23,7 +23,7 @@
 // The epsilon-free NFA's edges per rule; beyond, the rule is refused. A
 // nullable repetition ("(x|y?){5000}") closes over every later copy, so its
 // edges grow with the square of the count.
-#define EPS_MAX_EDGES (1 << 21)
+#define EPS_MAX_EDGES (1 << 20)
 
 // ------------------------------------------------------------------- NFA --
 
