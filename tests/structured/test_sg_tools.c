@@ -213,7 +213,7 @@ static void test_grammars(const json_t *tools) {
     json_t *tool;
     json_array_foreach(tools, ti, tool) {
         json_t *p = json_object_get(json_object_get(tool, "function"), "parameters");
-        char *d = json_dumps(p ? p : json_object(), JSON_COMPACT);
+        char *d = p ? json_dumps(p, JSON_COMPACT) : strdup("{}");
         fprintf(fs, "%s\n", d);
         free(d);
     }
