@@ -14,19 +14,10 @@
 
 #include "backend/cpu/fast.h"
 #include "core/common.h"
+#include "op_util.h"
 #include "test.h"
 
 #define TOL 2e-5
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float *rnd(size_t n, float s) {
-    float *x = xmalloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) {
-        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-        x[i] = s * (float)((rng >> 11) * 0x1.0p-53 * 2 - 1);
-    }
-    return x;
-}
 
 static struct backend *ref, *fast;
 static const char *isa;
@@ -65,14 +56,14 @@ static void test_matmul(enum wfmt f) {
         struct weight wr, wf;
         CHECK(make(f, N, K, 77 + s, &wr, &wf) == 0);
         for (int n = 1; n <= 40; n++) {
-            float *x = rnd((size_t)n * K, 1), *y1 = rnd((size_t)n * N, 1), *y2 = rnd((size_t)n * N, 1);
+            float *x = test_rnd((size_t)n * K, 1), *y1 = test_rnd((size_t)n * N, 1), *y2 = test_rnd((size_t)n * N, 1);
             char what[96];
             snprintf(what, sizeof what, "%s matmul [%lld, %lld] n=%d", wfmt_name(f), (long long)N, (long long)K, n);
             ref->ops->matmul(ref, y1, x, &wr, n);
             fast->ops->matmul(fast, y2, x, &wf, n);
             cmp(what, y2, y1, (size_t)n * N);
             if (n == 1 || n == 9 || n == 40) { // output columns [5, N - 3), y rows N apart
-                float *y3 = rnd((size_t)n * N, 1), *y4 = xmalloc(sizeof(float) * (size_t)n * (N - 8));
+                float *y3 = test_rnd((size_t)n * N, 1), *y4 = xmalloc(sizeof(float) * (size_t)n * (N - 8));
                 fast_matmul_cols(fast, y3, N, x, K, n, &wf, 5, N - 3);
                 for (int i = 0; i < n; i++)
                     for (int64_t c = 5; c < N - 3; c++) y4[(int64_t)i * (N - 8) + c - 5] = y3[(int64_t)i * N + c - 5];
@@ -101,10 +92,10 @@ static void test_moe(enum wfmt f) {
                                                              .route = &(struct moe_route_cfg){.top_k = top_k}}) == 0);
         for (int k = 0; k < 3; k++) {
             int n = ns[k];
-            float *x = rnd((size_t)n * L, 1), *wt = rnd((size_t)n * top_k, 1);
+            float *x = test_rnd((size_t)n * L, 1), *wt = test_rnd((size_t)n * top_k, 1);
             int32_t *ids = xmalloc(sizeof(int32_t) * n * top_k);
             for (int t = 0; t < n; t++) ids[t * 2] = t % 3, ids[t * 2 + 1] = 3 + t % 2 * 2;
-            float *o1 = rnd((size_t)n * L, 1), *o2 = rnd((size_t)n * L, 1);
+            float *o1 = test_rnd((size_t)n * L, 1), *o2 = test_rnd((size_t)n * L, 1);
             char what[96];
             snprintf(what, sizeof what, "%s moe_experts%s n=%d", wfmt_name(f), gated ? " gated" : "", n);
             fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k);

@@ -8,20 +8,10 @@
 
 #include "backend/backend.h"
 #include "core/common.h"
+#include "op_util.h"
 #include "test.h"
 
 static struct backend *cpu, *gpu;
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float frand(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53 * 2 - 1);
-}
-static float *rnd(size_t n, float s) {
-    float *x = xmalloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) x[i] = s * frand();
-    return x;
-}
-
 struct pair {
     void *c, *g;
     size_t bytes;
@@ -121,7 +111,7 @@ static void free_tb(struct tb *t) {
 
 static void test_dense(void) {
     int T = 37, D = 2688, N = 4096;
-    float *x = rnd((size_t)T * D, 1), *r = rnd((size_t)T * D, 1), *w = rnd(D, 1);
+    float *x = test_rnd((size_t)T * D, 1), *r = test_rnd((size_t)T * D, 1), *w = test_rnd(D, 1);
     struct pair px = up(x, sizeof(float) * T * D), pr = up(r, sizeof(float) * T * D), pw = up(w, sizeof(float) * D);
     struct pair po = up(x, sizeof(float) * T * D);
     cpu->ops->rmsnorm(cpu, po.c, px.c, pw.c, T, D, 1e-5f);
@@ -147,7 +137,7 @@ static void test_dense(void) {
     }
     { // rope over q | k (32 + 8 heads of 128, Qwen3-8B's), positions up to 40000; head norms
         int ld = 40 * 128 + 1024, hd = 128, maxp = 40000;
-        float *tab = rnd((size_t)maxp * hd, 1), *q = rnd((size_t)T * ld, 2);
+        float *tab = test_rnd((size_t)maxp * hd, 1), *q = test_rnd((size_t)T * ld, 2);
         int32_t pos[37];
         for (int t = 0; t < T; t++) pos[t] = (t * 7919) % maxp;
         struct pair pt = up(tab, sizeof(float) * maxp * hd), pq = up(q, sizeof(float) * T * ld), pp = up(pos, sizeof pos);
@@ -169,7 +159,7 @@ static void test_dense(void) {
     cmp("gather_rows", pg, (size_t)5 * D, 0);
 
     // matmul, fp32, bf16 and fp16 weights, with and without a bias; embedding
-    float *wm = rnd((size_t)N * D, 0.05f), *bias = rnd(N, 1);
+    float *wm = test_rnd((size_t)N * D, 0.05f), *bias = test_rnd(N, 1);
     struct weight wc, wg, wb, wh;
     weight_from_f32(cpu, &wc, WF_F32, wm, N, D);
     weight_from_f32(gpu, &wg, WF_F32, wm, N, D);
@@ -226,9 +216,9 @@ static void test_mamba(void) {
     struct tb t;
     make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
     int T = t.c.num_tokens;
-    float *zx = rnd((size_t)T * ld, 1), *cw = rnd((size_t)C * K, 0.5f), *cb = rnd(C, 0.2f);
-    float *cs = rnd((size_t)slots * (K - 1) * C, 1), *ss = rnd((size_t)slots * H * P * N, 0.5f);
-    float *A = rnd(H, 1), *Dv = rnd(H, 1), *dtb = rnd(H, 1), *nw = rnd(I, 1);
+    float *zx = test_rnd((size_t)T * ld, 1), *cw = test_rnd((size_t)C * K, 0.5f), *cb = test_rnd(C, 0.2f);
+    float *cs = test_rnd((size_t)slots * (K - 1) * C, 1), *ss = test_rnd((size_t)slots * H * P * N, 0.5f);
+    float *A = test_rnd(H, 1), *Dv = test_rnd(H, 1), *dtb = test_rnd(H, 1), *nw = test_rnd(I, 1);
     for (int h = 0; h < H; h++) A[h] = -expf(A[h]);
     struct pair pzx = up(zx, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * C * K), pcb = up(cb, sizeof(float) * C);
     struct pair pcs = up(cs, sizeof(float) * slots * (K - 1) * C), pss = up(ss, sizeof(float) * slots * H * P * N);
@@ -275,7 +265,7 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
     make_tb(&t, NS, qlen, ctx, init, ND, 16, mbps, NULL);
     int T = t.c.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
     size_t cn = (size_t)NS * mbps * 16 * kvd;
-    float *kc = rnd(cn, 1), *vc = rnd(cn, 1), *qkv = rnd((size_t)T * ld, 1);
+    float *kc = test_rnd(cn, 1), *vc = test_rnd(cn, 1), *qkv = test_rnd((size_t)T * ld, 1);
     gpu->kv_dtype = kv;
     struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
@@ -286,7 +276,7 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
     struct tb full;
     make_tb(&full, NS, cq, zero, init, 0, 16, mbps, NULL);
     int TF = full.c.num_tokens;
-    float *fq = rnd((size_t)TF * ld, 1);
+    float *fq = test_rnd((size_t)TF * ld, 1);
     struct pair pfq = up(fq, sizeof(float) * TF * ld);
     cpu->ops->kv_write(cpu, pk.c, pv.c, pfq.c, ld, &full.c, &d);
     gpu->ops->kv_write(gpu, pk.g, pv.g, pfq.g, ld, &full.g, &d);
@@ -323,7 +313,7 @@ struct moe_shape {
 
 static void test_experts(const struct moe_shape *m, struct pair pids, struct pair pw, int T) {
     int E = m->E, k = m->k, I = m->I, L = m->L, U = m->gated ? 2 * I : I;
-    float *x = rnd((size_t)T * L, 1), *up_w = rnd((size_t)E * U * L, 0.03f), *down_w = rnd((size_t)E * L * I, 0.03f);
+    float *x = test_rnd((size_t)T * L, 1), *up_w = test_rnd((size_t)E * U * L, 0.03f), *down_w = test_rnd((size_t)E * L * I, 0.03f);
     struct pair px = up(x, sizeof(float) * T * L), po = up(x, sizeof(float) * T * L);
     struct moe_experts mc = {{0}, {0}, E, I, L, m->gated, m->act}, mg = mc, mb = mc;
     weight_from_f32(cpu, &mc.up, WF_F32, up_w, (int64_t)E * U, L);
@@ -357,7 +347,7 @@ static void test_moe(void) {
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 1, 1.0f},
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 0, 1.0f}};
     const char *names[4] = {"grouped sigmoid", "sigmoid", "softmax renorm", "softmax"};
-    float *lg = rnd((size_t)T * E, 3), *bias = rnd(E, 0.1f);
+    float *lg = test_rnd((size_t)T * E, 3), *bias = test_rnd(E, 0.1f);
     struct pair pl = up(lg, sizeof(float) * T * E), pb = up(bias, sizeof(float) * E);
     struct pair pids = up(lg, sizeof(int32_t) * T * kmax), pw = up(lg, sizeof(float) * T * kmax);
     struct moe_shape shapes[3] = {{E, 6, 1856, 2688, 0, ACT_RELU2, "relu2 nano"},
@@ -386,9 +376,9 @@ static void test_moe(void) {
 
 static void test_sample(void) {
     enum { V = 131072, R = 8, TOK = 64 };
-    float *lg = rnd((size_t)R * V, 4);
+    float *lg = test_rnd((size_t)R * V, 4);
     int32_t *table = xcalloc((size_t)R * TOK, sizeof(int32_t));
-    for (int i = 0; i < R * TOK; i++) table[i] = (int32_t)(frand() * 0.5f * V + 0.5f * V);
+    for (int i = 0; i < R * TOK; i++) table[i] = (int32_t)(test_frand() * 0.5f * V + 0.5f * V);
     struct sample_params sp[R];
     memset(sp, 0, sizeof sp);
     for (int r = 0; r < R; r++) {
@@ -450,9 +440,9 @@ static void test_kimi_kda(void) {
     make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
     int T = t.c.num_tokens;
     size_t sn = (size_t)slots * H * K * K;
-    float *x = rnd((size_t)T * ld, 1), *cw = rnd((size_t)3 * HK * 4, 0.5f), *cs = rnd((size_t)slots * 3 * 3 * HK, 1);
-    float *st = rnd(sn, 0.2f), *g = rnd((size_t)T * HK, 2), *Al = rnd(H, 1), *dtb = rnd(HK, 1), *w = rnd(K, 1);
-    float *z = rnd((size_t)T * HK, 2);
+    float *x = test_rnd((size_t)T * ld, 1), *cw = test_rnd((size_t)3 * HK * 4, 0.5f), *cs = test_rnd((size_t)slots * 3 * 3 * HK, 1);
+    float *st = test_rnd(sn, 0.2f), *g = test_rnd((size_t)T * HK, 2), *Al = test_rnd(H, 1), *dtb = test_rnd(HK, 1), *w = test_rnd(K, 1);
+    float *z = test_rnd((size_t)T * HK, 2);
     struct pair px = up(x, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * 3 * HK * 4);
     struct pair pcs = up(cs, sizeof(float) * slots * 3 * 3 * HK), pst = up(st, sizeof(float) * sn);
     struct pair pg = up(g, sizeof(float) * T * HK), pAl = up(Al, sizeof(float) * H), pdt = up(dtb, sizeof(float) * HK);
@@ -496,8 +486,8 @@ static void test_kimi_mla(enum dtype kv, double tol) {
     size_t cn = (size_t)5 * mbps * 16 * W;
     gpu->kv_dtype = kv;
     struct pair pc = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
-    float *fl = rnd((size_t)full.c.num_tokens * W, 1), *lat = rnd((size_t)T * (W + 3), 1), *q = rnd((size_t)T * qw, 1);
-    float *kvb = rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.05f);
+    float *fl = test_rnd((size_t)full.c.num_tokens * W, 1), *lat = test_rnd((size_t)T * (W + 3), 1), *q = test_rnd((size_t)T * qw, 1);
+    float *kvb = test_rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.05f);
     if (kv == DT_BF16) // the CPU reference keeps fp32: give both the same bf16-representable latents
         for (size_t i = 0; i < (size_t)full.c.num_tokens * W; i++) fl[i] = (float)(int)(fl[i] * 64) / 64;
     if (kv == DT_BF16)
@@ -525,11 +515,11 @@ static void test_kimi_mla(enum dtype kv, double tol) {
 // partial word), rows of every density; the logits must match bit for bit.
 static void test_mask_logits(void) {
     enum { V = 151669, R = 5, W = (V + 31) / 32 };
-    float *lg = rnd((size_t)R * V, 4);
+    float *lg = test_rnd((size_t)R * V, 4);
     uint32_t *mask = xmalloc(sizeof(uint32_t) * R * W);
     for (int r = 0; r < R; r++)
         for (int w = 0; w < W; w++) {
-            uint32_t x = (uint32_t)(frand() * 2147483647.0f) ^ ((uint32_t)w * 2654435761u);
+            uint32_t x = (uint32_t)(test_frand() * 2147483647.0f) ^ ((uint32_t)w * 2654435761u);
             mask[r * W + w] = r == 0 ? 0 : r == 1 ? 0xffffffffu : r == 2 ? (x & (x >> 3) & (x >> 7)) : x;
         }
     struct pair pl = up(lg, sizeof(float) * R * V), pm = up(mask, sizeof(uint32_t) * R * W);

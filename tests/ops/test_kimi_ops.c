@@ -11,46 +11,8 @@
 
 #include "backend/backend.h"
 #include "core/common.h"
+#include "op_util.h"
 #include "test.h"
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { // uniform in [-1, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53 * 2 - 1);
-}
-static void fill(float *x, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) x[i] = s * frand();
-}
-static double max_rel(const float *a, const float *b, size_t n) {
-    double m = 0, scale = 1e-6;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]) / scale);
-    return m;
-}
-
-// A host batch: sequences of qlen tokens after ctx, writing slot, starting
-// from src (-1: zeros); the first num_decodes decode.
-struct hb {
-    struct batch b;
-    int32_t qsl[9], seq_lens[8], ctx[8], slots[8], src[8], pos[128], slot_map[128], btab[64];
-    int32_t ck_start[9], ck_pos[8], ck_slot[8];
-};
-static void make(struct hb *h, int n, const int *qlen, const int *ctx, const int *slot, const int *src, int nd) {
-    memset(h, 0, sizeof *h);
-    int t = 0;
-    for (int s = 0; s < n; s++) {
-        h->qsl[s] = t, h->ctx[s] = ctx[s], h->seq_lens[s] = ctx[s] + qlen[s], h->slots[s] = slot[s], h->src[s] = src[s];
-        for (int i = 0; i < qlen[s]; i++) h->pos[t++] = ctx[s] + i;
-    }
-    h->qsl[n] = t;
-    struct batch *b = &h->b;
-    *b = (struct batch){.num_tokens = t, .num_seqs = n, .num_decodes = nd, .num_prefills = n - nd};
-    b->query_start_loc = h->qsl, b->seq_lens = h->seq_lens, b->context_lens = h->ctx, b->positions = h->pos;
-    b->state_slots = h->slots, b->state_src = h->src, b->ckpt_start = h->ck_start, b->ckpt_pos = h->ck_pos;
-    b->ckpt_slot = h->ck_slot, b->slot_mapping = h->slot_map, b->block_tables = h->btab;
-    b->h_query_start_loc = h->qsl, b->h_seq_lens = h->seq_lens, b->h_context_lens = h->ctx;
-    b->h_state_slots = h->slots, b->h_state_src = h->src;
-}
 
 static double softplus_d(double x) { return x > 20 ? x : log1p(exp(x)); }
 
@@ -58,7 +20,7 @@ static void test_kda_gate(struct backend *be) {
     struct kda_dims d = {3, 4, 4, 64};
     int H = d.heads, K = d.head_dim, n = 5;
     float g[60], g0[60], A_log[3], dtb[12];
-    fill(g0, 60, 3.0f), fill(A_log, 3, 1.0f), fill(dtb, 12, 1.0f);
+    test_fill(g0, 60, 3.0f), test_fill(A_log, 3, 1.0f), test_fill(dtb, 12, 1.0f);
     memcpy(g, g0, sizeof g);
     be->ops->kda_gate(be, g, A_log, dtb, n, &d);
     double err = 0;
@@ -102,8 +64,8 @@ static void test_kda(struct backend *be) {
     struct kda_dims d = {2, 8, 4, 4};
     int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 3, slots = 5;
     int qlen[] = {11, 1, 6}, ctx[] = {0, 0, 5}, slot[] = {2, 0, 3}, src[] = {-1, -1, 1}, S = 3;
-    struct hb hb;
-    make(&hb, S, qlen, ctx, slot, src, 0);
+    struct test_batch hb;
+    test_batch_make(&hb, S, qlen, ctx, slot, src, 0);
     hb.ck_start[0] = 0, hb.ck_start[1] = 1, hb.ck_start[2] = 1, hb.ck_start[3] = 1; // seq 0: a checkpoint at 8
     hb.ck_pos[0] = 8, hb.ck_slot[0] = 4;
     int T = hb.b.num_tokens;
@@ -111,9 +73,9 @@ static void test_kda(struct backend *be) {
     float *x = xmalloc(sizeof(float) * T * ld), *g = xmalloc(sizeof(float) * T * HK);
     float *y = xcalloc((size_t)T * HK, sizeof(float)), *ry = xcalloc((size_t)T * HK, sizeof(float));
     float *st0 = xmalloc(sizeof(float) * sn), *st = xmalloc(sizeof(float) * sn);
-    fill(x, (size_t)T * ld, 1.0f);
-    for (int i = 0; i < T * HK; i++) g[i] = -(float)softplus_d(2.0 * frand()) * 0.5f; // log-decays < 0
-    fill(st0, sn, 0.5f); // garbage a fresh slot must hide; slot 1 is seq 2's initial state
+    test_fill(x, (size_t)T * ld, 1.0f);
+    for (int i = 0; i < T * HK; i++) g[i] = -(float)softplus_d(2.0 * test_frand()) * 0.5f; // log-decays < 0
+    test_fill(st0, sn, 0.5f); // garbage a fresh slot must hide; slot 1 is seq 2's initial state
     memcpy(st, st0, sizeof(float) * sn);
     be->ops->kda_prefill(be, y, x, ld, g, st, &hb.b, 0, S, &d);
     double *rs = xmalloc(sizeof(double) * sn), *ck = xmalloc(sizeof(double) * hs);
@@ -129,8 +91,8 @@ static void test_kda(struct backend *be) {
     float *rsf = xmalloc(sizeof(float) * sn), *ckf = xmalloc(sizeof(float) * hs);
     for (size_t i = 0; i < sn; i++) rsf[i] = (float)rs[i];
     for (size_t i = 0; i < hs; i++) ckf[i] = (float)ck[i];
-    double ey = max_rel(y, ry, (size_t)T * HK), e0 = max_rel(st + 2 * hs, rsf + 2 * hs, hs),
-           e2 = max_rel(st + 3 * hs, rsf + 3 * hs, hs), ec = max_rel(st + 4 * hs, ckf, hs);
+    double ey = test_max_rel(y, ry, (size_t)T * HK), e0 = test_max_rel(st + 2 * hs, rsf + 2 * hs, hs),
+           e2 = test_max_rel(st + 3 * hs, rsf + 3 * hs, hs), ec = test_max_rel(st + 4 * hs, ckf, hs);
     printf("kda_prefill vs the matrix-form delta rule: y %.2e, states %.2e %.2e, checkpoint %.2e\n", ey, e0, e2, ec);
     CHECK(ey < 1e-5 && e0 < 1e-5 && e2 < 1e-5 && ec < 1e-5);
 
@@ -138,12 +100,12 @@ static void test_kda(struct backend *be) {
     float *y2 = xcalloc((size_t)T * HK, sizeof(float)), *st2 = xmalloc(sizeof(float) * sn);
     memcpy(st2, st0, sizeof(float) * sn);
     int q1[] = {7}, c1[] = {0}, s1[] = {2}, src1[] = {-1}, q2[] = {4}, c2[] = {7}, src2[] = {2};
-    struct hb a, b2;
-    make(&a, 1, q1, c1, s1, src1, 0);
-    make(&b2, 1, q2, c2, s1, src2, 0);
+    struct test_batch a, b2;
+    test_batch_make(&a, 1, q1, c1, s1, src1, 0);
+    test_batch_make(&b2, 1, q2, c2, s1, src2, 0);
     be->ops->kda_prefill(be, y2, x, ld, g, st2, &a.b, 0, 1, &d);
     be->ops->kda_prefill(be, y2 + 7 * HK, x + 7 * ld, ld, g + 7 * HK, st2, &b2.b, 0, 1, &d);
-    double es = max_rel(y2, y, 11 * (size_t)HK), ess = max_rel(st2 + 2 * hs, st + 2 * hs, hs);
+    double es = test_max_rel(y2, y, 11 * (size_t)HK), ess = test_max_rel(st2 + 2 * hs, st + 2 * hs, hs);
     printf("kda_prefill over two steps vs one: y %.2e, state %.2e\n", es, ess);
     CHECK(es < 1e-6 && ess < 1e-6);
 
@@ -152,17 +114,17 @@ static void test_kda(struct backend *be) {
     memset(st2 + 2 * hs, 0, sizeof(float) * hs);
     for (int i = 0; i < 11; i++) {
         int one[] = {1}, ci[] = {i}, own[] = {2};
-        struct hb db;
-        make(&db, 1, one, ci, s1, own, 1);
+        struct test_batch db;
+        test_batch_make(&db, 1, one, ci, s1, own, 1);
         be->ops->kda_decode(be, y3 + (size_t)i * HK, x + (size_t)i * ld, ld, g + (size_t)i * HK, st2, &db.b, &d);
     }
-    double ed = max_rel(y3, y, 11 * (size_t)HK), eds = max_rel(st2 + 2 * hs, st + 2 * hs, hs);
+    double ed = test_max_rel(y3, y, 11 * (size_t)HK), eds = test_max_rel(st2 + 2 * hs, st + 2 * hs, hs);
     printf("kda_decode x 11 vs kda_prefill: y %.2e, state %.2e\n", ed, eds);
     CHECK(ed < 1e-6 && eds < 1e-6);
 
     // head_norm_gate: rmsnorm per head times w times sigmoid(gate)
     float w[8], z[2 * 16], o[2 * 16];
-    fill(w, 8, 1.0f), fill(z, 32, 2.0f);
+    test_fill(w, 8, 1.0f), test_fill(z, 32, 2.0f);
     memcpy(o, y, sizeof o);
     be->ops->head_norm_gate(be, o, z, w, 2, H, K, 1e-5f);
     double en = 0;
@@ -185,8 +147,8 @@ static void test_mla(struct backend *be) {
     int H = d.heads, N = d.nope, P = d.rope, V = d.v_dim, R = d.rank, W = R + P, bs = d.block_size, S = 3, nb = 12;
     d.scale = 1.0f / sqrtf((float)(N + P));
     int qlen[] = {1, 5, 3}, ctx[] = {6, 0, 2}, slot[] = {0, 0, 0}, src[] = {0, -1, 0};
-    struct hb hb;
-    make(&hb, S, qlen, ctx, slot, src, 1); // seq 0 decodes
+    struct test_batch hb;
+    test_batch_make(&hb, S, qlen, ctx, slot, src, 1); // seq 0 decodes
     int mb = 3;
     hb.b.max_blocks_per_seq = mb;
     for (int s = 0; s < S; s++)
@@ -197,13 +159,13 @@ static void test_mla(struct backend *be) {
     float *cache = xcalloc((size_t)nb * bs * W, sizeof(float)), dense[3][12][11];
     for (int s = 0; s < S; s++)
         for (int p = 0; p < 12; p++)
-            for (int e = 0; e < W; e++) dense[s][p][e] = frand();
+            for (int e = 0; e < W; e++) dense[s][p][e] = test_frand();
     for (int s = 0; s < S; s++)
         for (int p = 0; p < ctx[s]; p++)
             memcpy(cache + ((size_t)hb.btab[s * mb + p / bs] * bs + p % bs) * W, dense[s][p], sizeof(float) * W);
     float *lat = xmalloc(sizeof(float) * T * (W + 1)), *q = xmalloc(sizeof(float) * T * H * (N + P));
     float *kvb = xmalloc(sizeof(float) * H * (N + V) * R), *out = xcalloc((size_t)T * H * V, sizeof(float));
-    fill(lat, (size_t)T * (W + 1), 1.0f), fill(q, (size_t)T * H * (N + P), 1.0f), fill(kvb, (size_t)H * (N + V) * R, 0.5f);
+    test_fill(lat, (size_t)T * (W + 1), 1.0f), test_fill(q, (size_t)T * H * (N + P), 1.0f), test_fill(kvb, (size_t)H * (N + V) * R, 0.5f);
     for (int s = 0, t = 0; s < S; s++)
         for (int i = 0; i < qlen[s]; i++, t++) memcpy(dense[s][ctx[s] + i], lat + (size_t)t * (W + 1), sizeof(float) * W);
     be->ops->mla_kv_write(be, cache, lat, W + 1, &hb.b, &d);
@@ -240,7 +202,7 @@ static void test_mla(struct backend *be) {
                     ref[((size_t)t * H + h) * V + e] = (float)o;
                 }
             }
-    double err = max_rel(out, ref, (size_t)T * H * V);
+    double err = test_max_rel(out, ref, (size_t)T * H * V);
     printf("MLA over cached latents (absorbed) vs expanded per-head attention: rel err %.2e over %d tokens\n", err, T);
     CHECK(err < 1e-5 && T == 9);
     free(cache), free(lat), free(q), free(kvb), free(out), free(ref);

@@ -12,65 +12,15 @@
 #include "core/common.h"
 #include "sample/sampler.h"
 #include "models/rope.h"
+#include "op_util.h"
 #include "test.h"
 
-static uint64_t rng = 88172645463325252ull;
-static float frand(void) { // uniform in [-1, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((rng >> 11) * 0x1.0p-53 * 2 - 1);
-}
-static void fill(float *x, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) x[i] = s * frand();
-}
-
-static double max_rel(const float *a, const float *b, size_t n) {
-    double m = 0, scale = 1e-6;
-    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(b[i]));
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]) / scale);
-    return m;
-}
-
-// A host batch of prefill (or decode) sequences.
-struct hbatch {
-    struct batch b;
-    int32_t qsl[16], seq_lens[16], ctx[16], slots[16], src[16], pos[256], slot_map[256], btab[256];
-    int32_t ck_start[17], ck_pos[16], ck_slot[16];
-};
-
-static void make_batch(struct hbatch *h, int n, const int *qlen, const int *ctx, const int *slot, const int *init,
+// sequence s continues its slot (init[s]) or starts from zeros
+static void make_batch(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *slot, const int *init,
                        int num_decodes) {
-    memset(h, 0, sizeof *h);
-    int t = 0;
-    for (int s = 0; s < n; s++) {
-        h->qsl[s] = t;
-        h->ctx[s] = ctx[s];
-        h->seq_lens[s] = ctx[s] + qlen[s];
-        h->slots[s] = slot[s];
-        h->src[s] = init[s] ? slot[s] : -1; // continue the slot, or zeros
-        for (int i = 0; i < qlen[s]; i++) h->pos[t++] = ctx[s] + i;
-    }
-    h->qsl[n] = t;
-    struct batch *b = &h->b;
-    b->num_tokens = t;
-    b->num_seqs = n;
-    b->num_decodes = num_decodes;
-    b->num_prefills = n - num_decodes;
-    b->query_start_loc = h->qsl;
-    b->seq_lens = h->seq_lens;
-    b->context_lens = h->ctx;
-    b->positions = h->pos;
-    b->state_slots = h->slots;
-    b->state_src = h->src;
-    b->ckpt_start = h->ck_start;
-    b->ckpt_pos = h->ck_pos;
-    b->ckpt_slot = h->ck_slot;
-    b->slot_mapping = h->slot_map;
-    b->block_tables = h->btab;
-    b->h_query_start_loc = h->qsl;
-    b->h_seq_lens = h->seq_lens;
-    b->h_context_lens = h->ctx;
-    b->h_state_slots = h->slots;
-    b->h_state_src = h->src;
+    int src[TB_SEQS];
+    for (int i = 0; i < n; i++) src[i] = init[i] ? slot[i] : -1;
+    test_batch_make(h, n, qlen, ctx, slot, src, num_decodes);
 }
 
 static float softplus(float x) { return x > 20 ? x : log1pf(expf(x)); }
@@ -81,16 +31,16 @@ static void test_ssd(struct backend *be) {
     d.conv_dim = I + 2 * G * N;
     int ld = I + d.conv_dim + H, slots = 4, S = 3;
     int qlen[] = {9, 1, 6}, ctx[] = {0, 5, 3}, slot[] = {2, 0, 3}, init[] = {0, 1, 1};
-    struct hbatch hb;
+    struct test_batch hb;
     make_batch(&hb, S, qlen, ctx, slot, init, 0);
     int T = hb.b.num_tokens;
     size_t sn = (size_t)slots * H * P * N;
     float *x = xmalloc(sizeof(float) * T * ld), *y = xcalloc(T * I, sizeof(float)), *y2 = xcalloc(T * I, sizeof(float));
     float *st = xmalloc(sizeof(float) * sn), *st0 = xmalloc(sizeof(float) * sn), *st2 = xmalloc(sizeof(float) * sn);
     float A[4], D[4], dtb[4];
-    fill(x, (size_t)T * ld, 1.0f);
-    fill(st0, sn, 1.0f); // slot 2 holds garbage that state_src = -1 must hide
-    for (int h = 0; h < H; h++) A[h] = -expf(0.5f * frand()), D[h] = 1 + 0.5f * frand(), dtb[h] = 0.5f * frand();
+    test_fill(x, (size_t)T * ld, 1.0f);
+    test_fill(st0, sn, 1.0f); // slot 2 holds garbage that state_src = -1 must hide
+    for (int h = 0; h < H; h++) A[h] = -expf(0.5f * test_frand()), D[h] = 1 + 0.5f * test_frand(), dtb[h] = 0.5f * test_frand();
     memcpy(st, st0, sizeof(float) * sn);
     be->ops->ssd_prefill(be, y, x, ld, dtb, A, D, st, &hb.b, 0, S, &d);
 
@@ -115,7 +65,7 @@ static void test_ssd(struct backend *be) {
                 }
             }
         }
-    double ey = max_rel(y, ref_y, (size_t)T * I), es = max_rel(st, ref_st, sn);
+    double ey = test_max_rel(y, ref_y, (size_t)T * I), es = test_max_rel(st, ref_st, sn);
     printf("ssd chunked scan vs sequential recurrence: y rel err %.2e, state rel err %.2e\n", ey, es);
     CHECK(ey < 1e-5 && es < 1e-5);
 
@@ -128,14 +78,14 @@ static void test_ssd(struct backend *be) {
         for (int s = 0; s < S; s++) {
             if (i >= qlen[s]) continue;
             int one[] = {1}, c1[] = {ctx[s] + i}, sl[] = {slot[s]}, in1[] = {1};
-            struct hbatch db;
+            struct test_batch db;
             make_batch(&db, 1, one, c1, sl, in1, 1);
             db.qsl[0] = 0;
             int t = hb.qsl[s] + i;
             be->ops->ssd_decode(be, y2 + (size_t)t * I, x + (size_t)t * ld, ld, dtb, A, D, st2, &db.b, &d);
         }
     }
-    double ed = max_rel(y2, y, (size_t)T * I), eds = max_rel(st2, st, sn);
+    double ed = test_max_rel(y2, y, (size_t)T * I), eds = test_max_rel(st2, st, sn);
     printf("ssd chunked scan vs repeated decode: y rel err %.2e, state rel err %.2e\n", ed, eds);
     CHECK(ed < 1e-5 && eds < 1e-5);
     free(x), free(y), free(y2), free(st), free(st0), free(st2), free(ref_st), free(ref_y);
@@ -147,18 +97,18 @@ static void test_conv(struct backend *be) {
     d.conv_dim = I + 2 * d.groups * d.state;
     int C = d.conv_dim, K = d.conv_kernel, ld = I + C + d.heads, S = 3, slots = 4;
     int qlen[] = {7, 1, 3}, ctx[] = {0, 4, 2}, slot[] = {1, 3, 0}, init[] = {0, 1, 1};
-    struct hbatch hb;
+    struct test_batch hb;
     make_batch(&hb, S, qlen, ctx, slot, init, 0);
     int T = hb.b.num_tokens;
     size_t sn = (size_t)slots * (K - 1) * C;
     float *x = xmalloc(sizeof(float) * T * ld), *x2 = xmalloc(sizeof(float) * T * ld);
     float *st = xmalloc(sizeof(float) * sn), *st2 = xmalloc(sizeof(float) * sn), w[64 * 4], bias[64];
-    fill(x, (size_t)T * ld, 1.0f);
+    test_fill(x, (size_t)T * ld, 1.0f);
     memcpy(x2, x, sizeof(float) * T * ld);
-    fill(st, sn, 1.0f);
+    test_fill(st, sn, 1.0f);
     memcpy(st2, st, sizeof(float) * sn);
-    fill(w, (size_t)C * K, 1.0f);
-    fill(bias, C, 0.5f);
+    test_fill(w, (size_t)C * K, 1.0f);
+    test_fill(bias, C, 0.5f);
     be->ops->conv1d_fwd(be, x, ld, w, bias, st, &hb.b, 0, S, &d);
     for (int s = 0; s < S; s++)
         if (!init[s]) memset(st2 + (size_t)slot[s] * (K - 1) * C, 0, sizeof(float) * (K - 1) * C);
@@ -166,11 +116,11 @@ static void test_conv(struct backend *be) {
         for (int s = 0; s < S; s++) {
             if (i >= qlen[s]) continue;
             int t = hb.qsl[s] + i, one[] = {1}, c1[] = {ctx[s] + i}, sl[] = {slot[s]}, in1[] = {1};
-            struct hbatch db;
+            struct test_batch db;
             make_batch(&db, 1, one, c1, sl, in1, 1);
             be->ops->conv1d_update(be, x2 + (size_t)t * ld, ld, w, bias, st2, &db.b, &d);
         }
-    double e1 = max_rel(x2, x, (size_t)T * ld), e2 = max_rel(st2, st, sn);
+    double e1 = test_max_rel(x2, x, (size_t)T * ld), e2 = test_max_rel(st2, st, sn);
     printf("conv forward vs repeated updates: out rel err %.2e, state rel err %.2e\n", e1, e2);
     CHECK(e1 < 1e-6 && e2 < 1e-6);
     free(x), free(x2), free(st), free(st2);
@@ -188,18 +138,18 @@ static void test_ckpt(struct backend *be) {
     int C = d.conv_dim, K = d.conv_kernel, ld = I + C + H, L = 11, slots = 6;
     size_t cs = (size_t)(K - 1) * C, ss = (size_t)H * P * N;
     float *x = xmalloc(sizeof(float) * (3 + L) * ld), A[4], D[4], dtb[4];
-    fill(x, (size_t)(3 + L) * ld, 1.0f);
-    for (int h = 0; h < H; h++) A[h] = -expf(0.5f * frand()), D[h] = 1 + 0.5f * frand(), dtb[h] = 0.5f * frand();
+    test_fill(x, (size_t)(3 + L) * ld, 1.0f);
+    for (int h = 0; h < H; h++) A[h] = -expf(0.5f * test_frand()), D[h] = 1 + 0.5f * test_frand(), dtb[h] = 0.5f * test_frand();
     float *cw = xmalloc(sizeof(float) * C * K), *cb = xmalloc(sizeof(float) * C);
-    fill(cw, (size_t)C * K, 1.0f);
-    fill(cb, C, 0.5f);
+    test_fill(cw, (size_t)C * K, 1.0f);
+    test_fill(cb, C, 0.5f);
     // run r: the prefix [0, n) (r 0: all, with checkpoints; r 1, 2: [0, 4), [0, 8));
     // r 3: [8, 11) from checkpoint slot 5 of run 0. Outputs: conv rows, y, states.
     float *xo[4], *y[4], *cst[4], *sst[4];
     for (int r = 0; r < 4; r++) {
         int q0 = r == 3 ? 8 : 0, n = r == 0 || r == 3 ? L - q0 : 4 * r;
         int qlen[] = {3, n}, ctx[] = {0, q0}, slot[] = {1, 2}, init[] = {0, 0};
-        struct hbatch hb;
+        struct test_batch hb;
         make_batch(&hb, 2, qlen, ctx, slot, init, 0);
         if (r == 0) { // sequence 1 checkpoints at 4 and 8
             hb.ck_start[2] = 2;
@@ -212,8 +162,8 @@ static void test_ckpt(struct backend *be) {
         y[r] = xcalloc((size_t)(3 + n) * I, sizeof(float));
         cst[r] = xmalloc(sizeof(float) * slots * cs);
         sst[r] = xmalloc(sizeof(float) * slots * ss);
-        fill(cst[r], slots * cs, 1.0f);
-        fill(sst[r], slots * ss, 1.0f);
+        test_fill(cst[r], slots * cs, 1.0f);
+        test_fill(sst[r], slots * ss, 1.0f);
         if (r == 3) { // the checkpoint restored: run 0's
             memcpy(cst[3] + 5 * cs, cst[0] + 5 * cs, sizeof(float) * cs);
             memcpy(sst[3] + 5 * ss, sst[0] + 5 * ss, sizeof(float) * ss);
@@ -222,13 +172,13 @@ static void test_ckpt(struct backend *be) {
         be->ops->ssd_prefill(be, y[r], xo[r], ld, dtb, A, D, sst[r], &hb.b, 0, 2, &d);
     }
     for (int r = 1; r <= 2; r++) { // checkpoint slot 3 + r of run 0 == final state of run r
-        double ec = max_rel(cst[0] + (3 + r) * cs, cst[r] + 2 * cs, cs), es = max_rel(sst[0] + (3 + r) * ss, sst[r] + 2 * ss, ss);
+        double ec = test_max_rel(cst[0] + (3 + r) * cs, cst[r] + 2 * cs, cs), es = test_max_rel(sst[0] + (3 + r) * ss, sst[r] + 2 * ss, ss);
         printf("checkpoint at %d vs a prefill ending there: conv state rel err %.2e, ssm state %.2e\n", 4 * r, ec, es);
         CHECK(ec < 1e-6 && es < 1e-5);
     }
-    double ex = max_rel(xo[3] + (size_t)3 * ld, xo[0] + (size_t)(3 + 8) * ld, (size_t)3 * ld);
-    double ey = max_rel(y[3] + (size_t)3 * I, y[0] + (size_t)(3 + 8) * I, (size_t)3 * I);
-    double ec = max_rel(cst[3] + 2 * cs, cst[0] + 2 * cs, cs), es = max_rel(sst[3] + 2 * ss, sst[0] + 2 * ss, ss);
+    double ex = test_max_rel(xo[3] + (size_t)3 * ld, xo[0] + (size_t)(3 + 8) * ld, (size_t)3 * ld);
+    double ey = test_max_rel(y[3] + (size_t)3 * I, y[0] + (size_t)(3 + 8) * I, (size_t)3 * I);
+    double ec = test_max_rel(cst[3] + 2 * cs, cst[0] + 2 * cs, cs), es = test_max_rel(sst[3] + 2 * ss, sst[0] + 2 * ss, ss);
     printf("prefill from a restored checkpoint vs one prefill: conv %.2e, y %.2e, states %.2e %.2e\n", ex, ey, ec, es);
     CHECK(ex < 1e-6 && ey < 1e-5 && ec < 1e-6 && es < 1e-5);
     for (int r = 0; r < 4; r++) free(xo[r]), free(y[r]), free(cst[r]), free(sst[r]);
@@ -240,7 +190,7 @@ static void test_attention(struct backend *be) {
     d.scale = 1.0f / sqrtf(8);
     int Hq = d.heads, Hk = d.kv_heads, Dh = d.head_dim, bs = d.block_size, S = 3, nblocks = 16;
     int qlen[] = {1, 5, 4}, ctx[] = {9, 0, 3}, slot[] = {0, 0, 0}, init[] = {1, 0, 1};
-    struct hbatch hb;
+    struct test_batch hb;
     make_batch(&hb, S, qlen, ctx, slot, init, 1); // seq 0 decodes
     int perm[16];
     for (int i = 0; i < nblocks; i++) perm[i] = (i * 7 + 3) % nblocks; // scattered blocks
@@ -258,8 +208,8 @@ static void test_attention(struct backend *be) {
     float *kc = xcalloc(cn, sizeof(float)), *vc = xcalloc(cn, sizeof(float));
     // context k/v (positions before the query), kept densely for the reference
     float *dk = xmalloc(sizeof(float) * S * 16 * kvd), *dv = xmalloc(sizeof(float) * S * 16 * kvd);
-    fill(dk, (size_t)S * 16 * kvd, 1.0f);
-    fill(dv, (size_t)S * 16 * kvd, 1.0f);
+    test_fill(dk, (size_t)S * 16 * kvd, 1.0f);
+    test_fill(dv, (size_t)S * 16 * kvd, 1.0f);
     for (int s = 0; s < S; s++)
         for (int p = 0; p < ctx[s]; p++) {
             size_t sl = (size_t)hb.btab[s * mb + p / bs] * bs + p % bs;
@@ -267,7 +217,7 @@ static void test_attention(struct backend *be) {
             memcpy(vc + sl * kvd, dv + ((size_t)s * 16 + p) * kvd, sizeof(float) * kvd);
         }
     float *qkv = xmalloc(sizeof(float) * T * ld), *out = xcalloc((size_t)T * qd, sizeof(float));
-    fill(qkv, (size_t)T * ld, 1.0f);
+    test_fill(qkv, (size_t)T * ld, 1.0f);
     for (int s = 0, t = 0; s < S; s++)
         for (int i = 0; i < qlen[s]; i++, t++) {
             memcpy(dk + ((size_t)s * 16 + ctx[s] + i) * kvd, qkv + (size_t)t * ld + qd, sizeof(float) * kvd);
@@ -295,7 +245,7 @@ static void test_attention(struct backend *be) {
                     ref[(size_t)t * qd + h * Dh + e] = (float)o;
                 }
             }
-    double err = max_rel(out, ref, (size_t)T * qd);
+    double err = test_max_rel(out, ref, (size_t)T * qd);
     printf("paged attention vs dense attention (GQA, scattered blocks): rel err %.2e over %d tokens\n", err, T);
     CHECK(err < 1e-5 && T == 10);
     free(kc), free(vc), free(dk), free(dv), free(qkv), free(out), free(ref);
@@ -368,7 +318,7 @@ static void test_rope(struct backend *be) {
 static void test_sampler(void) {
     enum { V = 50 };
     float logits[V];
-    fill(logits, V, 3.0f);
+    test_fill(logits, V, 3.0f);
     logits[17] = 5.0f;
     int32_t prompt[4] = {17, 3, 4, 17}, top_ids[5];
     float lp, top_lp[5];
@@ -410,6 +360,7 @@ static void test_sampler(void) {
 }
 
 int main(void) {
+    test_rng = 88172645463325252ull;
     struct backend *be;
     if (backend_cpu_create(2, DT_F32, &be)) return 1;
     test_ssd(be);
