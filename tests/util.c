@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/common.h"
+#include "core/json.h"
 #include "util.h"
 
 char *tu_tmpdir(void) {
@@ -55,6 +56,16 @@ int tu_copy(const char *src_dir, const char *dst_dir, const char *name) {
 char *tu_fixture(const char *rel) {
     const char *base = getenv("VLLM_FIXTURES");
     return path_join(base && *base ? base : "tests/fixtures", rel);
+}
+
+json_t *tu_fixture_config(const char *fx) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "%s/config.json", fx);
+    char *p = tu_fixture(rel);
+    json_t *j = NULL;
+    json_load_path(p, &j);
+    free(p);
+    return j;
 }
 
 int tu_write_raw_safetensors(const char *path, const char *header, const void *data, size_t len) {

@@ -19,12 +19,12 @@
 // (MoE, where a routing decision within 1e-4 flips); transformers-bf16
 // itself leaves the fp32 greedy path at margins up to 1.2.
 #include <math.h>
-#include <pthread.h>
 
 #include "core/common.h"
 #include "core/json.h"
 #include "engine/engine.h"
 #include "io/safetensors.h"
+#include "forced_logits.h"
 #include "test.h"
 #include "util.h"
 
@@ -43,25 +43,6 @@ static const struct fixture fixtures[] = {
     {"nh_moe", 10.0, 10.0},
     {"nh_latent", 2.0, 1.0},
 };
-
-struct rows {
-    float *v[8];  // per prompt [positions, vocab]
-    int n[8];     // positions seen
-    int vocab, prompt;
-    uint64_t req;
-};
-
-static void hook(void *user, int nrows, int vocab, const float *logits, struct request *const *row_req,
-                 const int32_t *row_pos) {
-    struct rows *c = user;
-    c->vocab = vocab;
-    for (int r = 0; r < nrows; r++) {
-        if (row_req[r]->id != c->req || row_pos[r] >= 256) continue;
-        if (!c->v[c->prompt]) c->v[c->prompt] = xcalloc((size_t)256 * vocab, sizeof(float));
-        memcpy(c->v[c->prompt] + (int64_t)row_pos[r] * vocab, logits + (int64_t)r * vocab, sizeof(float) * vocab);
-        c->n[c->prompt] = MAX(c->n[c->prompt], row_pos[r] + 1);
-    }
-}
 
 static int32_t *ids_of(json_t *a, int *n) {
     *n = (int)json_array_size(a);
@@ -89,59 +70,13 @@ static struct vllm_engine *load(const char *dir, int budget, char path) {
     return e;
 }
 
-static uint64_t next_id(struct vllm_engine *e) {
-    pthread_mutex_lock(&e->mu);
-    uint64_t id = e->next_id;
-    pthread_mutex_unlock(&e->mu);
-    return id;
-}
-
-// Teacher forcing: each prompt + the oracle's greedy tokens as one prompt.
-static void forced(const char *dir, int budget, char path, json_t *g, struct rows *out) {
-    memset(out, 0, sizeof *out);
-    struct vllm_engine *e = load(dir, budget, path);
-    if (!e) return;
-    engine_set_logits_hook(e, hook, out);
-    json_t *prompts = json_object_get(g, "prompts"), *greedy = json_object_get(g, "greedy");
-    for (size_t i = 0; i < json_array_size(prompts) && i < 8; i++) {
-        int np, nq;
-        int32_t *p = ids_of(json_array_get(prompts, i), &np), *q = ids_of(json_array_get(greedy, i), &nq);
-        int32_t *seq = xmalloc(sizeof(int32_t) * (np + nq));
-        memcpy(seq, p, sizeof(int32_t) * np);
-        memcpy(seq + np, q, sizeof(int32_t) * nq);
-        struct vllm_sampling_params sp;
-        vllm_sampling_params_default(&sp);
-        sp.temperature = 0;
-        sp.ignore_eos = 1;
-        sp.max_tokens = 1;
-        out->prompt = (int)i;
-        out->req = next_id(e);
-        int32_t *o = NULL;
-        int no = 0;
-        CHECK(vllm_complete_tokens(e, seq, np + nq, &sp, &o, &no, NULL) == 0);
-        CHECKF(out->n[i] == np + nq, "prompt %zu: %d logit rows, expected %d", i, out->n[i], np + nq);
-        vllm_free(o);
-        free(seq), free(p), free(q);
-    }
-    vllm_engine_free(e);
-}
-
-static double max_diff(const struct rows *a, const struct rows *b, int nprompts, long *count) {
-    double m = 0;
-    for (int i = 0; i < nprompts; i++)
-        for (int64_t k = 0; k < (int64_t)MIN(a->n[i], b->n[i]) * a->vocab; k++) {
-            m = fmax(m, fabs((double)a->v[i][k] - b->v[i][k]));
-            (*count)++;
-        }
-    return m;
-}
-
-static void free_rows(struct rows *r) {
-    for (int i = 0; i < 8; i++) free(r->v[i]);
+// Teacher forcing on path 'r', 'f' or 'x' (load) at a token budget.
+static void forced(const char *dir, int budget, char path, json_t *g, struct fl_rows *out) {
+    fl_forced(load(dir, budget, path), g, FL_PROMPTS, out);
 }
 
 // The oracle's logits as rows.
-static void oracle_rows(const char *fx, json_t *g, struct rows *out) {
+static void oracle_rows(const char *fx, json_t *g, struct fl_rows *out) {
     memset(out, 0, sizeof *out);
     char rel[128];
     snprintf(rel, sizeof rel, "%s/logits.safetensors", fx);
@@ -205,15 +140,15 @@ static void run_fixture(const struct fixture *f) {
     CHECK(np > 0);
     // 1. exact
     for (int budget = 2048; budget >= 5; budget = budget == 2048 ? 5 : 0) {
-        struct rows r, x;
+        struct fl_rows r, x;
         long count = 0;
         forced(dir, budget, 'r', g, &r);
         forced(dir, budget, 'x', g, &x);
-        double e = max_diff(&x, &r, np, &count);
+        double e = fl_max_diff(&x, &r, np, &count);
         printf("%s exact (dot kernel off) vs bf16 reference, budget %d: max |logit diff| %.3g over %ld values (gate %.0e)\n",
                f->name, budget, e, count, EXACT);
         CHECKF(count > 0 && e <= EXACT, "%s: exact bf16 path differs from the bf16 reference by %.3g", f->name, e);
-        free_rows(&r), free_rows(&x);
+        fl_free(&r), fl_free(&x);
     }
     int *nx = xcalloc(np, sizeof(int)), *nr = xcalloc(np, sizeof(int)), *nf = xcalloc(np, sizeof(int));
     int32_t **gx = greedy(dir, 'x', g, nx), **gr = greedy(dir, 'r', g, nr), **gf = greedy(dir, 'f', g, nf);
@@ -223,21 +158,21 @@ static void run_fixture(const struct fixture *f) {
         CHECKF(same, "%s prompt %d: exact bf16 greedy differs from the bf16 reference's", f->name, i);
     }
     // 2. default
-    struct rows o, r, d;
+    struct fl_rows o, r, d;
     oracle_rows(f->name, g, &o);
     for (int budget = 2048; budget >= 5; budget = budget == 2048 ? 5 : 0) {
         long c1 = 0, c2 = 0;
         forced(dir, budget, 'f', g, &d);
         forced(dir, budget, 'r', g, &r);
-        double eo = max_diff(&d, &o, np, &c1), er = max_diff(&d, &r, np, &c2), ro = max_diff(&r, &o, np, &c2);
+        double eo = fl_max_diff(&d, &o, np, &c1), er = fl_max_diff(&d, &r, np, &c2), ro = fl_max_diff(&r, &o, np, &c2);
         printf("%s default bf16, budget %d: max |logit - oracle| %.3g (bound %.2g; bf16 reference alone %.3g), "
                "max |logit - bf16 reference| %.3g (bound %.2g), over %ld values\n",
                f->name, budget, eo, f->oracle_bound, ro, er, f->ref_bound, c1);
         CHECKF(c1 > 0 && eo <= f->oracle_bound, "%s: %.3g from the oracle, bound %.2g", f->name, eo, f->oracle_bound);
         CHECKF(er <= f->ref_bound, "%s: %.3g from the bf16 reference, bound %.2g", f->name, er, f->ref_bound);
-        free_rows(&d), free_rows(&r);
+        fl_free(&d), fl_free(&r);
     }
-    free_rows(&o);
+    fl_free(&o);
     json_t *want = json_object_get(g, "greedy"), *margins = json_object_get(g, "margins");
     json_t *hf = json_object_get(g, "bf16_agree_steps");
     int sf = 0, sr = 0, sh = 0, total = 0;

@@ -8,16 +8,6 @@
 #include "test.h"
 #include "util.h"
 
-static json_t *fixture_config(const char *fx) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "%s/config.json", fx);
-    char *p = tu_fixture(rel);
-    json_t *j = NULL;
-    json_load_path(p, &j);
-    free(p);
-    return j;
-}
-
 static int parse(json_t *j, struct nh_config *c) { return nh_config_parse(j, "cfg.json", c); }
 
 static void rename_key(json_t *j, const char *from, const char *to) {
@@ -29,7 +19,7 @@ static void rename_key(json_t *j, const char *from, const char *to) {
 
 int main(void) {
     struct nh_config c;
-    json_t *j = fixture_config("nh_latent");
+    json_t *j = tu_fixture_config("nh_latent");
     CHECK(j != NULL);
     if (!j) return test_summary("config");
     CHECK(parse(j, &c) == 0);

@@ -11,16 +11,6 @@
 #include "test.h"
 #include "util.h"
 
-static json_t *fixture_config(const char *fx) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "%s/config.json", fx);
-    char *p = tu_fixture(rel);
-    json_t *j = NULL;
-    json_load_path(p, &j);
-    free(p);
-    return j;
-}
-
 // base with key = value (Python JSON text; NULL deletes the key)
 static json_t *with(const json_t *base, const char *key, const char *value) {
     json_t *k = json_deep_copy(base);
@@ -114,7 +104,7 @@ static const struct bad bads[] = {
 };
 
 static int check_bad(const struct bad *b) {
-    json_t *base = fixture_config(b->fixture);
+    json_t *base = tu_fixture_config(b->fixture);
     if (!base) return 0;
     json_t *k = with(base, b->key, b->value);
     struct nh_config c;
@@ -131,7 +121,7 @@ static int check_bad(const struct bad *b) {
 
 // Values that must be accepted, and what they read as.
 static void good_values(void) {
-    json_t *base = fixture_config("nh_dense");
+    json_t *base = tu_fixture_config("nh_dense");
     struct nh_config c;
     json_t *k = with(base, "eos_token_id", "[0, 255, 7, 7, 1, 2, 3, 4]"); // 8 ids: all kept
     CHECK(nh_config_parse(k, "t", &c) == 0 && c.num_eos == 8 && c.eos[1] == 255 && c.eos[7] == 4);

@@ -11,16 +11,6 @@
 #include "util.h"
 #include "vllm.h"
 
-static json_t *load_cfg(const char *fx) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "%s/config.json", fx);
-    char *p = tu_fixture(rel);
-    json_t *j = NULL;
-    json_load_path(p, &j);
-    free(p);
-    return j;
-}
-
 // Loads fixture fx with config cfg; returns the status, the message in msg.
 static int try_load(struct backend *be, const char *fx, json_t *cfg, char *msg, size_t n) {
     char *dir = tu_fixture(fx);
@@ -74,7 +64,7 @@ struct bad_case {
 int main(void) {
     struct backend *be;
     if (backend_create("cpu", 1, DT_F32, &be)) return 1;
-    json_t *base[2] = {load_cfg("kimi_linear"), load_cfg("kimi_linear_qlora")};
+    json_t *base[2] = {tu_fixture_config("kimi_linear"), tu_fixture_config("kimi_linear_qlora")};
     CHECKF(base[0] && base[1], "the kimi_linear fixtures' config.json");
     if (!base[0] || !base[1]) return test_summary("kimi_config");
     const char *fxs[2] = {"kimi_linear", "kimi_linear_qlora"};

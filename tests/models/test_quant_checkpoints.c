@@ -31,6 +31,7 @@
 #include "io/safetensors.h"
 #include "models/loader.h"
 #include "models/model.h"
+#include "forced_logits.h"
 #include "test.h"
 #include "util.h"
 
@@ -229,24 +230,6 @@ static int make_pair(const char *fx, enum layout L, const char *qdir, const char
 
 // ---- logits ----
 
-struct rows {
-    float *v[4];
-    int n[4], vocab, prompt;
-    uint64_t req;
-};
-
-static void hook(void *user, int nrows, int vocab, const float *logits, struct request *const *row_req,
-                 const int32_t *row_pos) {
-    struct rows *c = user;
-    c->vocab = vocab;
-    for (int r = 0; r < nrows; r++) {
-        if (row_req[r]->id != c->req || row_pos[r] >= 128) continue;
-        if (!c->v[c->prompt]) c->v[c->prompt] = xcalloc((size_t)128 * vocab, sizeof(float));
-        memcpy(c->v[c->prompt] + (int64_t)row_pos[r] * vocab, logits + (int64_t)r * vocab, sizeof(float) * vocab);
-        c->n[c->prompt] = MAX(c->n[c->prompt], row_pos[r] + 1);
-    }
-}
-
 static int tp_size = 1; // tensor-parallel ranks of the next loads
 
 static struct vllm_engine *load(const char *dir, int reference, const char *quant) {
@@ -266,48 +249,10 @@ static struct vllm_engine *load(const char *dir, int reference, const char *quan
 }
 
 // Teacher forcing of the fixture's first prompts + their greedy tokens.
-static void forced(const char *dir, int reference, json_t *g, struct rows *out) {
-    memset(out, 0, sizeof *out);
+static void forced(const char *dir, int reference, json_t *g, struct fl_rows *out) {
     struct vllm_engine *e = load(dir, reference, NULL);
     CHECKF(e != NULL, "%s: %s", dir, vllm_last_error());
-    if (!e) return;
-    engine_set_logits_hook(e, hook, out);
-    json_t *prompts = json_object_get(g, "prompts"), *greedy = json_object_get(g, "greedy");
-    for (size_t i = 0; i < json_array_size(prompts) && i < 3; i++) {
-        json_t *p = json_array_get(prompts, i), *q = json_array_get(greedy, i);
-        int np = (int)json_array_size(p), nq = (int)json_array_size(q);
-        int32_t *seq = xmalloc(sizeof(int32_t) * (np + nq));
-        for (int k = 0; k < np; k++) seq[k] = (int32_t)json_integer_value(json_array_get(p, k));
-        for (int k = 0; k < nq; k++) seq[np + k] = (int32_t)json_integer_value(json_array_get(q, k));
-        struct vllm_sampling_params sp;
-        vllm_sampling_params_default(&sp);
-        sp.temperature = 0, sp.ignore_eos = 1, sp.max_tokens = 1;
-        out->prompt = (int)i;
-        pthread_mutex_lock(&e->mu);
-        out->req = e->next_id;
-        pthread_mutex_unlock(&e->mu);
-        int32_t *o = NULL;
-        int no = 0;
-        CHECK(vllm_complete_tokens(e, seq, np + nq, &sp, &o, &no, NULL) == 0);
-        vllm_free(o);
-        free(seq);
-    }
-    vllm_engine_free(e);
-}
-
-static double max_diff(const struct rows *a, const struct rows *b, long *count) {
-    double m = 0;
-    for (int i = 0; i < 4; i++)
-        for (int64_t k = 0; a->v[i] && b->v[i] && k < (int64_t)MIN(a->n[i], b->n[i]) * a->vocab; k++) {
-            double d = fabs((double)a->v[i][k] - b->v[i][k]);
-            m = d > m || d != d ? d : m;
-            (*count)++;
-        }
-    return m;
-}
-
-static void free_rows(struct rows *r) {
-    for (int i = 0; i < 4; i++) free(r->v[i]);
+    fl_forced(e, g, 3, out);
 }
 
 static void expect_error(const char *dir, const char *quant, const char *want, const char *what);
@@ -320,12 +265,12 @@ static void run_model(const char *fx, enum layout L) {
     json_t *g = NULL;
     CHECK(json_load_path(gp, &g) == 0);
     CHECK(make_pair(fx, L, qdir, ddir) == 0);
-    struct rows rd, rq, fq;
+    struct fl_rows rd, rq, fq;
     forced(ddir, 1, g, &rd);
     forced(qdir, 1, g, &rq);
     forced(qdir, 0, g, &fq);
     long n1 = 0, n2 = 0;
-    double d1 = max_diff(&rq, &rd, &n1), d2 = max_diff(&fq, &rd, &n2);
+    double d1 = fl_max_diff(&rq, &rd, 3, &n1), d2 = fl_max_diff(&fq, &rd, 3, &n2);
     CHECKF(n1 > 1000 && d1 <= REF_BOUND, "%s %s: reference on the quantized checkpoint vs the dequantized: %g over %ld", fx,
            layout_names[L], d1, n1);
     CHECKF(n2 > 1000 && d2 <= FAST_BOUND, "%s %s: fast path vs the dequantized reference: %g over %ld (bound %g)", fx,
@@ -337,18 +282,18 @@ static void run_model(const char *fx, enum layout L) {
         expect_error(qdir, NULL, "a split at column 24 is not on a 16-column scale block", "nvfp4 split inside a block");
         tp_size = 1;
     } else if (L == L_MO_FP8 || L == L_MO_NVFP4 || L == L_CT_CHANNEL) { // two ranks: rows and columns split
-        struct rows tq;
+        struct fl_rows tq;
         tp_size = 2;
         forced(qdir, 1, g, &tq);
         tp_size = 1;
         long n3 = 0;
-        double d3 = max_diff(&tq, &rd, &n3);
+        double d3 = fl_max_diff(&tq, &rd, 3, &n3);
         CHECKF(n3 > 1000 && d3 <= REF_BOUND, "%s %s: 2 ranks vs the dequantized reference: %g over %ld", fx,
                layout_names[L], d3, n3);
         printf("%-7s %-15s 2 ranks (reference) max |dlogit| %.3g\n", fx, layout_names[L], d3);
-        free_rows(&tq);
+        fl_free(&tq);
     }
-    free_rows(&rd), free_rows(&rq), free_rows(&fq);
+    fl_free(&rd), fl_free(&rq), fl_free(&fq);
     json_decref(g);
     tu_rmdir(qdir), tu_rmdir(ddir);
     free(qdir), free(ddir), free(gp);
