@@ -293,6 +293,9 @@ struct backend_ops {
     // CDIV(vocab, 32)]: a clear bit (id % 32 of word id / 32) sets the logit
     // to -inf. Before sample, so log-probs and penalties see the masked row.
     void (*mask_logits)(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
+    // logit_bias: logits[idx[i]] += val[i] for i < n (idx = row * vocab + id,
+    // distinct), in place, beside mask_logits and before sample.
+    void (*bias_logits)(struct backend *be, float *logits, int n, const int64_t *idx, const float *val);
     // Samples one token per row of logits [b->num_sample, vocab] with the
     // rows' sample_params; writes each id into token_table[dst] (the next
     // step's input) and into out->ids; log-probs as asked.

@@ -78,6 +78,8 @@ struct gen_params {
     char *request_id; // the response id's suffix (NULL: a random one)
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
+    int32_t *bias_ids; // sp.logit_bias_ids / values
+    float *bias_vals;
     char *echo;       // completions' "echo": the prompt's text, before the completion (NULL: off)
     size_t echo_len;
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)

@@ -792,6 +792,7 @@ static void init_ops(void) {
     o->moe_route = cuda_moe_route;
     o->moe_experts = cuda_moe_experts;
     o->mask_logits = cuda_mask_logits;
+    o->bias_logits = cuda_bias_logits;
     o->sample = cuda_sample;
     o->bind = cu_bind;
     o->peaks = cu_peaks;
