@@ -209,6 +209,13 @@ struct vllm_sampling_params {
     const int32_t *logit_bias_ids;
     const float *logit_bias_values;
     int num_logit_bias;
+    // vLLM's prompt_logprobs: < 0 none (the default); k >= 0: the log-prob of
+    // each prompt token after the first under the raw logits of the position
+    // before it (full-vocabulary log-softmax), its rank, and the k most
+    // likely ids (k <= VLLM_MAX_LOGPROBS). Delivered once, with the first
+    // output token (vllm_output.prompt_logprobs). The request reads no
+    // cached prefix (every prompt row is computed), as in vLLM.
+    int prompt_logprobs;
 };
 void vllm_sampling_params_default(struct vllm_sampling_params *p);
 
@@ -235,6 +242,16 @@ struct vllm_output {
     // stop_reason), the stop string or the stop token id; NULL / -1 otherwise.
     const char *stop_str;
     int32_t stop_token_id;
+    // With vllm_sampling_params.prompt_logprobs >= 0, on the event of the
+    // first output token only (0 / NULL elsewhere): entry i is about prompt
+    // token i + 1 (the first prompt token has none), i < num_prompt_logprobs
+    // = num_prompt_tokens - 1.
+    int num_prompt_logprobs;
+    const float *prompt_logprobs;     // [num_prompt_logprobs] log-prob of the prompt token
+    const int32_t *prompt_ranks;      // [num_prompt_logprobs] its rank: ids at least as likely (1: the most likely)
+    int num_prompt_top_logprobs;      // k per token
+    const int32_t *prompt_top_ids;    // [num_prompt_logprobs * num_prompt_top_logprobs], most likely first
+    const float *prompt_top_logprobs; // [num_prompt_logprobs * num_prompt_top_logprobs]
 };
 typedef void (*vllm_stream_fn)(void *user, const struct vllm_output *out);
 

@@ -301,6 +301,14 @@ struct backend_ops {
     // step's input) and into out->ids; log-probs as asked.
     void (*sample)(struct backend *be, const float *logits, int vocab, int32_t *token_table,
                    const struct batch *b, struct sample_out *out);
+    // Prompt log-probs: for i < n, row rows[i] of raw logits [*, vocab]:
+    // lp[i] = log_softmax(row)[targets[i]] over the whole vocabulary,
+    // rank[i] = the ids whose logit is >= the target's (1: the most likely),
+    // and top_ids / top_lp [n, k] the k largest, largest first (ties: lower
+    // id); sample/sampler.h's logprob_row is the reference.
+    void (*token_logprobs)(struct backend *be, const float *logits, int vocab, const int32_t *rows,
+                           const int32_t *targets, int n, int k, float *lp, int32_t *rank, int32_t *top_ids,
+                           float *top_lp);
 
     // Tensor parallelism (NULL on a backend that cannot join a group; see
     // backend_create_group). Every rank of the group calls each collective

@@ -18,6 +18,7 @@ void vllm_sampling_params_default(struct vllm_sampling_params *p) {
     p->seed = -1;
     p->max_tokens = 16;
     p->logprobs = -1;
+    p->prompt_logprobs = -1;
     p->skip_special_tokens = 1;
 }
 
@@ -41,6 +42,8 @@ static int check_sampling(const struct vllm_sampling_params *sp) {
     if (sp->max_tokens < 1) BAD("max_tokens must be >= 1, got %d", sp->max_tokens);
     if (sp->min_tokens < 0 || sp->min_tokens > sp->max_tokens) BAD("min_tokens must be in [0, max_tokens]");
     if (sp->logprobs > VLLM_MAX_LOGPROBS) BAD("logprobs must be <= %d, got %d", VLLM_MAX_LOGPROBS, sp->logprobs);
+    if (sp->prompt_logprobs > VLLM_MAX_LOGPROBS)
+        BAD("prompt_logprobs must be <= %d, got %d", VLLM_MAX_LOGPROBS, sp->prompt_logprobs);
     if (sp->num_stop_token_ids < 0 || (sp->num_stop_token_ids && !sp->stop_token_ids)) BAD("bad stop_token_ids");
     if (sp->num_stop < 0 || (sp->num_stop && !sp->stop)) BAD("bad stop strings");
     for (int i = 0; i < sp->num_stop; i++)
@@ -80,6 +83,10 @@ static void request_free(struct request *r) {
     free(r->stop_ids);
     free(r->bias_ids);
     free(r->bias_vals);
+    free(r->plp_lp);
+    free(r->plp_rank);
+    free(r->plp_top_ids);
+    free(r->plp_top_lp);
     free(r->tokens);
     free(r->blocks);
     free(r->hashes);
@@ -147,6 +154,13 @@ static struct request *request_new(struct vllm_engine *e, int32_t *ids, int n, c
     r->sp.cache_salt = NULL;
     if (sp->constraint) r->cons = *sp->constraint, r->has_cons = 1;
     r->sp.constraint = NULL;
+    if (sp->prompt_logprobs >= 0) {
+        size_t m = (size_t)MAX(n - 1, 1), k = (size_t)MAX(sp->prompt_logprobs, 1);
+        r->plp_lp = xcalloc(m, sizeof(float));
+        r->plp_rank = xcalloc(m, sizeof(int32_t));
+        r->plp_top_ids = xcalloc(m * k, sizeof(int32_t));
+        r->plp_top_lp = xcalloc(m * k, sizeof(float));
+    }
     r->max_tokens = MIN(sp->max_tokens, e->max_model_len - n);
     r->t_submit = now_s();
     return r;

@@ -366,6 +366,15 @@ static void emit(struct request *r, const int32_t *ids, int n, const char *text,
         o.stop_token_id = r->stop_token;
         o.stop_str = r->stop_token < 0 && r->ts ? text_stream_stop(r->ts) : NULL;
     }
+    if (n && r->sp.prompt_logprobs >= 0 && !r->plp_sent) { // with the first output token, once
+        r->plp_sent = 1;
+        o.num_prompt_logprobs = r->num_prompt - 1;
+        o.prompt_logprobs = r->plp_lp;
+        o.prompt_ranks = r->plp_rank;
+        o.num_prompt_top_logprobs = r->sp.prompt_logprobs;
+        o.prompt_top_ids = r->plp_top_ids;
+        o.prompt_top_logprobs = r->plp_top_lp;
+    }
     r->cb(r->user, &o);
 }
 
@@ -497,12 +506,28 @@ static void account_launch(struct vllm_engine *e, const struct sched_output *so)
     }
 }
 
+// The step's prompt log-probs into their requests (before the tokens: the
+// step that samples a request's first token also computed its last prompt
+// rows).
+static void store_prompt_logprobs(const struct step_out *out) {
+    for (int i = 0; i < out->num_plp; i++) {
+        struct request *r = out->plp_reqs[i];
+        int j = out->plp_pos[i] - 1, k = r->sp.prompt_logprobs;
+        if (r->finished || r->plp_sent) continue;
+        r->plp_lp[j] = out->plp_lp[i];
+        r->plp_rank[j] = out->plp_rank[i];
+        memcpy(r->plp_top_ids + (size_t)j * k, out->plp_top_ids + (size_t)i * out->plp_k, sizeof(int32_t) * k);
+        memcpy(r->plp_top_lp + (size_t)j * k, out->plp_top_lp + (size_t)i * out->plp_k, sizeof(float) * k);
+    }
+}
+
 // A step's sampled ids are on the host: stream them, check stops, release
 // the requests no launched step uses any more.
 static void postprocess(struct vllm_engine *e, const struct step_out *out) {
     pthread_mutex_lock(&e->mu);
     e->stats.generation_tokens_total += out->num;
     pthread_mutex_unlock(&e->mu);
+    store_prompt_logprobs(out);
     for (int k = 0; k < out->num; k++) {
         struct request *r = out->reqs[k];
         r->tokens[out->pos[k]] = out->ids[k];

@@ -51,6 +51,15 @@ struct request {
     int32_t *bias_ids; // logit_bias, owned
     float *bias_vals;
     char **stop_strs;
+    // Prompt log-probs (sp.prompt_logprobs >= 0): entry i is about prompt
+    // token i + 1, filled by the steps that compute the prompt (a recompute
+    // writes the same values again) and streamed once with the first output
+    // token (plp_sent; later recomputes skip the rows).
+    float *plp_lp;        // [num_prompt - 1]
+    int32_t *plp_rank;    // [num_prompt - 1]
+    int32_t *plp_top_ids; // [num_prompt - 1, sp.prompt_logprobs]
+    float *plp_top_lp;
+    int plp_sent;
     uint64_t seed;
     int max_tokens; // clamped to what max_model_len leaves
     int delivered;  // output tokens streamed to the caller (tokens in flight are not)

@@ -321,10 +321,12 @@ const struct sched_output *sched_schedule(struct scheduler *s) {
     while (s->wait_head && budget > 0 && s->num_running < s->cfg.max_num_seqs) {
         struct request *r = s->wait_head;
         if ((s->cfg.num_slots && s->slots.num_free == 0) || s->rows.num_free == 0) break;
-        int ckpt = -1, hit = s->cfg.prefix_caching ? lookup(s, r, &ckpt) : 0;
+        // prompt log-probs need every prompt row's logits: no cached prefix (vLLM's skip_reading_prefix_cache)
+        int reads = s->cfg.prefix_caching && r->sp.prompt_logprobs < 0;
+        int ckpt = -1, hit = reads ? lookup(s, r, &ckpt) : 0;
         int n = MIN(r->num_tokens - hit, budget);
         if (!admit_blocks(s, r, hit, ckpt, n)) break;
-        if (s->cfg.prefix_caching) {
+        if (reads) {
             s->prefix_queries += r->num_tokens;
             s->prefix_hits += hit;
         }

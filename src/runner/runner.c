@@ -19,7 +19,7 @@
 
 struct meta_layout { // offsets (int32 units) into the metadata buffer
     size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, state_src, ckpt_start, ckpt_pos, ckpt_slot, src, srows,
-        sparams, total;
+        sparams, plp, total;
 };
 
 // Host side of one launched step (RUNNER_INFLIGHT of them, used in turn):
@@ -36,6 +36,14 @@ struct step_slot {
     int64_t *bias_idx;         // [num_bias] logit_bias entries of the sampled rows: row * vocab + id
     float *bias_val;           // [num_bias]
     int num, num_sched, num_admitted, any_logprobs, fence, num_bias;
+    // Prompt log-probs (runner_plp_alloc, at the first step that has any):
+    // the rows' batch rows (staging + lay.plp) then their target ids, uploaded
+    // after the metadata; the results copied back (page-locked).
+    int num_plp, plp_k;
+    struct request **plp_req; // [max tokens]
+    int32_t *plp_pos, *plp_tgt;
+    float *plp_lp, *plp_top_lp;
+    int32_t *plp_rank, *plp_top_ids;
     // Some sampled row has a constraint (or a logit_bias): the launch queues
     // gather and forward only; runner_sample, once the step before is
     // postprocessed (its tokens advanced the constraints), queues the masks,
@@ -57,7 +65,10 @@ struct rank {
     int32_t *input_ids;  // device [max_num_batched_tokens]
     int32_t *meta;       // device metadata, uploaded in one copy per step
     float *logits;       // device [logit rows, vocab]
-    float *logits_all;   // device [max tokens, vocab] with the hook
+    float *logits_all;   // device [max tokens, vocab] with the hook or prompt log-probs
+    float *plp_lp;       // rank 0, device: prompt log-probs [max tokens], ranks, top [max tokens, max_top]
+    int32_t *plp_rank, *plp_top_ids;
+    float *plp_top_lp;
     uint32_t *mask;      // device [max_num_seqs, mask_words] token masks of a masked step
     int64_t *bias_idx;   // device [max_num_seqs * VLLM_MAX_LOGIT_BIAS] a masked step's logit_bias entries
     float *bias_val;
@@ -98,6 +109,7 @@ struct runner {
     int32_t *hook_pos;
     int64_t kv_bytes, state_bytes;
     uint64_t steps;
+    int plp_ready; // the prompt log-prob buffers exist
 };
 
 static void layout(struct meta_layout *l, int S, int T, int MB, int MC) {
@@ -117,6 +129,7 @@ static void layout(struct meta_layout *l, int S, int T, int MB, int MC) {
     l->srows = o, o += S;
     o = (o + 3) & ~(size_t)3; // 16-byte aligned sample params
     l->sparams = o, o += S * (sizeof(struct sample_params) / 4);
+    l->plp = o, o += 2 * (size_t)T; // prompt log-prob rows and targets: uploaded apart, only when there are any
     l->total = o;
 }
 
@@ -224,7 +237,8 @@ static void free_rank(struct rank *k) {
     be->ops->sync(be);
     caches_release(be, &k->caches);
     void *dev[] = {k->table, k->input_ids, k->meta, k->logits, k->logits_all, k->dev_out.ids, k->dev_out.logprobs,
-                   k->dev_out.top_ids, k->dev_out.top_logprobs, k->mask, k->bias_idx, k->bias_val};
+                   k->dev_out.top_ids, k->dev_out.top_logprobs, k->mask, k->bias_idx, k->bias_val,
+                   k->plp_lp, k->plp_rank, k->plp_top_ids, k->plp_top_lp};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
 }
 
@@ -235,13 +249,17 @@ void runner_free(struct runner *r) {
     struct backend *be = r->rk[0].be;
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
         struct step_slot *sl = &r->slots[k];
-        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp, sl->mask, sl->bias_idx, sl->bias_val};
+        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp, sl->mask, sl->bias_idx, sl->bias_val,
+                     sl->plp_lp, sl->plp_rank, sl->plp_top_ids, sl->plp_top_lp};
         for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
             if (h[i]) be->ops->host_free(be, h[i]);
         free(sl->reqs);
         free(sl->pos);
         free(sl->sched);
         free(sl->admitted);
+        free(sl->plp_req);
+        free(sl->plp_pos);
+        free(sl->plp_tgt);
     }
     team_free(r->team);
     free(r->rk);
@@ -259,17 +277,54 @@ int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes) {
 
 int runner_graphs_captured(const struct runner *r) { return r->num_graphs; }
 
+// Every rank's logits of every row of a step (the forward's all_rows), for
+// the hook and for prompt log-probs.
+static int alloc_logits_all(struct runner *r) {
+    int rc = 0;
+    for (int k = 0; k < r->tp; k++) {
+        struct rank *rk = &r->rk[k];
+        backend_bind(rk->be);
+        if (!rk->logits_all)
+            rk->logits_all = dev_alloc(rk, sizeof(float) * (size_t)r->cfg.max_num_batched_tokens * r->vocab, &rc,
+                                       "the logits of every row of a step");
+    }
+    backend_bind(r->rk[0].be);
+    return rc;
+}
+
+// The prompt log-prob buffers, at the first step that computes any: rank 0's
+// results on the device and each step slot's host copies. After a failed
+// allocation the next step tries again for what is missing.
+static int runner_plp_alloc(struct runner *r) {
+    if (r->plp_ready) return VLLM_OK;
+    int T = r->cfg.max_num_batched_tokens, mt = r->rk[0].dev_out.max_top, rc = alloc_logits_all(r);
+    struct rank *k = &r->rk[0];
+    if (!k->plp_lp) k->plp_lp = dev_alloc(k, sizeof(float) * T, &rc, "prompt log-probs");
+    if (!k->plp_rank) k->plp_rank = dev_alloc(k, sizeof(int32_t) * T, &rc, "prompt log-prob ranks");
+    if (!k->plp_top_ids) k->plp_top_ids = dev_alloc(k, sizeof(int32_t) * (size_t)T * mt, &rc, "prompt top log-probs");
+    if (!k->plp_top_lp) k->plp_top_lp = dev_alloc(k, sizeof(float) * (size_t)T * mt, &rc, "prompt top log-probs");
+    for (int i = 0; i < RUNNER_INFLIGHT; i++) {
+        struct step_slot *sl = &r->slots[i];
+        if (!sl->plp_lp) sl->plp_lp = host_alloc(r, sizeof(float) * T, &rc);
+        if (!sl->plp_rank) sl->plp_rank = host_alloc(r, sizeof(int32_t) * T, &rc);
+        if (!sl->plp_top_ids) sl->plp_top_ids = host_alloc(r, sizeof(int32_t) * (size_t)T * mt, &rc);
+        if (!sl->plp_top_lp) sl->plp_top_lp = host_alloc(r, sizeof(float) * (size_t)T * mt, &rc);
+        if (!sl->plp_req) {
+            sl->plp_req = xcalloc(T, sizeof(struct request *));
+            sl->plp_pos = xcalloc(T, sizeof(int32_t));
+            sl->plp_tgt = xcalloc(T, sizeof(int32_t));
+        }
+    }
+    r->plp_ready = rc == 0;
+    return rc;
+}
+
 void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user) {
     int T = r->cfg.max_num_batched_tokens;
     r->hook = fn;
     r->hook_user = user;
     if (fn && !r->hook_logits) {
-        for (int k = 0; k < r->tp; k++) {
-            struct backend *be = r->rk[k].be;
-            backend_bind(be);
-            r->rk[k].logits_all = be->ops->alloc(be, sizeof(float) * (size_t)T * r->vocab);
-        }
-        backend_bind(r->rk[0].be);
+        alloc_logits_all(r);
         r->hook_logits = xmalloc(sizeof(float) * (size_t)T * r->vocab);
         r->hook_req = xmalloc(sizeof(struct request *) * T);
         r->hook_pos = xmalloc(sizeof(int32_t) * T);
@@ -318,6 +373,29 @@ static void pad_row(struct runner *r, int32_t *st, const struct meta_layout *l, 
     sp->num_logprobs = -1;
 }
 
+// The rows of q's entry (batch rows [t0, t0 + n), positions from ctx) whose
+// logits give prompt log-probs: position p's are about prompt token p + 1.
+static void plp_rows(struct runner *r, struct step_slot *sl, const struct request *q, int t0, int ctx, int n) {
+    if (q->sp.prompt_logprobs < 0 || q->plp_sent) return;
+    int32_t *rows = sl->staging + r->lay.plp;
+    for (int i = 0; i < n && ctx + i + 1 < q->num_prompt; i++, sl->num_plp++) {
+        rows[sl->num_plp] = t0 + i;
+        sl->plp_tgt[sl->num_plp] = q->tokens[ctx + i + 1];
+        sl->plp_req[sl->num_plp] = (struct request *)q;
+        sl->plp_pos[sl->num_plp] = ctx + i + 1;
+    }
+    sl->plp_k = MAX(sl->plp_k, MIN(q->sp.prompt_logprobs, r->rk[0].dev_out.max_top));
+}
+
+// Whether a step computes prompt rows of a request asking for their log-probs.
+static int any_plp(const struct sched_output *so) {
+    for (int i = 0; i < so->num_entries; i++) {
+        const struct request *q = so->entries[i].req;
+        if (q->sp.prompt_logprobs >= 0 && !q->plp_sent && q->num_computed + 1 < q->num_prompt) return 1;
+    }
+    return 0;
+}
+
 // The state slot of checkpoint id: after the live slots and the pad slot.
 static int ckpt_slot(const struct runner *r, int id) { return r->cfg.num_slots + 1 + id; }
 
@@ -344,6 +422,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
     b->max_model_len = r->cfg.max_model_len;
     int t = 0, ns = 0, nc = 0, bs = r->cfg.block_size, has_kv = r->cfg.num_blocks > 0;
     struct sample_params *sp = (struct sample_params *)(st + l->sparams);
+    sl->num_plp = sl->plp_k = 0;
     for (int s = 0; s < n; s++) {
         const struct sched_entry *e = &so->entries[r->order[s]];
         const struct request *q = e->req;
@@ -367,6 +446,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
             st[l->src + t] = q->row * r->cfg.max_model_len + pos;
             if (r->hook) r->hook_req[t] = (struct request *)q, r->hook_pos[t] = pos;
         }
+        if (r->plp_ready) plp_rows(r, sl, q, t - e->num_tokens, ctx, e->num_tokens);
         b->max_query_len = MAX(b->max_query_len, e->num_tokens);
         b->max_seq_len = MAX(b->max_seq_len, ctx + e->num_tokens);
         if (ctx + e->num_tokens == q->num_tokens) { // the whole sequence is in: sample its next token
@@ -377,6 +457,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
         }
     }
     sl->num = ns;
+    memcpy(st + l->plp + sl->num_plp, sl->plp_tgt, sizeof(int32_t) * sl->num_plp); // targets after the rows
     for (int s = n; s < pad; s++, t++, ns++) pad_row(r, st, l, s, mb, &sp[s]);
     for (int s = n; s <= b->num_seqs; s++) st[l->ckpt_start + s] = nc;
     st[l->qsl + b->num_seqs] = t;
@@ -424,23 +505,29 @@ static void diag_batch(struct runner *r, const struct sched_output *so, const st
 
 // The hook sees rank 0's logits (every rank holds the same all-gathered ones).
 static void run_hook(struct runner *r, struct rank *k, const struct batch *b) {
-    const struct backend_ops *op = k->be->ops;
     int T = b->num_tokens, V = r->vocab;
-    if (k == &r->rk[0]) {
-        op->download(k->be, r->hook_logits, k->logits_all, sizeof(float) * (size_t)T * V);
-        r->hook(r->hook_user, T, V, r->hook_logits, r->hook_req, r->hook_pos);
-    }
-    op->gather_rows(k->be, k->logits, k->logits_all, b->sample_rows, b->num_sample, V);
+    k->be->ops->download(k->be, r->hook_logits, k->logits_all, sizeof(float) * (size_t)T * V);
+    r->hook(r->hook_user, T, V, r->hook_logits, r->hook_req, r->hook_pos);
 }
 
 // gather input ids, forward, sample (not in a masked step: runner_sample):
-// the part of a step a graph records
+// the part of a step a graph records. With the hook or prompt log-probs the
+// forward makes every row's logits; the sampled rows are gathered from them,
+// and rank 0 takes the prompt rows' log-probs from the raw logits.
 static void run_step(struct runner *r, struct rank *k, const struct batch *b) {
     const struct backend_ops *op = k->be->ops;
+    const struct step_slot *sl = r->job.sl;
+    int all = r->hook || sl->num_plp, rank0 = k == &r->rk[0];
     op->gather_ids(k->be, b->input_ids, k->table, b->token_src, b->num_tokens);
-    k->model->ops->forward(k->model, b, &k->caches, r->hook ? k->logits_all : k->logits, r->hook != NULL);
-    if (r->hook) run_hook(r, k, b);
-    if (b->num_sample && !r->job.sl->masked) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
+    k->model->ops->forward(k->model, b, &k->caches, all ? k->logits_all : k->logits, all);
+    if (r->hook && rank0) run_hook(r, k, b);
+    if (all) op->gather_rows(k->be, k->logits, k->logits_all, b->sample_rows, b->num_sample, r->vocab);
+    if (sl->num_plp && rank0) {
+        const int32_t *d = k->meta + r->lay.plp; // rows, then targets
+        op->token_logprobs(k->be, k->logits_all, r->vocab, d, d + sl->num_plp, sl->num_plp, sl->plp_k, k->plp_lp,
+                           k->plp_rank, k->plp_top_ids, k->plp_top_lp);
+    }
+    if (b->num_sample && !sl->masked) op->sample(k->be, k->logits, r->vocab, k->table, b, &k->dev_out);
 }
 
 // Rank 0 queues the copies of the sampled ids (and log-probs) back.
@@ -453,6 +540,13 @@ static void queue_readback(struct rank *k, struct step_slot *sl, int ns) {
         op->download_async(be, sl->lp, k->dev_out.logprobs, sizeof(float) * ns);
         op->download_async(be, sl->top_ids, k->dev_out.top_ids, sizeof(int32_t) * ns * mt);
         op->download_async(be, sl->top_lp, k->dev_out.top_logprobs, sizeof(float) * ns * mt);
+    }
+    if (sl->num_plp) {
+        size_t n = (size_t)sl->num_plp, nk = n * sl->plp_k;
+        op->download_async(be, sl->plp_lp, k->plp_lp, sizeof(float) * n);
+        op->download_async(be, sl->plp_rank, k->plp_rank, sizeof(int32_t) * n);
+        if (nk) op->download_async(be, sl->plp_top_ids, k->plp_top_ids, sizeof(int32_t) * nk);
+        if (nk) op->download_async(be, sl->plp_top_lp, k->plp_top_lp, sizeof(float) * nk);
     }
     sl->fence = op->fence(be);
 }
@@ -485,6 +579,8 @@ static void launch_rank(void *ctx, int rank) {
         op->upload(be, k->table + (int64_t)q->row * r->cfg.max_model_len, q->tokens, sizeof(int32_t) * q->num_tokens);
     }
     op->upload(be, k->meta, sl->staging, j->meta_bytes); // the step's metadata, one copy
+    if (!rank && sl->num_plp)
+        op->upload(be, k->meta + r->lay.plp, sl->staging + r->lay.plp, sizeof(int32_t) * 2 * (size_t)sl->num_plp);
     struct batch b = j->b;
     point_batch(r, k, &b);
     if (j->replay) op->graph_launch(be, k->graphs[j->gi]);
@@ -574,6 +670,7 @@ void runner_sample(struct runner *r, int step) {
 }
 
 int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
+    if (any_plp(so)) TRY(runner_plp_alloc(r));
     int s = r->next_slot;
     r->next_slot = (s + 1) % RUNNER_INFLIGHT;
     struct step_slot *sl = &r->slots[s];
@@ -623,4 +720,12 @@ void runner_wait(struct runner *r, int step, struct step_out *out) {
     out->any_logprobs = sl->any_logprobs;
     out->scheduled = sl->sched;
     out->num_scheduled = sl->num_sched;
+    out->num_plp = sl->num_plp;
+    out->plp_reqs = sl->plp_req;
+    out->plp_pos = sl->plp_pos;
+    out->plp_lp = sl->plp_lp;
+    out->plp_rank = sl->plp_rank;
+    out->plp_top_ids = sl->plp_top_ids;
+    out->plp_top_lp = sl->plp_top_lp;
+    out->plp_k = sl->plp_k;
 }

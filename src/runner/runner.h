@@ -33,6 +33,16 @@ struct step_out {
     int any_logprobs;
     struct request **scheduled; // every request the step ran (sampled or not)
     int num_scheduled;
+    // Prompt log-probs of the prompt rows the step computed for requests
+    // asking for them (request.sp.prompt_logprobs >= 0, not yet streamed).
+    int num_plp;
+    struct request **plp_reqs; // [num_plp]
+    int32_t *plp_pos;          // [num_plp] the prompt token each is about (>= 1)
+    float *plp_lp;             // [num_plp]
+    int32_t *plp_rank;         // [num_plp]
+    int32_t *plp_top_ids;      // [num_plp, plp_k]
+    float *plp_top_lp;         // [num_plp, plp_k]
+    int plp_k;
 };
 
 // Test hook: when set, the model computes logits for every row and the hook

@@ -58,6 +58,24 @@ static void apply_penalties(float *l, int vocab, const int32_t *tokens, const st
     }
 }
 
+static float log_sum_exp(const float *x, int n) {
+    float mx = x[argmax(x, n)];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+    return mx + (float)log(sum);
+}
+
+void logprob_row(const float *logits, int vocab, int32_t target, int k, float *lp, int32_t *rank, int32_t *top_ids,
+                 float *top_lp) {
+    float lse = log_sum_exp(logits, vocab), t = logits[target];
+    int32_t n = 0;
+    for (int i = 0; i < vocab; i++) n += logits[i] >= t;
+    *lp = t - lse;
+    *rank = n;
+    top_indices(logits, vocab, k, top_ids);
+    for (int j = 0; j < k; j++) top_lp[j] = top_ids[j] >= 0 ? logits[top_ids[j]] - lse : -INFINITY;
+}
+
 static int cmp_desc(const void *a, const void *b, void *ctx) {
     const float *x = ctx;
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
@@ -110,10 +128,7 @@ int32_t sample_row(const float *logits, int vocab, const int32_t *tokens, const 
     }
 
     if (p->num_logprobs >= 0) {
-        float mx = logits[argmax(logits, vocab)];
-        double sum = 0;
-        for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
-        float lse = mx + (float)log(sum);
+        float lse = log_sum_exp(logits, vocab);
         *lp = logits[id] - lse;
         int n = MIN(p->num_logprobs, max_top);
         top_indices(logits, vocab, n, top_ids);

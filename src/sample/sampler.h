@@ -19,4 +19,12 @@ size_t sample_scratch_bytes(int vocab);
 int32_t sample_row(const float *logits, int vocab, const int32_t *tokens, const struct sample_params *p,
                    void *scratch, float *lp, int32_t *top_ids, float *top_lp, int max_top);
 
+// Prompt log-probs of one row of raw logits [vocab] (the reference of every
+// backend's token_logprobs): *lp = log_softmax(logits)[target] (sums in
+// double), *rank = the ids whose logit is >= the target's (vLLM's rank: 1 is
+// the most likely), and the k largest (ids largest first, ties: lower id)
+// with their log-probs.
+void logprob_row(const float *logits, int vocab, int32_t target, int k, float *lp, int32_t *rank, int32_t *top_ids,
+                 float *top_lp);
+
 #endif

@@ -14,6 +14,7 @@ static struct request *mk(int id, int n) {
     r->num_prompt = r->num_tokens = n;
     r->cap_tokens = 256;
     r->slot = r->row = -1;
+    vllm_sampling_params_default(&r->sp); // as vllm_submit's copy: no prompt log-probs
     return r;
 }
 

@@ -341,6 +341,28 @@ static void cpu_sample(struct backend *be, const float *logits, int vocab, int32
     cpu_parallel(be, b->num_sample, sample_one, &c);
 }
 
+struct logprob_ctx {
+    const float *logits;
+    int vocab, k;
+    const int32_t *rows, *targets;
+    float *lp, *top_lp;
+    int32_t *rank, *top_ids;
+};
+
+static void logprob_one(void *ctx, int i, int thread) {
+    (void)thread;
+    const struct logprob_ctx *c = ctx;
+    logprob_row(c->logits + (int64_t)c->rows[i] * c->vocab, c->vocab, c->targets[i], c->k, &c->lp[i], &c->rank[i],
+                c->top_ids + (int64_t)i * c->k, c->top_lp + (int64_t)i * c->k);
+}
+
+static void cpu_token_logprobs(struct backend *be, const float *logits, int vocab, const int32_t *rows,
+                               const int32_t *targets, int n, int k, float *lp, int32_t *rank, int32_t *top_ids,
+                               float *top_lp) {
+    struct logprob_ctx c = {logits, vocab, k, rows, targets, lp, top_lp, rank, top_ids};
+    cpu_parallel(be, n, logprob_one, &c);
+}
+
 // Router and expert shapes every backend's MoE assumes.
 static int check_route(const struct moe_route_cfg *r) {
     switch (r->kind) {
@@ -443,6 +465,7 @@ static const struct backend_ops cpu_ops = {
     .mask_logits = cpu_mask_logits,
     .bias_logits = cpu_bias_logits,
     .sample = cpu_sample,
+    .token_logprobs = cpu_token_logprobs,
     .all_reduce = cpu_all_reduce,
     .all_gather = cpu_all_gather,
 };

@@ -794,6 +794,7 @@ static void init_ops(void) {
     o->mask_logits = cuda_mask_logits;
     o->bias_logits = cuda_bias_logits;
     o->sample = cuda_sample;
+    o->token_logprobs = cuda_token_logprobs;
     o->bind = cu_bind;
     o->peaks = cu_peaks;
 #ifdef VLLM_HAVE_NCCL

@@ -166,6 +166,9 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k);
 void cuda_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
 void cuda_bias_logits(struct backend *be, float *logits, int n, const int64_t *idx, const float *val);
+void cuda_token_logprobs(struct backend *be, const float *logits, int vocab, const int32_t *rows,
+                         const int32_t *targets, int n, int k, float *lp, int32_t *rank, int32_t *top_ids,
+                         float *top_lp);
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
 // Prefill attention on tensor cores for a bf16 KV cache and head_dim 64 /

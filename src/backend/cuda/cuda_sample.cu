@@ -185,6 +185,53 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
     LAUNCH_CHECK();
 }
 
+// Prompt log-probs, a block per row: the log-sum-exp, the target's rank
+// (ids with a logit >= its own) and the top k by repeated argmax.
+__global__ void k_token_logprobs(const float *logits, int V, const int32_t *rows, const int32_t *targets, int k,
+                                 float *lp, int32_t *rank, int32_t *top_ids, float *top_lp) {
+    __shared__ float red[32];
+    __shared__ vi vred[32];
+    int r = blockIdx.x;
+    const float *l = logits + (int64_t)rows[r] * V;
+    vi m = {-INFINITY, 0x7fffffff};
+    for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
+    m = block_argmax(m, vred);
+    float s = 0, t = l[targets[r]];
+    for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
+    float lse = m.v + logf(block_sum(s, red));
+    float n = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) n += l[i] >= t ? 1.0f : 0.0f;
+    n = block_sum(n, red);
+    int32_t *ti = top_ids + (int64_t)r * k;
+    float *tl = top_lp + (int64_t)r * k;
+    for (int j = 0; j < k; j++) {
+        vi x = {-INFINITY, 0x7fffffff};
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= ti[q] == i;
+            if (!taken) x = better(x, vi{l[i], i});
+        }
+        x = block_argmax(x, vred);
+        if (threadIdx.x == 0) {
+            ti[j] = x.i < V ? x.i : -1;
+            tl[j] = x.i < V ? x.v - lse : -INFINITY;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        lp[r] = t - lse;
+        rank[r] = (int32_t)n;
+    }
+}
+
+void cuda_token_logprobs(struct backend *be, const float *logits, int vocab, const int32_t *rows,
+                         const int32_t *targets, int n, int k, float *lp, int32_t *rank, int32_t *top_ids,
+                         float *top_lp) {
+    if (n <= 0) return;
+    k_token_logprobs<<<n, NT, 0, cu(be)->stream>>>(logits, vocab, rows, targets, k, lp, rank, top_ids, top_lp);
+    LAUNCH_CHECK();
+}
+
 // Constrained decoding: a thread per id, a row per blockIdx.y; the mask's
 // words are read once per 32 ids (a warp shares one word).
 __global__ void k_mask_logits(float *logits, int V, const uint32_t *mask, int W) {
