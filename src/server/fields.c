@@ -1,7 +1,7 @@
 // fields.c - the request fields of vLLM's and OpenAI's schemas beyond
 // sampling and the prompt: those vllm.c honours (priority, request_id,
 // cache_salt, truncate_prompt_tokens, logit_bias, a per-request
-// chat_template, documents) and those it cannot, which get a 400 naming them unless they
+// chat_template, documents, echo; prompt_logprobs is prompt_logprobs.c's) and those it cannot, which get a 400 naming them unless they
 // hold the value that changes nothing ("store": false, "n": 1), so that no
 // field is ever silently ignored. docs/SERVING.md lists every field with
 // its status; tests/server/fields.tsv is the list both are checked against.
@@ -47,7 +47,6 @@ static const struct {
     const char *why;
 } rejected[] = {
     {"length_penalty", NOOP_ONE, "it applies to beam search, which is not supported"},
-    {"prompt_logprobs", NOOP_NONE, "prompt log-probs are not implemented yet"},
     {"spaces_between_special_tokens", NOOP_TRUE, "special tokens are always detokenized as they are"},
     {"logits_processors", NOOP_EMPTY, "custom logits processors are not supported"},
     {"return_tokens_as_token_ids", NOOP_FALSE, "it is not implemented (use return_token_ids)"},
@@ -214,16 +213,14 @@ void fields_defaults(struct server *s, struct gen_params *gp) {
 }
 
 // vLLM's echo: a text prompt as sent (when the whole of it is kept), else
-// the kept ids detokenized. With logprobs it would need the prompt's
-// logprobs, which are not computed: a 400.
+// the kept ids detokenized. With logprobs, the prompt's log-probs lead the
+// completion's (prompt_logprobs.c).
 int fields_echo(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
     json_t *v = field(body, "echo");
     if (!v || json_is_false(v)) return 0;
     if (!json_is_boolean(v)) return api_fail(err, 400, "echo", "'echo' must be a boolean");
     if (gp->kind != API_COMPLETION)
         return api_fail(err, 400, "echo", "'echo' is supported on /v1/completions only");
-    if (gp->logprobs >= 0)
-        return api_fail(err, 400, "echo", "'echo' with 'logprobs' needs the prompt's logprobs, which are not computed");
     json_t *p = field(body, "prompt");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
     if (json_is_string(p) && !gp->truncate) {

@@ -74,6 +74,7 @@ void gen_on_output(void *user, const struct vllm_output *o) {
     double now = now_s();
     int wake = 0;
     pthread_mutex_lock(&s->mu);
+    if (o->prompt_logprobs) prompt_lp_capture(g, o);
     g->num_output += o->num_token_ids;
     events_append(g->pend, o, g->num_output);
     if (o->num_token_ids) {
@@ -120,6 +121,7 @@ static void gen_maybe_free(struct gen *g) {
     free(g->text);
     free(g->ids);
     json_decref(g->logprobs);
+    prompt_lp_free(g->plp);
     gen_params_free(&g->p);
     free(g);
     server_maybe_exit(s);
@@ -287,6 +289,14 @@ static json_t *stream_chunk(struct gen *g, json_t *choice) {
     return c;
 }
 
+// Echo: the prompt's text (and with logprobs its log-probs) as the first chunk.
+static void send_echo(struct gen *g, json_t *logprobs) {
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "text", json_text(g->p.echo, g->p.echo_len),
+                               "logprobs", logprobs, "finish_reason");
+    sse_send(g, stream_chunk(g, choice));
+    g->echoed = 1;
+}
+
 static void stream_start(struct gen *g) {
     struct evkeyvalq *h = evhttp_request_get_output_headers(g->req);
     evhttp_add_header(h, "Content-Type", "text/event-stream; charset=utf-8");
@@ -298,11 +308,8 @@ static void stream_start(struct gen *g) {
     evutil_socket_t fd = bufferevent_getfd(evhttp_connection_get_bufferevent(g->evcon));
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (g->p.kind == API_RESPONSES) responses_stream_start(g);
-    else if (g->p.echo) { // the prompt's text as the first chunk
-        json_t *choice = json_pack("{s:i,s:o,s:n,s:n}", "index", 0, "text", json_text(g->p.echo, g->p.echo_len),
-                                   "logprobs", "finish_reason");
-        sse_send(g, stream_chunk(g, choice));
-    } else if (g->p.kind == API_CHAT) {
+    else if (g->p.echo && !g->p.echo_logprobs) send_echo(g, json_null()); // with logprobs: once they arrive
+    else if (g->p.kind == API_CHAT) {
         json_t *choice = json_pack("{s:i,s:{s:s,s:s},s:n,s:n}", "index", 0, "delta", "role", "assistant", "content", "",
                                    "logprobs", "finish_reason");
         sse_send(g, stream_chunk(g, choice));
@@ -314,6 +321,13 @@ static void stream_events(struct gen *g, const struct gen_events *ev) {
         responses_stream_events(g, ev);
         return;
     }
+    if (g->p.echo_logprobs && !g->echoed && g->plp) {
+        json_t *lp = logprobs_new(g);
+        prompt_lp_echo(g, lp);
+        send_echo(g, lp);
+    }
+    struct gen_events cut;
+    if (g->p.echo_only) cut = *ev, cut.n = 0, cut.text_len = 0, ev = &cut; // max_tokens 0: the prompt alone
     int failed = ev->done && (ev->reason == VLLM_FINISH_ABORT || ev->reason == VLLM_FINISH_ERROR);
     int fin = ev->done && !failed, tokens = ev->n && (g->p.logprobs >= 0 || g->p.return_token_ids);
     if (!ev->text_len && !tokens && !fin) return;
@@ -375,6 +389,8 @@ static void stream_finish(struct gen *g, const struct gen_events *ev) {
 // ------------------------------------------------------ non-streaming --
 
 static void collect_events(struct gen *g, const struct gen_events *ev) {
+    if (g->p.echo_logprobs && !g->logprobs && g->plp) prompt_lp_echo(g, g->logprobs = logprobs_new(g));
+    if (g->p.echo_only) return; // max_tokens 0: the prompt alone
     if (ev->text_len) {
         if (g->text_len + ev->text_len > g->text_cap) {
             g->text_cap = (g->text_len + ev->text_len) * 2;
@@ -437,6 +453,7 @@ static void reply_final(struct gen *g, const struct gen_events *ev) {
         json_object_set_new(chat ? r : choice, "prompt_token_ids", ids_json(g->p.prompt_ids, g->p.num_prompt));
         json_object_set_new(choice, "token_ids", ids_json(g->ids, g->num_ids));
     }
+    prompt_lp_attach(g, r, choice);
     json_object_set_new(r, "choices", json_pack("[o]", choice));
     json_object_set_new(r, "usage", usage_json(ev));
     send_json(g->srv, req, 200, r);

@@ -385,7 +385,8 @@ static int get_max_tokens(struct server *s, const json_t *body, struct gen_param
     int mml = s->info.max_model_len, n = gp->num_prompt, mt = -1;
     const char *what = gp->kind == API_CHAT ? "messages" : "prompt";
     const char *key = gp->kind == API_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (get_int(body, key, 1, INT_MAX, &mt, err)) return -1;
+    if (get_int(body, key, gp->echo ? 0 : 1, INT_MAX, &mt, err)) return -1;
+    if (mt == 0) gp->echo_only = 1, mt = 1; // echo's max_tokens 0: vLLM generates one token and drops it
     if (n >= mml)
         return api_fail(err, 400, what,
                         "This model's maximum context length is %d tokens. However, your %s has %d tokens, which "
@@ -434,6 +435,7 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
                                    : completion_prompt(s, body, gp, err);
     if (!rc) fields_truncate(gp);
     if (!rc) rc = fields_echo(s, body, gp, err);
+    if (!rc) rc = prompt_lp_parse(body, gp, err);
     if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
     if (!rc) rc = get_max_tokens(s, body, gp, err);
     if (!rc) rc = guided_parse(s, kind, body, gp, err);

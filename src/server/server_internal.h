@@ -82,6 +82,10 @@ struct gen_params {
     float *bias_vals;
     char *echo;       // completions' "echo": the prompt's text, before the completion (NULL: off)
     size_t echo_len;
+    int echo_only;      // max_tokens 0 with echo: the prompt alone (one token is generated and dropped, as vLLM)
+    // prompt_logprobs.c
+    int prompt_logprobs; // the "prompt_logprobs" list's k (-1: no list)
+    int echo_logprobs;   // echo with logprobs: the prompt's tokens lead "logprobs"
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
     json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
     struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
@@ -146,6 +150,23 @@ const char *guided_message(struct guided_req *q, const char *text, size_t len, v
 int guided_delta(struct guided_req *q, const char *text, size_t len, int fin, json_t *delta);
 const char *guided_stream_finish(const struct guided_req *q, vllm_finish_reason reason);
 
+// ------------------------------------------ prompt log-probs (prompt_logprobs.c) --
+
+struct gen;
+struct prompt_lp;
+// "prompt_logprobs", and echo with logprobs: gp->sp.prompt_logprobs (after
+// echo, stream and logprobs are read).
+int prompt_lp_parse(const json_t *body, struct gen_params *gp, struct api_error *err);
+// The engine event that carries them (engine thread): into g->plp.
+void prompt_lp_capture(struct gen *g, const struct vllm_output *o);
+void prompt_lp_free(struct prompt_lp *p);
+// Echo: the prompt's tokens into a completions logprobs object (the first
+// with nulls), advancing g->text_offset.
+void prompt_lp_echo(struct gen *g, json_t *logprobs);
+// The "prompt_logprobs" list, when asked: into the chat response, or into
+// the completions choice.
+void prompt_lp_attach(struct gen *g, json_t *response, json_t *choice);
+
 // --------------------------------------------------------- generations --
 
 // Engine events for one request not yet handled by the loop thread.
@@ -189,6 +210,8 @@ struct gen {
     json_t *logprobs;
     size_t text_offset;              // completions logprobs: offset of the next token
     char msg_id[48];                 // /v1/responses: the output message's id
+    struct prompt_lp *plp;           // the prompt's log-probs, once they arrived (written under srv->mu)
+    int echoed;                      // streaming: the echo chunk went out
     int seq;                         // /v1/responses: the next event's sequence_number
     // under srv->mu
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)

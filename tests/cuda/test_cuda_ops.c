@@ -561,6 +561,26 @@ static void test_bias_logits(void) {
     free(lg), free(val), free(idx), free(h);
 }
 
+// Prompt log-probs: rows picked out of a logits block (one row twice), a
+// full vocabulary; log-probs close, ranks and top ids the same.
+static void test_token_logprobs(void) {
+    enum { V = 151669, R = 6, N = 5, KT = 20 };
+    float *lg = test_rnd((size_t)R * V, 8);
+    int32_t rows[N] = {4, 0, 2, 4, 5}, tgt[N] = {17, V - 1, 99, 151000, 3}, rk[N], top_ids[N * KT];
+    struct pair pl = up(lg, sizeof(float) * R * V), pr = up(rows, sizeof rows), pt = up(tgt, sizeof tgt);
+    struct pair lp = up(lg, sizeof(float) * N), rank = up(rows, sizeof rows), ti = up(lg, sizeof(int32_t) * N * KT),
+                tl = up(lg, sizeof(float) * N * KT);
+    cpu->ops->token_logprobs(cpu, pl.c, V, pr.c, pt.c, N, KT, lp.c, rank.c, ti.c, tl.c);
+    gpu->ops->token_logprobs(gpu, pl.g, V, pr.g, pt.g, N, KT, lp.g, rank.g, ti.g, tl.g);
+    cmp("token_logprobs", lp, N, 1e-5);
+    cmp("token_logprobs top", tl, N * KT, 1e-5);
+    gpu->ops->download(gpu, rk, rank.g, sizeof rk);
+    gpu->ops->download(gpu, top_ids, ti.g, sizeof top_ids);
+    CHECK(!memcmp(rk, rank.c, sizeof rk) && !memcmp(top_ids, ti.c, sizeof top_ids));
+    pfree(pl), pfree(pr), pfree(pt), pfree(lp), pfree(rank), pfree(ti), pfree(tl);
+    free(lg);
+}
+
 int main(void) {
 #ifndef VLLM_HAVE_CUDA
     TEST_SKIP("built without CUDA");
@@ -582,6 +602,7 @@ int main(void) {
     test_sample();
     test_mask_logits();
     test_bias_logits();
+    test_token_logprobs();
     backend_free(gpu);
     backend_free(cpu);
     return test_summary("cuda ops");
