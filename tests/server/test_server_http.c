@@ -82,7 +82,7 @@ static void test_field_errors(int port) {
         {"/v1/completions", "{\"prompt\": [[1, 2], [3]]}", "prompt", 400},
         {"/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", "prompt", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": \"x\"}", "max_tokens", 400},
-        {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", "max_tokens", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 0}", "max_tokens", 400}, // 0 only with echo
         {"/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1.5}", "max_tokens", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", "temperature", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"temperature\": -1}", "temperature", 400},
@@ -99,7 +99,8 @@ static void test_field_errors(int port) {
         {"/v1/completions", "{\"prompt\": \"hi\", \"stop\": \"\"}", "stop", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"stop_token_ids\": [999]}", "stop_token_ids", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"n\": 2}", "n", 400},
-        {"/v1/completions", "{\"prompt\": \"hi\", \"echo\": true, \"logprobs\": 1}", "echo", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"prompt_logprobs\": 21}", "prompt_logprobs", 400},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"prompt_logprobs\": -1}", "prompt_logprobs", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"echo\": 1}", "echo", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", "logprobs", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": true}", "logprobs", 400},
