@@ -33,6 +33,16 @@ else()
 endif()
 set_tests_properties(server_openai server_openai_responses PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 
+# Log-likelihoods as lm-evaluation-harness asks for them (echo, logprobs,
+# max_tokens 0) through the client, against `vllm generate --dump-logits`.
+if(VLLM_NODE)
+  add_test(NAME server_loglikelihood COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/loglikelihood.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+else()
+  add_test(NAME server_loglikelihood COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
+endif()
+set_tests_properties(server_loglikelihood PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+
 # Qwen3's real tokenizer and chat template (151k ids, a tiny dummy Qwen3):
 # the server's chat prompts against @huggingface/jinja + HF tokenizers, with
 # tools, a tool call and its result, enable_thinking; streaming; a forced

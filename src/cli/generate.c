@@ -19,6 +19,8 @@ static void usage(FILE *f) {
             "  --max-tokens N               tokens to generate (default 16)\n"
             "  --temperature X --top-p X --top-k N --min-p X --sampling-seed N\n"
             "  --ignore-eos                 do not stop at the end-of-sequence token\n"
+            "  --dump-logits FILE           write the raw logits of every prompt position as JSON\n"
+            "                               {\"prompt_ids\": [ids], \"logits\": [[vocab floats] per position]}\n"
             "golden gates:\n"
             "  --golden FILE                JSON {\"prompts\": [[ids]], \"greedy\": [[ids]]}: run every prompt\n"
             "                               len(greedy[i]) greedy steps; print STRICT PASS k/k, or the first\n"
@@ -378,13 +380,61 @@ static int run_one(struct vllm_engine *e, const int32_t *ids, int n, const char 
     return 0;
 }
 
+// --dump-logits: the engine's logits hook keeps each prompt position's row
+// (one request runs).
+struct dump {
+    int n, vocab;
+    float *rows; // [n, vocab]
+};
+
+static void dump_hook(void *user, int rows, int vocab, const float *logits, struct request *const *row_req,
+                      const int32_t *row_pos) {
+    (void)row_req;
+    struct dump *d = user;
+    if (!d->rows) d->vocab = vocab, d->rows = xcalloc((size_t)d->n * vocab, sizeof(float));
+    for (int r = 0; r < rows; r++)
+        if (row_pos[r] < d->n) memcpy(d->rows + (size_t)row_pos[r] * vocab, logits + (size_t)r * vocab, sizeof(float) * vocab);
+}
+
+// Runs the prompt (text: tokenized as vllm_complete_text does) with the hook
+// on, then writes the file.
+static int dump_logits(struct vllm_engine *e, const int32_t *ids, int n, const char *text,
+                       const struct vllm_sampling_params *sp, const char *path) {
+    int32_t *tids = NULL;
+    if (text && vllm_tokenize(e, text, strlen(text), 1, &tids, &n)) {
+        fprintf(stderr, "vllm generate: %s\n", vllm_last_error());
+        return 1;
+    }
+    if (text) ids = tids;
+    struct dump d = {n, 0, NULL};
+    engine_set_logits_hook(e, dump_hook, &d);
+    int rc = run_one(e, ids, n, NULL, sp);
+    FILE *f = rc ? NULL : fopen(path, "w");
+    if (!rc && !f) fprintf(stderr, "vllm generate: --dump-logits: cannot write %s\n", path), rc = 1;
+    if (f) {
+        fprintf(f, "{\"prompt_ids\": [");
+        for (int i = 0; i < n; i++) fprintf(f, "%s%d", i ? ", " : "", ids[i]);
+        fprintf(f, "], \"logits\": [");
+        for (int i = 0; i < n && d.rows; i++) {
+            fprintf(f, "%s[", i ? ",\n" : "\n");
+            for (int v = 0; v < d.vocab; v++) fprintf(f, "%s%.9g", v ? ", " : "", d.rows[(size_t)i * d.vocab + v]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "]}\n");
+        if (fclose(f)) fprintf(stderr, "vllm generate: --dump-logits: cannot write %s\n", path), rc = 1;
+    }
+    free(d.rows);
+    vllm_free(tids);
+    return rc;
+}
+
 int cli_generate(int argc, char **argv) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     struct vllm_sampling_params sp;
     vllm_sampling_params_default(&sp);
     sp.temperature = 0;
-    const char *ids_s = NULL, *text = NULL, *v;
+    const char *ids_s = NULL, *text = NULL, *dump = NULL, *v;
     struct golden_run gr = {NULL, {"greedy", NULL, 0.0f}, 0, 0, 0, 0, 0, 0, 0, 0};
     int x;
     for (int i = 1; i < argc; i++) {
@@ -408,6 +458,7 @@ int cli_generate(int argc, char **argv) {
         else if (!strcmp(f, "--min-p")) { VAL(); if (cli_float(f, v, 0, 1, &sp.min_p)) return 2; }
         else if (!strcmp(f, "--sampling-seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return 2; sp.seed = x; }
         else if (!strcmp(f, "--ignore-eos")) sp.ignore_eos = 1;
+        else if (!strcmp(f, "--dump-logits")) { VAL(); dump = v; }
         else if (!strcmp(f, "--fresh-prefill")) gr.fresh = 1;
         else if (!strcmp(f, "--both-modes")) gr.both = 1;
         else if (!strcmp(f, "--batch")) gr.batch = 1;
@@ -440,7 +491,7 @@ int cli_generate(int argc, char **argv) {
         free(ids);
         return 2;
     }
-    int rc = gr.path ? run_golden(e, &gr, &sp) : run_one(e, ids, n, text, &sp);
+    int rc = gr.path ? run_golden(e, &gr, &sp) : dump ? dump_logits(e, ids, n, text, &sp, dump) : run_one(e, ids, n, text, &sp);
     if (!gr.path && ep.enable_prefix_caching) {
         struct vllm_stats st;
         vllm_engine_stats(e, &st);
