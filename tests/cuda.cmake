@@ -7,6 +7,8 @@ if(VLLM_CUDA)
   # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
   vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
   add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)
+  # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
+  add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
   foreach(fx ${VLLM_GATE_FIXTURES})
     foreach(mode ${VLLM_GATE_MODES})
@@ -46,4 +48,5 @@ if(VLLM_CUDA)
       endif()
     endif()
   endforeach()
+  set_tests_properties(gpu_prompt_logprobs PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
 endif()

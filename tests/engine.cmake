@@ -33,6 +33,8 @@ add_test(NAME constraint COMMAND test_constraint)
 # Prompt log-probs against the oracle's logits: one prefill chunk, and chunks over steps with the prompt cached.
 vllm_test_exe(test_prompt_logprobs engine/test_prompt_logprobs.c)
 add_test(NAME prompt_logprobs COMMAND test_prompt_logprobs)
+add_test(NAME prompt_logprobs_reference COMMAND test_prompt_logprobs)
+set_tests_properties(prompt_logprobs_reference PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_CPU_REFERENCE=1")
 vllm_test_exe(test_scheduler engine/test_scheduler.c)
 add_test(NAME scheduler COMMAND test_scheduler)
 vllm_test_exe(test_rows engine/test_rows.c)

@@ -6,7 +6,8 @@
 // cached prefix: every row is computed). Checked: one delivery, with the
 // first output token; each token's log-prob within 1e-4 of the oracle's
 // log-softmax; its rank and the top k within the oracle's near-ties; the two
-// runs within 1e-4 of each other.
+// runs within 1e-4 of each other. VLLM_TEST_DEVICE=cuda runs it on the GPU
+// (fp32 weights), VLLM_CPU_REFERENCE=1 on the CPU's reference ops.
 #include <math.h>
 #include <pthread.h>
 
@@ -126,6 +127,7 @@ int main(void) {
     vllm_engine_params_default(&ep);
     ep.model = dir;
     ep.num_threads = 1;
+    if (getenv("VLLM_TEST_DEVICE")) ep.device = getenv("VLLM_TEST_DEVICE"), ep.dtype = "float32"; // tests/cuda.cmake
     CHECKF(vllm_engine_load(&ep, &whole) == 0, "%s", vllm_last_error());
     ep.max_num_batched_tokens = 5;
     ep.enable_prefix_caching = 1;
