@@ -549,6 +549,18 @@ static void fail_step(struct vllm_engine *e, const struct sched_output *so, int 
     for (int i = 0; i < nf; i++) finish(e, failed[i], VLLM_FINISH_ERROR, rc, msg);
 }
 
+// The requests of a launched step that wanted prompt log-probs the runner
+// could not allocate buffers for fail; the others run on.
+static void fail_prompt_logprobs(struct vllm_engine *e, const struct sched_output *so) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "prompt_logprobs: %s", vllm_last_error());
+    for (int i = 0; i < so->num_entries; i++) {
+        struct request *r = so->entries[i].req;
+        if (r->sp.prompt_logprobs >= 0 && !r->plp_sent && !r->finished)
+            finish(e, r, VLLM_FINISH_ERROR, VLLM_ERR_OUT_OF_MEMORY, msg);
+    }
+}
+
 // step() = schedule, run, postprocess. The step just launched runs on the
 // device while the host postprocesses the one before it.
 static void step(struct vllm_engine *e) {
@@ -559,6 +571,7 @@ static void step(struct vllm_engine *e) {
         int rc = runner_launch(e->runner, so, &launched);
         if (rc) fail_step(e, so, rc), launched = -1;
         else account_launch(e, so);
+        if (!rc && runner_plp_failed(e->runner)) fail_prompt_logprobs(e, so);
     }
     if (e->inflight_step >= 0) {
         struct step_out out;

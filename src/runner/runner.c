@@ -109,7 +109,8 @@ struct runner {
     int32_t *hook_pos;
     int64_t kv_bytes, state_bytes;
     uint64_t steps;
-    int plp_ready; // the prompt log-prob buffers exist
+    int plp_ready;  // the prompt log-prob buffers exist
+    int plp_failed; // the last launch needed them and could not allocate them
 };
 
 static void layout(struct meta_layout *l, int S, int T, int MB, int MC) {
@@ -276,6 +277,8 @@ int64_t runner_cache_bytes(const struct runner *r, int64_t *state_bytes) {
 }
 
 int runner_graphs_captured(const struct runner *r) { return r->num_graphs; }
+
+int runner_plp_failed(const struct runner *r) { return r->plp_failed; }
 
 // Every rank's logits of every row of a step (the forward's all_rows), for
 // the hook and for prompt log-probs.
@@ -457,7 +460,7 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
         }
     }
     sl->num = ns;
-    memcpy(st + l->plp + sl->num_plp, sl->plp_tgt, sizeof(int32_t) * sl->num_plp); // targets after the rows
+    if (sl->num_plp) memcpy(st + l->plp + sl->num_plp, sl->plp_tgt, sizeof(int32_t) * sl->num_plp); // targets after the rows
     for (int s = n; s < pad; s++, t++, ns++) pad_row(r, st, l, s, mb, &sp[s]);
     for (int s = n; s <= b->num_seqs; s++) st[l->ckpt_start + s] = nc;
     st[l->qsl + b->num_seqs] = t;
@@ -670,7 +673,7 @@ void runner_sample(struct runner *r, int step) {
 }
 
 int runner_launch(struct runner *r, const struct sched_output *so, int *step) {
-    if (any_plp(so)) TRY(runner_plp_alloc(r));
+    r->plp_failed = any_plp(so) && runner_plp_alloc(r) != VLLM_OK; // the others' step runs all the same
     int s = r->next_slot;
     r->next_slot = (s + 1) % RUNNER_INFLIGHT;
     struct step_slot *sl = &r->slots[s];

@@ -76,6 +76,10 @@ void runner_sample(struct runner *r, int step);
 // Waits for a launched step; *out is valid until that handle is launched again.
 void runner_wait(struct runner *r, int step, struct step_out *out);
 void runner_set_logits_hook(struct runner *r, runner_logits_hook fn, void *user);
+// After runner_launch: nonzero when the step has prompt rows of a request
+// asking for their log-probs but the buffers for them could not be allocated
+// (vllm_last_error says why): the step ran without them.
+int runner_plp_failed(const struct runner *r);
 int runner_graphs_captured(const struct runner *r);
 
 #endif
