@@ -23,6 +23,9 @@ endforeach()
 # logits of every row against transformers', through the runner's logits hook
 add_test(NAME tp2_gate_logits COMMAND test_logits)
 set_tests_properties(tp2_gate_logits PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_TP_SIZE=2")
+# prompt log-probs over two ranks: every rank makes every row's logits, rank 0 their log-probs
+add_test(NAME tp2_prompt_logprobs COMMAND test_prompt_logprobs)
+set_tests_properties(tp2_prompt_logprobs PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_TP_SIZE=2")
 # the fixtures' 2 Mamba groups do not split over 4 ranks: a clear error
 add_test(NAME tp_cli_groups COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/nh_dense --prompt-ids 1,2
          --tensor-parallel-size 4)

@@ -7,7 +7,8 @@
 // first output token; each token's log-prob within 1e-4 of the oracle's
 // log-softmax; its rank and the top k within the oracle's near-ties; the two
 // runs within 1e-4 of each other. VLLM_TEST_DEVICE=cuda runs it on the GPU
-// (fp32 weights), VLLM_CPU_REFERENCE=1 on the CPU's reference ops.
+// (fp32 weights), VLLM_CPU_REFERENCE=1 on the CPU's reference ops,
+// VLLM_TEST_TP_SIZE=2 over two tensor-parallel ranks.
 #include <math.h>
 #include <pthread.h>
 
@@ -127,6 +128,7 @@ int main(void) {
     vllm_engine_params_default(&ep);
     ep.model = dir;
     ep.num_threads = 1;
+    ep.tensor_parallel_size = getenv("VLLM_TEST_TP_SIZE") ? atoi(getenv("VLLM_TEST_TP_SIZE")) : 1; // tests/tp.cmake
     if (getenv("VLLM_TEST_DEVICE")) ep.device = getenv("VLLM_TEST_DEVICE"), ep.dtype = "float32"; // tests/cuda.cmake
     CHECKF(vllm_engine_load(&ep, &whole) == 0, "%s", vllm_last_error());
     ep.max_num_batched_tokens = 5;
