@@ -6,7 +6,8 @@
 // cached prefix: every row is computed). Checked: one delivery, with the
 // first output token; each token's log-prob within 1e-4 of the oracle's
 // log-softmax; its rank and the top k within the oracle's near-ties; the two
-// runs within 1e-4 of each other. VLLM_TEST_DEVICE=cuda runs it on the GPU
+// runs within 1e-4 of each other; and all prompts at once in a KV pool too
+// small for them (preemption recomputes prompts). VLLM_TEST_DEVICE=cuda runs it on the GPU
 // (fp32 weights), VLLM_CPU_REFERENCE=1 on the CPU's reference ops,
 // VLLM_TEST_TP_SIZE=2 over two tensor-parallel ranks.
 #include <math.h>
@@ -56,8 +57,8 @@ static void on_output(void *user, const struct vllm_output *o) {
     pthread_mutex_unlock(&g->mu);
 }
 
-// One request of seq with prompt log-probs k (< 0: none), waited for.
-static void run(struct vllm_engine *e, const int32_t *seq, int n, int k, struct got *g) {
+// Submits seq with prompt log-probs k (< 0: none) into g.
+static struct vllm_request *submit(struct vllm_engine *e, const int32_t *seq, int n, int k, struct got *g) {
     memset(g, 0, sizeof *g);
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
@@ -69,12 +70,20 @@ static void run(struct vllm_engine *e, const int32_t *seq, int n, int k, struct 
     p.token_ids = seq, p.num_token_ids = n;
     struct vllm_request *r = NULL;
     CHECKF(vllm_submit(e, &p, &sp, on_output, g, &r) == 0, "%s", vllm_last_error());
+    return r;
+}
+
+static void wait_done(struct vllm_request *r, struct got *g) {
     pthread_mutex_lock(&g->mu);
     while (r && !g->done) pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
     vllm_request_free(r);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
+}
+
+static void run(struct vllm_engine *e, const int32_t *seq, int n, int k, struct got *g) {
+    wait_done(submit(e, seq, n, k, g), g);
 }
 
 static void got_free(struct got *g) { free(g->lp), free(g->rank), free(g->top_ids), free(g->top_lp); }
@@ -116,6 +125,78 @@ static double compare(const char *what, const struct got *g, const float *ref, i
     return err;
 }
 
+#define NCASE 8
+
+// The fixture's prompts with their greedy tokens, and the oracle's logits.
+struct cases {
+    int n;
+    int32_t *seq[NCASE];
+    int len[NCASE];
+    const float *ref[NCASE];
+};
+
+static void load_cases(json_t *gold, struct st_set *ref, int vocab, struct cases *c) {
+    json_t *prompts = json_object_get(gold, "prompts"), *greedy = json_object_get(gold, "greedy");
+    c->n = 0;
+    for (size_t i = 0; i < json_array_size(prompts) && c->n < NCASE; i++) {
+        json_t *p = json_array_get(prompts, i), *q = json_array_get(greedy, i);
+        int np = (int)json_array_size(p), nq = (int)json_array_size(q), n = np + nq;
+        char name[32];
+        snprintf(name, sizeof name, "logits_%zu", i);
+        const struct st_tensor *t = st_find(ref, name);
+        CHECKF(t && t->shape[0] >= n - 1 && t->shape[1] == vocab, "%s: no oracle logits for %d positions", name, n);
+        if (!t || t->shape[0] < n - 1 || t->shape[1] != vocab) continue;
+        int32_t *seq = c->seq[c->n] = xmalloc(sizeof(int32_t) * n);
+        for (int k = 0; k < np; k++) seq[k] = (int32_t)json_integer_value(json_array_get(p, k));
+        for (int k = 0; k < nq; k++) seq[np + k] = (int32_t)json_integer_value(json_array_get(q, k));
+        c->len[c->n] = n;
+        c->ref[c->n++] = t->data;
+    }
+}
+
+// Each case alone: in one chunk, and in chunks of 5 with the prompt cached.
+static void one_by_one(struct vllm_engine *whole, struct vllm_engine *chunked, const struct cases *c, int vocab) {
+    double err_whole = 0, err_chunked = 0, err_between = 0;
+    long tokens = 0;
+    for (int i = 0; i < c->n; i++) {
+        struct got a, b, warm;
+        run(whole, c->seq[i], c->len[i], K, &a);
+        run(chunked, c->seq[i], c->len[i], -1, &warm); // the whole prompt into the prefix cache
+        CHECKF(warm.deliveries == 0, "prompt %d: prompt log-probs not asked for, but delivered", i);
+        run(chunked, c->seq[i], c->len[i], K, &b);
+        err_whole = fmax(err_whole, compare("one chunk", &a, c->ref[i], vocab, c->seq[i], c->len[i]));
+        err_chunked = fmax(err_chunked, compare("chunks of 5, prompt cached", &b, c->ref[i], vocab, c->seq[i], c->len[i]));
+        for (int k = 0; k < a.n && a.n == b.n; k++) err_between = fmax(err_between, fabs(a.lp[k] - b.lp[k]));
+        tokens += c->len[i] - 1;
+        got_free(&a), got_free(&b), got_free(&warm);
+    }
+    printf("%ld prompt tokens: max |log-prob - oracle| %.3g in one chunk, %.3g in chunks of 5 (cached prompt), "
+           "%.3g between them (gate %.0e)\n",
+           tokens, err_whole, err_chunked, err_between, GATE);
+    CHECK(tokens > 0);
+    CHECKF(err_whole <= GATE && err_chunked <= GATE && err_between <= GATE, "log-probs off by more than %.0e", GATE);
+}
+
+// Every case at once in a KV pool too small for them: preempted requests
+// recompute their prompts (rows written again, or skipped once delivered).
+static void all_at_once(struct vllm_engine *e, const struct cases *c, int vocab) {
+    struct got g[NCASE];
+    struct vllm_request *r[NCASE];
+    for (int i = 0; i < c->n; i++) r[i] = submit(e, c->seq[i], c->len[i], K, &g[i]);
+    double err = 0;
+    for (int i = 0; i < c->n; i++) {
+        wait_done(r[i], &g[i]);
+        err = fmax(err, compare("all at once, preempted", &g[i], c->ref[i], vocab, c->seq[i], c->len[i]));
+        got_free(&g[i]);
+    }
+    struct vllm_stats st;
+    vllm_engine_stats(e, &st);
+    printf("%d requests at once: %llu preemptions, max |log-prob - oracle| %.3g\n", c->n,
+           (unsigned long long)st.num_preemptions, err);
+    CHECKF(st.num_preemptions > 0, "no request was preempted");
+    CHECKF(err <= GATE, "log-probs off by %.3g with preemption", err);
+}
+
 int main(void) {
     char *dir = tu_fixture("nh_dense"), *gpath = tu_fixture("nh_dense/golden.json"),
          *lpath = tu_fixture("nh_dense/logits.safetensors");
@@ -123,7 +204,7 @@ int main(void) {
     struct st_set *ref = NULL;
     CHECK(json_load_path(gpath, &gold) == 0);
     CHECK(st_open_file(lpath, &ref) == 0);
-    struct vllm_engine *whole = NULL, *chunked = NULL;
+    struct vllm_engine *whole = NULL, *chunked = NULL, *tight = NULL;
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     ep.model = dir;
@@ -134,52 +215,28 @@ int main(void) {
     ep.max_num_batched_tokens = 5;
     ep.enable_prefix_caching = 1;
     CHECKF(vllm_engine_load(&ep, &chunked) == 0, "%s", vllm_last_error());
-    if (!gold || !ref || !whole || !chunked) return test_summary("prompt_logprobs");
-    int vocab = 0;
-    {
-        struct vllm_model_info info;
-        vllm_engine_info(whole, &info);
-        vocab = info.vocab_size;
-    }
-    json_t *prompts = json_object_get(gold, "prompts"), *greedy = json_object_get(gold, "greedy");
-    double err_whole = 0, err_chunked = 0, err_between = 0;
-    long tokens = 0;
-    for (size_t i = 0; i < json_array_size(prompts); i++) {
-        json_t *p = json_array_get(prompts, i), *q = json_array_get(greedy, i);
-        int np = (int)json_array_size(p), nq = (int)json_array_size(q), n = np + nq;
-        int32_t *seq = xmalloc(sizeof(int32_t) * n);
-        for (int k = 0; k < np; k++) seq[k] = (int32_t)json_integer_value(json_array_get(p, k));
-        for (int k = 0; k < nq; k++) seq[np + k] = (int32_t)json_integer_value(json_array_get(q, k));
-        char name[32];
-        snprintf(name, sizeof name, "logits_%zu", i);
-        const struct st_tensor *t = st_find(ref, name);
-        CHECKF(t && t->shape[0] >= n - 1 && t->shape[1] == vocab, "%s: no oracle logits for %d positions", name, n);
-        if (!t || t->shape[0] < n - 1 || t->shape[1] != vocab) continue;
-        struct got a, b, warm;
-        run(whole, seq, n, K, &a);
-        run(chunked, seq, n, -1, &warm); // the whole prompt into the prefix cache
-        CHECKF(warm.deliveries == 0, "prompt %zu: prompt log-probs not asked for, but delivered", i);
-        run(chunked, seq, n, K, &b);
-        err_whole = fmax(err_whole, compare("one chunk", &a, t->data, vocab, seq, n));
-        err_chunked = fmax(err_chunked, compare("chunks of 5, prompt cached", &b, t->data, vocab, seq, n));
-        for (int k = 0; k < a.n && a.n == b.n; k++) err_between = fmax(err_between, fabs(a.lp[k] - b.lp[k]));
-        tokens += n - 1;
-        got_free(&a), got_free(&b), got_free(&warm);
-        free(seq);
-    }
+    ep.max_num_batched_tokens = 64;
+    ep.enable_prefix_caching = 0;
+    ep.num_kv_blocks = 8; // 128 tokens: less than two of the longest sequences
+    ep.max_model_len = 128;
+    CHECKF(vllm_engine_load(&ep, &tight) == 0, "%s", vllm_last_error());
+    if (!gold || !ref || !whole || !chunked || !tight) return test_summary("prompt_logprobs");
+    struct vllm_model_info info;
+    vllm_engine_info(whole, &info);
+    struct cases c;
+    load_cases(gold, ref, info.vocab_size, &c);
+    one_by_one(whole, chunked, &c, info.vocab_size);
+    all_at_once(tight, &c, info.vocab_size);
     // a one-token prompt has no prompt log-prob, and its event says so
     struct got one;
     int32_t bos = 1;
     run(whole, &bos, 1, K, &one);
     CHECKF(one.deliveries == 1 && one.n == 0, "one-token prompt: %d deliveries of %d log-probs", one.deliveries, one.n);
     got_free(&one);
-    printf("%ld prompt tokens: max |log-prob - oracle| %.3g in one chunk, %.3g in chunks of 5 (cached prompt), "
-           "%.3g between them (gate %.0e)\n",
-           tokens, err_whole, err_chunked, err_between, GATE);
-    CHECK(tokens > 0);
-    CHECKF(err_whole <= GATE && err_chunked <= GATE && err_between <= GATE, "log-probs off by more than %.0e", GATE);
     vllm_engine_free(whole);
     vllm_engine_free(chunked);
+    vllm_engine_free(tight);
+    for (int i = 0; i < c.n; i++) free(c.seq[i]);
     st_close(ref);
     json_decref(gold);
     free(dir), free(gpath), free(lpath);
