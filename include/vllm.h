@@ -89,6 +89,11 @@ struct vllm_engine_params {
     // "auto" (the checkpoint's; NULL too), "none", "fp8", "nvfp4", "fp8_block":
     // a checkpoint must be quantized so; dummy weights are made so (docs/QUANTIZATION.md)
     const char *quantization;
+    // (0, 1]: the fraction of the device's memory (RAM on the CPU) this engine
+    // may hold; the KV pool (and the state checkpoints) get what the weights,
+    // workspace and state slots leave of it. 0: kv_cache_bytes, or 2 GiB.
+    // Ignored when kv_cache_bytes or num_kv_blocks is set.
+    float gpu_memory_utilization;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 

@@ -136,6 +136,9 @@ struct backend_ops {
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*sync)(struct backend *be);
+    // Bytes of this device's memory now free and in all (the CPU: available
+    // and physical RAM), for gpu_memory_utilization.
+    void (*mem_info)(struct backend *be, int64_t *free_bytes, int64_t *total_bytes);
     // Asynchronous steps. Page-locked host memory (for copies that overlap
     // compute), a copy to the host that does not wait, and fences: fence()
     // marks the point reached so far in the op stream; fence_wait(f) blocks

@@ -308,6 +308,13 @@ static void cpu_mask_logits(struct backend *be, float *logits, int rows, int voc
     cpu_parallel(be, rows, mask_row, &c);
 }
 
+static void cpu_mem_info(struct backend *be, int64_t *free_bytes, int64_t *total_bytes) {
+    (void)be;
+    int64_t page = sysconf(_SC_PAGESIZE);
+    *free_bytes = (int64_t)sysconf(_SC_AVPHYS_PAGES) * page;
+    *total_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * page;
+}
+
 // The reference of every backend's bias_logits.
 static void cpu_bias_logits(struct backend *be, float *logits, int n, const int64_t *idx, const float *val) {
     (void)be;
@@ -464,6 +471,7 @@ static const struct backend_ops cpu_ops = {
     .moe_experts = cpu_moe_experts,
     .mask_logits = cpu_mask_logits,
     .bias_logits = cpu_bias_logits,
+    .mem_info = cpu_mem_info,
     .sample = cpu_sample,
     .token_logprobs = cpu_token_logprobs,
     .all_reduce = cpu_all_reduce,
