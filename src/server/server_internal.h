@@ -54,8 +54,8 @@ void metrics_init(struct metrics *m);
 // The token-count histograms' buckets, once max_model_len is known.
 void metrics_init_tokens(struct metrics *m, int max_model_len);
 // A request finished (engine thread, under server.mu).
-struct gen;
-void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o);
+struct gen_choice;
+void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o);
 // Prometheus text exposition (format 0.0.4) into buf.
 struct server;
 void metrics_render(struct server *s, struct evbuffer *buf);
@@ -64,22 +64,36 @@ void metrics_render(struct server *s, struct evbuffer *buf);
 
 enum api_kind { API_COMPLETION, API_CHAT, API_RESPONSES };
 
+// Choices per request at most: n, times the prompts of a completions list.
+#define GEN_MAX_N 128
+#define GEN_MAX_PROMPTS 1024
+#define GEN_MAX_CHOICES 1024
+
+// One prompt of a request (completions take a list of them).
+struct gen_prompt {
+    int32_t *ids;
+    int num;
+    int max_tokens; // sp.max_tokens for this prompt (the default depends on its length)
+    char *echo;     // completions' "echo": the prompt's text, before the completion (NULL: off)
+    size_t echo_len;
+};
+
 // A validated request: what vllm_submit gets, and how to answer.
 struct gen_params {
     enum api_kind kind;
-    struct vllm_sampling_params sp; // arrays below owned
+    struct vllm_sampling_params sp; // arrays below owned; max_tokens: the prompts'
     char **stop;
     int32_t *stop_ids;
-    int32_t *prompt_ids;
-    int num_prompt;
+    struct gen_prompt *prompts; // [num_prompts]
+    int num_prompts;
+    int n;                      // samples per prompt: choice index prompt * n + sample
     int stream, include_usage, return_token_ids;
     int logprobs; // -1: none; else top logprobs per token
     // fields.c
     char *request_id; // the response id's suffix (NULL: a random one)
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
-    char *echo;       // completions' "echo": the prompt's text, before the completion (NULL: off)
-    size_t echo_len;
+    int echo;         // completions' "echo" (the text: gen_prompt.echo)
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
     json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat
     struct guided_req *guided; // structured output / tools / reasoning (guided.c); NULL: none
@@ -106,9 +120,15 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
 // (the request's, when trusted, or --chat-template's; NULL: the model's);
 // fields_documents adds "documents" to the template's variables.
 int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
-void fields_truncate(struct gen_params *gp);
-// "echo" (completions): the prompt's text into gp->echo, once it is tokenized.
-int fields_echo(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+void fields_truncate(const struct gen_params *gp, struct gen_prompt *pr);
+// "echo" (completions): whether it is on, into gp->echo.
+int fields_echo(const json_t *body, struct gen_params *gp, struct api_error *err);
+// With echo on, a prompt's text into pr->echo once it is tokenized: text as
+// sent (NULL: token ids), else detokenized.
+int fields_echo_text(struct server *s, const struct gen_params *gp, const json_t *text, struct gen_prompt *pr,
+                     struct api_error *err);
+// "n" and "best_of", into gp->n.
+int fields_n(const json_t *body, struct gen_params *gp, struct api_error *err);
 int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
 int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
 // generation_config.json's sampling defaults (as vLLM applies them): into
@@ -131,6 +151,9 @@ void guided_free(struct server *s);
 int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
                  struct api_error *err);
 void guided_req_free(struct guided_req *q);
+// Another choice's streaming parsers: q's settings and fresh state (tool
+// call ids from another seed); no grammar or masks (q's constraint has them).
+struct guided_req *guided_req_fork(const struct guided_req *q, int index);
 // The request's vllm_constraint: 1 and *out set when it has a grammar.
 int guided_constraint(struct guided_req *q, struct vllm_constraint *out);
 // Whether the answer goes through the reasoning / tool-call parsers.
@@ -165,35 +188,49 @@ struct gen_events {
     char error[256];
 };
 
-// One generation request, from its HTTP request to its last engine event.
-// It is freed once both sides are through: the engine's last event was
-// handled (engine_done) and the HTTP side is answered or gone (req == NULL).
-struct gen {
-    struct server *srv;
-    struct gen_params p;
-    struct evhttp_request *req;      // NULL once answered or the client left
-    struct evhttp_connection *evcon;
-    struct event *watch;             // non-streaming: notices a client that leaves
-    struct vllm_request *vreq;       // NULL once released
-    int engine_done;
-    int started;                     // streaming: headers sent
-    char id[160];                    // "chatcmpl-" + request_id or 32 hex digits
-    long long created;
-    // non-streaming: the answer so far
+// One choice: the engine request of one sample of one prompt.
+struct gen_choice {
+    struct gen *g;
+    int index;                       // prompt * n + sample
+    int prompt;                      // into g->p.prompts
+    struct vllm_request *vreq;       // NULL before it is submitted and once released
+    int submitted, engine_done;
+    int started;                     // streaming: its first chunk went out
+    struct guided_req *parse;        // streaming chat: its own parsers' state (a fork of g->p.guided), or NULL
+    // non-streaming: the answer so far (the Responses API's text, streamed too)
     char *text;
     size_t text_len, text_cap;
     int32_t *ids;
     int num_ids, cap_ids;
     json_t *logprobs;
     size_t text_offset;              // completions logprobs: offset of the next token
-    char msg_id[48];                 // /v1/responses: the output message's id
-    int seq;                         // /v1/responses: the next event's sequence_number
+    struct gen_events *last;         // the last event's (reason, stop_reason, counts); NULL before it
     // under srv->mu
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
     int queued;
-    double t_arrival, t_first, t_last;
+    double t_first, t_last;
     int num_output;                  // tokens delivered by the engine
-    struct gen *qnext;
+    struct gen_choice *qnext;
+};
+
+// One generation request, from its HTTP request to the last engine event of
+// its last choice. It is freed once both sides are through: every choice's
+// engine request ended (or never started) and the HTTP side is answered or
+// gone (req == NULL).
+struct gen {
+    struct server *srv;
+    struct gen_params p;
+    struct evhttp_request *req;      // NULL once answered or the client left
+    struct evhttp_connection *evcon;
+    struct event *watch;             // non-streaming: notices a client that leaves
+    struct gen_choice *ch;           // [num_choices]: p.num_prompts * p.n, by index
+    int num_choices, num_done;
+    int started;                     // streaming: headers sent
+    char id[160];                    // "chatcmpl-" + request_id or 32 hex digits
+    long long created;
+    char msg_id[48];                 // /v1/responses: the output message's id
+    int seq;                         // /v1/responses: the next event's sequence_number
+    double t_arrival;
     // live list (loop thread)
     struct gen *prev, *next;
 };
@@ -201,6 +238,7 @@ struct gen {
 // /v1/responses (responses.c): the body as a chat request; the final
 // response object; the typed stream events (start, text deltas, the end).
 int responses_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+// One choice (responses_parse asks for no more), whose text is ch[0].text.
 json_t *responses_final(struct gen *g, const struct gen_events *ev);
 void responses_stream_start(struct gen *g);
 void responses_stream_events(struct gen *g, const struct gen_events *ev);
@@ -281,10 +319,10 @@ struct server {
     char **piece_cache; // [vocab] token strings for logprobs, made on demand
 
     pthread_mutex_t mu;
-    struct gen *ready_head, *ready_tail;
+    struct gen_choice *ready_head, *ready_tail;
     struct metrics m;
 
-    struct gen **batch; // gen_handle_ready's scratch
+    struct gen_choice **batch; // gen_handle_ready's scratch
     int batch_cap;
     struct gen *live;   // every gen not yet freed
     int num_live;
