@@ -554,11 +554,15 @@ static int defers_samples(const struct gen *g, const struct gen_prompt *pr) {
     return g->p.n > 1 && in->prefix_caching && pr->num > in->block_size;
 }
 
-// Submits what has not been yet of a prompt's samples from `from` on.
+// Submits what has not been yet of a prompt's samples from `from` on. A
+// stopping server (its requests cancelled) starts none.
 static int submit_samples(struct gen *g, int prompt, int from, struct api_error *err) {
     for (int j = from; j < g->p.n; j++) {
         struct gen_choice *c = &g->ch[prompt * g->p.n + j];
-        if (!c->submitted && !c->engine_done && choice_submit(c, err)) return -1;
+        if (c->submitted || c->engine_done) continue;
+        if (g->srv->stopping)
+            return api_fail(err, 503, NULL, "the request was aborted: the server is shutting down");
+        if (choice_submit(c, err)) return -1;
     }
     return 0;
 }
