@@ -92,7 +92,11 @@ void gen_on_output(void *user, const struct vllm_output *o) {
         s->fatal = 1; // the device or the engine broke: /health says so
     if (o->finish_reason != VLLM_FINISH_NONE) {
         if (o->finish_reason != VLLM_FINISH_ABORT) hist_observe(&s->m.e2e, now - c->g->t_arrival);
-        if (o->finish_reason != VLLM_FINISH_ABORT && o->finish_reason != VLLM_FINISH_ERROR) metrics_finished(&s->m, c, o);
+        if (o->finish_reason != VLLM_FINISH_ABORT && o->finish_reason != VLLM_FINISH_ERROR) {
+            struct gen_choice *c0 = c - c->index % c->g->p.n; // the prompt's sample 0
+            c0->max_output = MAX(c0->max_output, c->num_output);
+            metrics_finished(&s->m, c, o, ++c0->samples_finished == c->g->p.n ? c0->max_output : -1);
+        }
         s->m.finished[finish_index(o->finish_reason)]++;
     }
     if (!c->queued) {

@@ -59,10 +59,10 @@ void metrics_init_tokens(struct metrics *m, int max_model_len) {
     hist_init(&m->max_tokens_param, m->token_bounds, n);
 }
 
-void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o) {
+void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o, int max_output) {
     hist_observe(&m->prompt_tokens, o->num_prompt_tokens);
     hist_observe(&m->generation_tokens, c->num_output);
-    hist_observe(&m->max_generation_tokens, c->num_output); // one sequence per engine request: its own count
+    if (max_output >= 0) hist_observe(&m->max_generation_tokens, max_output);
     hist_observe(&m->max_tokens_param, c->g->p.prompts[c->prompt].max_tokens);
     if (o->queue_s > 0) hist_observe(&m->queue, o->queue_s);
     if (c->t_first == 0) return; // no token: no prefill or decode phase to time

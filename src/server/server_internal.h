@@ -54,8 +54,10 @@ void metrics_init(struct metrics *m);
 // The token-count histograms' buckets, once max_model_len is known.
 void metrics_init_tokens(struct metrics *m, int max_model_len);
 // A request finished (engine thread, under server.mu).
+// max_output: the most tokens a sample of the prompt generated, once its
+// last sample finished (vLLM's max over a request's n samples), else -1.
 struct gen_choice;
-void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o);
+void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o, int max_output);
 // Prometheus text exposition (format 0.0.4) into buf.
 struct server;
 void metrics_render(struct server *s, struct evbuffer *buf);
@@ -210,6 +212,7 @@ struct gen_choice {
     int queued;
     double t_first, t_last;
     int num_output;                  // tokens delivered by the engine
+    int samples_finished, max_output; // sample 0's: its prompt's samples the engine finished, their most tokens
     struct gen_choice *qnext;
 };
 

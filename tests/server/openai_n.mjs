@@ -222,6 +222,20 @@ async function testSharedPrefill(client, port) {
   check(after - before >= 3 * bs, `n=4 on a ${r.usage.prompt_tokens}-token prompt: ${after - before} prefix-cache hits, want >= ${3 * bs}`);
 }
 
+// Per-request metrics: each sample is a finished request of its own; each
+// prompt's longest sample goes once into max_num_generation_tokens (vLLM
+// submits each prompt of a list as a request of n samples).
+async function testMetrics(client, port) {
+  const names = ['vllm:request_max_num_generation_tokens_count', 'vllm:request_max_num_generation_tokens_sum',
+                 'vllm:request_generation_tokens_count', 'vllm:request_generation_tokens_sum'];
+  const get = async () => Promise.all(names.map((n) => metric(port, n)));
+  const before = await get();
+  await client.completions.create({ model: NAME, prompt: ['Hello', 'Hi'], n: 3, max_tokens: 5, ignore_eos: true, temperature: 1.0 });
+  const after = await get(), d = after.map((x, i) => x - before[i]);
+  check(d[0] === 2 && d[1] === 10, `max_num_generation_tokens: +${d[0]} observations of sum ${d[1]}, want 2 of 10`);
+  check(d[2] === 6 && d[3] === 30, `request_generation_tokens: +${d[2]} observations of sum ${d[3]}, want 6 of 30`);
+}
+
 async function testDisconnect(client, port) {
   const abort = 'finished_reason="abort"';
   const before = await metric(port, 'vllm:request_success_total', abort);
@@ -259,6 +273,7 @@ async function main() {
     await testToolsN(client);
     await testLimits(client);
     await testSharedPrefill(client, srv.port);
+    await testMetrics(client, srv.port);
     await testDisconnect(client, srv.port);
   } catch (e) {
     check(false, `unexpected error: ${e.stack}`);
