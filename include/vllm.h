@@ -89,6 +89,11 @@ struct vllm_engine_params {
     // "auto" (the checkpoint's; NULL too), "none", "fp8", "nvfp4", "fp8_block":
     // a checkpoint must be quantized so; dummy weights are made so (docs/QUANTIZATION.md)
     const char *quantization;
+    // (0, 1]: the fraction of the device's memory (RAM on the CPU) this engine
+    // may hold; the KV pool (and the state checkpoints) get what the weights,
+    // workspace and state slots leave of it. 0: kv_cache_bytes, or 2 GiB.
+    // Ignored when kv_cache_bytes or num_kv_blocks is set.
+    float gpu_memory_utilization;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 
@@ -155,6 +160,8 @@ vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
 
 // Top log-probs a request may ask for per token, at most.
 #define VLLM_MAX_LOGPROBS 20
+// logit_bias entries a request may carry, at most.
+#define VLLM_MAX_LOGIT_BIAS 300
 
 // Constrained decoding (structured output, guided choices, allowed ids): a
 // per-request callback set the engine asks, before each token it samples,
@@ -201,6 +208,12 @@ struct vllm_sampling_params {
     // NULL: none. Copied at vllm_submit, which takes over constraint->user
     // (its release is called once, on failure too).
     const struct vllm_constraint *constraint;
+    // OpenAI's logit_bias: values[i] is added to the logit of ids[i] (each
+    // id once, at most VLLM_MAX_LOGIT_BIAS) before log-probs, penalties and
+    // temperature, as the constraint's mask. Copied at vllm_submit.
+    const int32_t *logit_bias_ids;
+    const float *logit_bias_values;
+    int num_logit_bias;
 };
 void vllm_sampling_params_default(struct vllm_sampling_params *p);
 

@@ -13,8 +13,16 @@ set_tests_properties(cli_unknown_flag PROPERTIES WILL_FAIL TRUE)
 # vllm.c lacks is an error naming it (and why), an unknown one too.
 add_test(NAME cli_serve_positional COMMAND vllm_cli serve /nonexistent_model_dir --port 0)
 set_tests_properties(cli_serve_positional PROPERTIES PASS_REGULAR_EXPRESSION "loading /nonexistent_model_dir")
-add_test(NAME cli_serve_unsupported_flag COMMAND vllm_cli serve ${VLLM_FIXTURES}/tiny_chat --gpu-memory-utilization 0.9)
+add_test(NAME cli_serve_unsupported_flag COMMAND vllm_cli serve ${VLLM_FIXTURES}/tiny_chat --lora-modules a=b)
 set_tests_properties(cli_serve_unsupported_flag PROPERTIES
-  PASS_REGULAR_EXPRESSION "--gpu-memory-utilization is not supported: not implemented yet")
+  PASS_REGULAR_EXPRESSION "--lora-modules is not supported: LoRA is not supported")
+# --gpu-memory-utilization sizes the KV pool from the device's memory (RAM
+# here): a sliver leaves no room, and says what took the rest.
+add_test(NAME cli_gpu_mem_util_small COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/tiny_chat
+  --gpu-memory-utilization 0.001 --prompt-ids 1,2 --max-tokens 1)
+set_tests_properties(cli_gpu_mem_util_small PROPERTIES
+  PASS_REGULAR_EXPRESSION "gpu_memory_utilization 0.00 leaves no room for the KV cache: of [0-9.]+ GiB")
+add_test(NAME cli_gpu_mem_util COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/tiny_chat
+  --gpu-memory-utilization 0.98 --prompt-ids 1,2 --max-tokens 1)
 add_test(NAME cli_serve_unknown_flag COMMAND vllm_cli serve ${VLLM_FIXTURES}/tiny_chat --frobnicate=1)
 set_tests_properties(cli_serve_unknown_flag PROPERTIES PASS_REGULAR_EXPRESSION "unknown option '--frobnicate'")

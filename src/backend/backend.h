@@ -136,6 +136,9 @@ struct backend_ops {
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*sync)(struct backend *be);
+    // Bytes of this device's memory now free and in all (the CPU: available
+    // and physical RAM), for gpu_memory_utilization.
+    void (*mem_info)(struct backend *be, int64_t *free_bytes, int64_t *total_bytes);
     // Asynchronous steps. Page-locked host memory (for copies that overlap
     // compute), a copy to the host that does not wait, and fences: fence()
     // marks the point reached so far in the op stream; fence_wait(f) blocks
@@ -293,6 +296,9 @@ struct backend_ops {
     // CDIV(vocab, 32)]: a clear bit (id % 32 of word id / 32) sets the logit
     // to -inf. Before sample, so log-probs and penalties see the masked row.
     void (*mask_logits)(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
+    // logit_bias: logits[idx[i]] += val[i] for i < n (idx = row * vocab + id,
+    // distinct), in place, beside mask_logits and before sample.
+    void (*bias_logits)(struct backend *be, float *logits, int n, const int64_t *idx, const float *val);
     // Samples one token per row of logits [b->num_sample, vocab] with the
     // rows' sample_params; writes each id into token_table[dst] (the next
     // step's input) and into out->ids; log-probs as asked.

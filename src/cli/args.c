@@ -23,6 +23,9 @@ const char *const cli_engine_help =
     "  --block-size N               tokens per KV block (default 16)\n"
     "  --num-blocks N               KV blocks in the pool (default: from --kv-cache-gb)\n"
     "  --kv-cache-gb X              KV pool budget in GiB (default 2)\n"
+    "  --gpu-memory-utilization X   the fraction of the device's memory (RAM on cpu) to hold;\n"
+    "                               the KV pool gets what the weights and state leave of it\n"
+    "                               (default: --kv-cache-gb; serve on cuda: 0.9)\n"
     "  --threads N                  CPU threads (default: all cores)\n"
     "  --seed N                     seed of dummy weights and unseeded sampling\n"
     "  --tensor-parallel-size N     ranks the model is split over (default 1): GPUs with\n"
@@ -125,6 +128,7 @@ int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p)
     else if (!strcmp(f, "--block-size")) { VAL(); if (cli_int(f, v, 1, 1024, &p->block_size)) return -1; }
     else if (!strcmp(f, "--num-blocks")) { VAL(); if (cli_int(f, v, 1, 1 << 30, &p->num_kv_blocks)) return -1; }
     else if (!strcmp(f, "--kv-cache-gb")) { VAL(); if (cli_number(f, v, 0.001, 65536, 0, &g)) return -1; p->kv_cache_bytes = (int64_t)(g * (1 << 30)); }
+    else if (!strcmp(f, "--gpu-memory-utilization")) { VAL(); if (cli_number(f, v, 0.001, 1, 0, &g)) return -1; p->gpu_memory_utilization = (float)g; }
     else if (!strcmp(f, "--threads")) { VAL(); if (cli_int(f, v, 1, 1024, &p->num_threads)) return -1; }
     else if (!strcmp(f, "--seed")) { VAL(); if (cli_int(f, v, 0, 2147483647, &x)) return -1; p->seed = (uint64_t)x; }
     else if (!strcmp(f, "--tensor-parallel-size")) { VAL(); if (cli_int(f, v, 1, 64, &p->tensor_parallel_size)) return -1; }

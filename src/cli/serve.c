@@ -200,7 +200,6 @@ static const struct {
     const char *flag;
     const char *why;
 } unsupported_flags[] = {
-    {"--gpu-memory-utilization", "not implemented yet: size the KV cache with --kv-cache-gb"},
     {"--enforce-eager", "not implemented: CUDA graphs are always used (VLLM_NO_GRAPHS=1 turns them off)"},
     {"--lora-modules", "LoRA is not supported"},
     {"--enable-lora", "LoRA is not supported"},
@@ -346,6 +345,9 @@ int cli_serve(int argc0, char **argv0) {
     char **argv = o.argv = split_equals(argc0, argv0, &argc);
     if (parse_args(argc, argv, &o, &code)) return code;
     struct vllm_engine_params ep = o.ep;
+    if (ep.device && !strncmp(ep.device, "cuda", 4) && !ep.gpu_memory_utilization && !ep.kv_cache_bytes &&
+        !ep.num_kv_blocks)
+        ep.gpu_memory_utilization = 0.9f; // vLLM's default: the KV pool from the device's free memory
     struct server_config sc = o.sc;
     const char *key_file = o.key_file, *chat_template = o.chat_template;
     if (!ep.model) {

@@ -49,6 +49,25 @@ static int check_sampling(const struct vllm_sampling_params *sp) {
 #undef BAD
 }
 
+// Entries within the vocabulary, finite, each id once (the device adds them
+// without atomics).
+static int check_logit_bias(const struct vllm_sampling_params *sp, int vocab) {
+    int n = sp->num_logit_bias;
+    if (n < 0 || n > VLLM_MAX_LOGIT_BIAS || (n && (!sp->logit_bias_ids || !sp->logit_bias_values)))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "logit_bias: %d entries (at most %d)", n, VLLM_MAX_LOGIT_BIAS);
+    for (int i = 0; i < n; i++) {
+        int32_t id = sp->logit_bias_ids[i];
+        if (id < 0 || id >= vocab)
+            return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "logit_bias: token id %d is not in [0, %d)", id, vocab);
+        if (!isfinite(sp->logit_bias_values[i]))
+            return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "logit_bias: the bias of token %d is not finite", id);
+        for (int j = 0; j < i; j++)
+            if (sp->logit_bias_ids[j] == id)
+                return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "logit_bias: token id %d appears twice", id);
+    }
+    return VLLM_OK;
+}
+
 static void constraint_release(const struct vllm_constraint *c) {
     if (c && c->release) c->release(c->user);
 }
@@ -59,6 +78,8 @@ static void request_free(struct request *r) {
     for (int i = 0; i < r->sp.num_stop; i++) free(r->stop_strs[i]);
     free(r->stop_strs);
     free(r->stop_ids);
+    free(r->bias_ids);
+    free(r->bias_vals);
     free(r->tokens);
     free(r->blocks);
     free(r->hashes);
@@ -111,6 +132,14 @@ static struct request *request_new(struct vllm_engine *e, int32_t *ids, int n, c
         memcpy(r->stop_ids, sp->stop_token_ids, sizeof(int32_t) * sp->num_stop_token_ids);
     }
     r->sp.stop_token_ids = r->stop_ids;
+    if (sp->num_logit_bias) {
+        r->bias_ids = xmalloc(sizeof(int32_t) * sp->num_logit_bias);
+        r->bias_vals = xmalloc(sizeof(float) * sp->num_logit_bias);
+        memcpy(r->bias_ids, sp->logit_bias_ids, sizeof(int32_t) * sp->num_logit_bias);
+        memcpy(r->bias_vals, sp->logit_bias_values, sizeof(float) * sp->num_logit_bias);
+    }
+    r->sp.logit_bias_ids = r->bias_ids;
+    r->sp.logit_bias_values = r->bias_vals;
     r->stop_strs = xcalloc(sp->num_stop ? sp->num_stop : 1, sizeof(char *));
     for (int i = 0; i < sp->num_stop; i++) r->stop_strs[i] = xstrdup(sp->stop[i]);
     r->sp.stop = (const char *const *)r->stop_strs;
@@ -135,6 +164,7 @@ static int submit_checks(struct vllm_engine *e, const struct vllm_prompt *prompt
                         "priority); with fcfs it must be 0", sp->priority);
     if (sp->constraint && !sp->constraint->fill_mask)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "a constraint without fill_mask");
+    TRY(check_logit_bias(sp, e->info.vocab_size));
     if (sp->num_stop && !e->tok)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "stop strings need a tokenizer; %s has no tokenizer.json", e->model_dir);
     return prompt_ids(e, prompt, ids, n);

@@ -54,6 +54,8 @@ static int check_params(const struct vllm_engine_params *p) {
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_seqs %d is out of range [1, 4096]", p->max_num_seqs);
     if (p->max_num_batched_tokens < 1)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "max_num_batched_tokens must be >= 1");
+    if (!(p->gpu_memory_utilization >= 0 && p->gpu_memory_utilization <= 1))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "gpu_memory_utilization %g is not in (0, 1]", p->gpu_memory_utilization);
     if (p->max_model_len < 0 || p->num_kv_blocks < 0 || p->kv_cache_bytes < 0 || p->max_queued < 0 ||
         p->prefix_state_bytes < 0 || p->state_checkpoint_interval < 0)
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "negative engine parameter");
@@ -72,6 +74,48 @@ static int check_params(const struct vllm_engine_params *p) {
     return VLLM_OK;
 }
 
+// Per slot, the recurrent state bytes of one rank's layers.
+static int64_t state_bytes_per_slot(const struct model_spec *sp) {
+    int64_t per = 0;
+    for (int i = 0; i < sp->num_layers; i++)
+        for (int j = 0; j < sp->layers[i].num_states; j++) per += (int64_t)sizeof(float) * sp->layers[i].states[j].floats;
+    return per;
+}
+
+// The KV budget under gpu_memory_utilization: per rank, util * total less
+// what is in use now (weights, workspace, other processes), the state slots,
+// and a reserve for the runner's buffers, graphs and libraries; with prefix
+// caching on a state model and no prefix_state_bytes, a fifth of it goes to
+// the state checkpoints (their default: a quarter of the KV budget).
+static int kv_budget_from_util(struct vllm_engine *e, int64_t *budget) {
+    const struct vllm_engine_params *p = &e->params;
+    float u = p->gpu_memory_utilization;
+    if (!(u > 0 && u <= 1)) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "gpu_memory_utilization %g is not in (0, 1]", u);
+    *budget = INT64_MAX;
+    for (int k = 0; k < e->tp; k++) {
+        const struct model_spec *sp = &e->model[k]->spec;
+        int64_t free_b, total, state = state_bytes_per_slot(sp) * (p->max_num_seqs + 1);
+        backend_bind(e->be[k]);
+        e->be[k]->ops->mem_info(e->be[k], &free_b, &total);
+        int64_t reserve = ((int64_t)1 << 29) + (int64_t)p->max_num_seqs * sp->vocab_size * 8 +
+                          (int64_t)(p->max_num_seqs + 1) * e->max_model_len * 4;
+        int64_t used = total - free_b, avail = (int64_t)((double)u * total) - used - state - reserve;
+        if (avail <= 0)
+            return vllm_err(VLLM_ERR_OUT_OF_MEMORY,
+                            "gpu_memory_utilization %.2f leaves no room for the KV cache: of %.1f GiB (%s, rank %d), "
+                            "%.1f GiB are in use (weights, workspace, other processes), %.2f GiB go to state slots "
+                            "and %.2f GiB to buffers", u, total / 1073741824.0, e->be[k]->ops->name, k,
+                            used / 1073741824.0, state / 1073741824.0, reserve / 1073741824.0);
+        if (p->enable_prefix_caching && state && !p->prefix_state_bytes) avail = avail / 5 * 4;
+        else avail -= p->prefix_state_bytes;
+        *budget = MIN(*budget, avail);
+    }
+    backend_bind(e->be[0]);
+    if (*budget <= 0)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "prefix_state_bytes leaves gpu_memory_utilization %.2f no KV cache", u);
+    return VLLM_OK;
+}
+
 // KV blocks from the budget (of each rank: every rank holds every block, of
 // its own KV heads); max_model_len shrinks to what fits if it was not asked
 // for explicitly.
@@ -84,7 +128,7 @@ static int size_kv(struct vllm_engine *e, const struct model_spec *sp, int *num_
     *num_blocks = 0;
     if (!per_block) return VLLM_OK;
     int64_t cap = (int64_t)p->max_num_seqs * CDIV(e->max_model_len, p->block_size);
-    int64_t budget = p->kv_cache_bytes ? p->kv_cache_bytes : (int64_t)2 << 30;
+    int64_t budget = e->kv_budget;
     int64_t n = p->num_kv_blocks ? p->num_kv_blocks : MIN(budget / per_block, cap);
     if (n < 1) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "the KV budget of %lld bytes holds no block of %lld bytes",
                                (long long)budget, (long long)per_block);
@@ -129,7 +173,7 @@ static int size_ckpts(struct vllm_engine *e, int num_blocks, int *interval, int 
                         "state_checkpoint_interval %d is not a multiple of %d (block_size %d and the state's chunk %d)",
                         p->state_checkpoint_interval, base, p->block_size, align);
     *interval = p->state_checkpoint_interval ? p->state_checkpoint_interval : base;
-    int64_t budget = p->prefix_state_bytes ? p->prefix_state_bytes : (p->kv_cache_bytes ? p->kv_cache_bytes : (int64_t)2 << 30) / 4;
+    int64_t budget = p->prefix_state_bytes ? p->prefix_state_bytes : e->kv_budget / 4;
     int64_t n = per ? budget / per : 0;
     int64_t cap = num_blocks ? (int64_t)num_blocks * p->block_size / *interval
                              : (int64_t)p->max_num_seqs * CDIV(e->max_model_len, *interval);
@@ -203,6 +247,8 @@ static int engine_init(struct vllm_engine *e) {
     backend_bind(e->be[0]);
     const struct model_spec *sp = &e->model[0]->spec;
     e->max_model_len = p->max_model_len ? p->max_model_len : sp->max_position_embeddings ? sp->max_position_embeddings : 4096;
+    e->kv_budget = p->kv_cache_bytes ? p->kv_cache_bytes : (int64_t)2 << 30;
+    if (p->gpu_memory_utilization && !p->kv_cache_bytes && !p->num_kv_blocks) TRY(kv_budget_from_util(e, &e->kv_budget));
     int num_blocks;
     TRY(size_kv(e, sp, &num_blocks));
     int slots = has_state(sp) ? p->max_num_seqs : 0, interval, ckpts;

@@ -28,6 +28,7 @@ struct vllm_engine {
     struct chat_template *chat;     // NULL without a chat template
     struct vllm_model_info info;
     int max_model_len;
+    int64_t kv_budget; // bytes for the KV pool: kv_cache_bytes, from gpu_memory_utilization, or 2 GiB
     int32_t eos[16]; // config.json's, generation_config.json's and the tokenizer's eos ids (gen_config.c)
     int num_eos;
     char *gen_defaults; // info.generation_defaults

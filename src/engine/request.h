@@ -48,6 +48,8 @@ struct request {
     struct vllm_constraint cons;
     int has_cons;
     int32_t *stop_ids;
+    int32_t *bias_ids; // logit_bias, owned
+    float *bias_vals;
     char **stop_strs;
     uint64_t seed;
     int max_tokens; // clamped to what max_model_len leaves

@@ -33,10 +33,13 @@ struct step_slot {
     struct request **sched;    // every request of the step
     struct request **admitted; // requests given a token-table row by this step
     uint32_t *mask;            // [num, mask_words] allowed ids of each sampled row, when masked
-    int num, num_sched, num_admitted, any_logprobs, fence;
-    // Some sampled row has a constraint: the launch queues gather and forward
-    // only; runner_sample, once the step before is postprocessed (its tokens
-    // advanced the constraints), queues the masks, mask_logits and sample.
+    int64_t *bias_idx;         // [num_bias] logit_bias entries of the sampled rows: row * vocab + id
+    float *bias_val;           // [num_bias]
+    int num, num_sched, num_admitted, any_logprobs, fence, num_bias;
+    // Some sampled row has a constraint (or a logit_bias): the launch queues
+    // gather and forward only; runner_sample, once the step before is
+    // postprocessed (its tokens advanced the constraints), queues the masks,
+    // mask_logits, bias_logits and sample.
     int masked;
 };
 
@@ -56,6 +59,8 @@ struct rank {
     float *logits;       // device [logit rows, vocab]
     float *logits_all;   // device [max tokens, vocab] with the hook
     uint32_t *mask;      // device [max_num_seqs, mask_words] token masks of a masked step
+    int64_t *bias_idx;   // device [max_num_seqs * VLLM_MAX_LOGIT_BIAS] a masked step's logit_bias entries
+    float *bias_val;
     struct sample_out dev_out;
     void *graphs[NUM_GRAPHS];
     int graph_epoch;
@@ -168,6 +173,8 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
         k->dev_out.top_logprobs = dev_alloc(k, sizeof(float) * SP * mt, &rc, "top logprobs");
         k->dev_out.max_top = mt;
         k->mask = dev_alloc(k, sizeof(uint32_t) * SP * r->mask_words, &rc, "token masks");
+        k->bias_idx = dev_alloc(k, sizeof(int64_t) * SP * VLLM_MAX_LOGIT_BIAS, &rc, "logit biases");
+        k->bias_val = dev_alloc(k, sizeof(float) * SP * VLLM_MAX_LOGIT_BIAS, &rc, "logit biases");
     }
     backend_bind(be[0]);
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
@@ -178,6 +185,8 @@ int runner_create(int tp, struct backend *const *be, struct model *const *m, con
         sl->top_ids = host_alloc(r, sizeof(int32_t) * SP * mt, &rc);
         sl->top_lp = host_alloc(r, sizeof(float) * SP * mt, &rc);
         sl->mask = host_alloc(r, sizeof(uint32_t) * SP * r->mask_words, &rc);
+        sl->bias_idx = host_alloc(r, sizeof(int64_t) * SP * VLLM_MAX_LOGIT_BIAS, &rc);
+        sl->bias_val = host_alloc(r, sizeof(float) * SP * VLLM_MAX_LOGIT_BIAS, &rc);
         sl->reqs = xcalloc(SP, sizeof(struct request *));
         sl->pos = xcalloc(SP, sizeof(int32_t));
         sl->sched = xcalloc(S, sizeof(struct request *));
@@ -215,7 +224,7 @@ static void free_rank(struct rank *k) {
     be->ops->sync(be);
     caches_release(be, &k->caches);
     void *dev[] = {k->table, k->input_ids, k->meta, k->logits, k->logits_all, k->dev_out.ids, k->dev_out.logprobs,
-                   k->dev_out.top_ids, k->dev_out.top_logprobs, k->mask};
+                   k->dev_out.top_ids, k->dev_out.top_logprobs, k->mask, k->bias_idx, k->bias_val};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) be->ops->free(be, dev[i]);
 }
 
@@ -226,7 +235,7 @@ void runner_free(struct runner *r) {
     struct backend *be = r->rk[0].be;
     for (int k = 0; k < RUNNER_INFLIGHT; k++) {
         struct step_slot *sl = &r->slots[k];
-        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp, sl->mask};
+        void *h[] = {sl->staging, sl->ids, sl->lp, sl->top_ids, sl->top_lp, sl->mask, sl->bias_idx, sl->bias_val};
         for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
             if (h[i]) be->ops->host_free(be, h[i]);
         free(sl->reqs);
@@ -504,6 +513,11 @@ static void sample_rank(void *ctx, int rank) {
     point_batch(r, k, &b);
     op->upload(be, k->mask, sl->mask, sizeof(uint32_t) * (size_t)b.num_sample * r->mask_words);
     op->mask_logits(be, k->logits, b.num_sample, r->vocab, k->mask);
+    if (sl->num_bias) {
+        op->upload(be, k->bias_idx, sl->bias_idx, sizeof(int64_t) * sl->num_bias);
+        op->upload(be, k->bias_val, sl->bias_val, sizeof(float) * sl->num_bias);
+        op->bias_logits(be, k->logits, sl->num_bias, k->bias_idx, k->bias_val);
+    }
     op->sample(be, k->logits, r->vocab, k->table, &b, &k->dev_out);
     if (!rank) queue_readback(k, sl, b.num_sample);
 }
@@ -514,7 +528,8 @@ static void sample_rank(void *ctx, int rank) {
 static int any_constrained(const struct sched_output *so) {
     for (int i = 0; i < so->num_entries; i++) {
         const struct request *q = so->entries[i].req;
-        if (q->has_cons && q->num_computed + so->entries[i].num_tokens == q->num_tokens) return 1;
+        if ((q->has_cons || q->sp.num_logit_bias) && q->num_computed + so->entries[i].num_tokens == q->num_tokens)
+            return 1;
     }
     return 0;
 }
@@ -534,12 +549,26 @@ static void fill_masks(struct runner *r, struct step_slot *sl, int rows) {
     }
 }
 
+// The logit_bias entries of the sampled rows (distinct ids per request,
+// vllm_submit checked), as flat indices into the step's logits.
+static void fill_bias(struct runner *r, struct step_slot *sl) {
+    sl->num_bias = 0;
+    for (int i = 0; i < sl->num; i++) {
+        const struct request *q = sl->reqs[i];
+        for (int j = 0; j < q->sp.num_logit_bias; j++, sl->num_bias++) {
+            sl->bias_idx[sl->num_bias] = (int64_t)i * r->vocab + q->sp.logit_bias_ids[j];
+            sl->bias_val[sl->num_bias] = q->sp.logit_bias_values[j];
+        }
+    }
+}
+
 int runner_needs_sample(const struct runner *r, int step) { return r->slots[step].masked; }
 
 void runner_sample(struct runner *r, int step) {
     struct step_slot *sl = &r->slots[step];
     if (!sl->masked || r->job.sl != sl) return; // the last launch only: its batch is r->job's
     fill_masks(r, sl, r->job.b.num_sample);
+    fill_bias(r, sl);
     team_run(r->team, sample_rank, r);
     backend_bind(r->rk[0].be);
 }

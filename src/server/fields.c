@@ -1,12 +1,13 @@
 // fields.c - the request fields of vLLM's and OpenAI's schemas beyond
 // sampling and the prompt: those vllm.c honours (priority, request_id,
-// cache_salt, truncate_prompt_tokens, a per-request chat_template,
-// documents) and those it cannot, which get a 400 naming them unless they
-// hold the value that changes nothing ("store": false), so that no
-// field is ever silently ignored. docs/SERVING.md lists every field with
-// its status; tests/server/fields.tsv is the list both are checked against.
-// n and best_of are read here too. (allowed_token_ids is guided.c's: a
-// token mask, as structured output.)
+// cache_salt, truncate_prompt_tokens, logit_bias, a per-request
+// chat_template, documents, n) and those it cannot, which get a 400 naming
+// them unless they hold the value that changes nothing ("store": false), so
+// that no field is ever silently ignored. docs/SERVING.md lists every field
+// with its status; tests/server/fields.tsv is the list both are checked
+// against. (allowed_token_ids is guided.c's: a token mask, as structured
+// output.)
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 
@@ -117,8 +118,41 @@ static int get_truncate(struct server *s, const json_t *body, struct gen_params 
     return 0;
 }
 
+// OpenAI's logit_bias: {"token id": bias}, each bias clamped to [-100, 100]
+// as vLLM does; ids in the vocabulary, each once.
+static int get_logit_bias(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+    json_t *v = field(body, "logit_bias"), *b;
+    if (!v) return 0;
+    if (!json_is_object(v)) return api_fail(err, 400, "logit_bias", "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(v);
+    if (n > VLLM_MAX_LOGIT_BIAS)
+        return api_fail(err, 400, "logit_bias", "'logit_bias' has %zu entries; at most %d", n, VLLM_MAX_LOGIT_BIAS);
+    gp->bias_ids = xmalloc(sizeof(int32_t) * (n ? n : 1));
+    gp->bias_vals = xmalloc(sizeof(float) * (n ? n : 1));
+    const char *k;
+    json_object_foreach(v, k, b) {
+        char *end;
+        errno = 0;
+        long id = strtol(k, &end, 10);
+        if (!*k || *end || errno || id < 0 || id >= s->info.vocab_size)
+            return api_fail(err, 400, "logit_bias", "logit_bias key '%.40s' is not a token id in [0, %d)", k,
+                            s->info.vocab_size);
+        if (!json_is_number(b) || !isfinite(json_number_value(b)))
+            return api_fail(err, 400, "logit_bias", "logit_bias['%.40s'] must be a number", k);
+        for (int j = 0; j < gp->sp.num_logit_bias; j++)
+            if (gp->bias_ids[j] == id)
+                return api_fail(err, 400, "logit_bias", "logit_bias names token %ld twice", id);
+        gp->bias_ids[gp->sp.num_logit_bias] = (int32_t)id;
+        gp->bias_vals[gp->sp.num_logit_bias++] = (float)fmin(100.0, fmax(-100.0, json_number_value(b)));
+    }
+    gp->sp.logit_bias_ids = gp->bias_ids;
+    gp->sp.logit_bias_values = gp->bias_vals;
+    return 0;
+}
+
 int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
     if (check_rejected(body, err) || get_priority(s, body, gp, err) || get_truncate(s, body, gp, err) ||
+        get_logit_bias(s, body, gp, err) ||
         get_string(body, "request_id", MAX_REQUEST_ID, &gp->request_id, err) ||
         get_string(body, "cache_salt", 1 << 10, &gp->cache_salt, err))
         return -1;
@@ -243,6 +277,8 @@ int fields_echo_text(struct server *s, const struct gen_params *gp, const json_t
 }
 
 void fields_free(struct gen_params *gp) {
+    free(gp->bias_ids);
+    free(gp->bias_vals);
     json_decref(gp->resp_echo);
     free(gp->request_id);
     free(gp->cache_salt);

@@ -73,9 +73,6 @@ static int check_unsupported(const json_t *body, struct api_error *err) {
     int beam = 0;
     if (get_bool(body, "use_beam_search", &beam, err)) return -1;
     if (beam) return api_fail(err, 400, "use_beam_search", "beam search is not supported");
-    json_t *lb = field(body, "logit_bias");
-    if (lb && (!json_is_object(lb) || json_object_size(lb)))
-        return api_fail(err, 400, "logit_bias", "'logit_bias' is not supported");
     return 0; // response_format, structured_outputs, guided_*: guided.c
 }
 

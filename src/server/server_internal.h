@@ -95,6 +95,8 @@ struct gen_params {
     char *request_id; // the response id's suffix (NULL: a random one)
     char *cache_salt; // sp.cache_salt
     int truncate;     // keep the prompt's last N tokens (0: all)
+    int32_t *bias_ids; // sp.logit_bias_ids / values
+    float *bias_vals;
     int echo;         // completions' "echo" (the text: gen_prompt.echo)
     int max_new_tokens; // generation_config.json's: max_tokens at most (0: none)
     json_t *resp_echo;  // /v1/responses: the request fields its response objects repeat

@@ -538,6 +538,29 @@ static void test_mask_logits(void) {
     free(lg), free(mask), free(h);
 }
 
+// logit_bias: distinct flat indices over several rows, bit for bit.
+static void test_bias_logits(void) {
+    enum { V = 151669, R = 4, N = 3 * 300 };
+    float *lg = test_rnd((size_t)R * V, 4), *val = test_rnd(N, 100);
+    int64_t *idx = xmalloc(sizeof(int64_t) * N);
+    for (int i = 0; i < N; i++) idx[i] = (int64_t)(i % R) * V + (int64_t)i * 7919 % V; // distinct: 7919 is prime to V
+    struct pair pl = up(lg, sizeof(float) * R * V), pi = up(idx, sizeof(int64_t) * N), pv = up(val, sizeof(float) * N);
+    cpu->ops->bias_logits(cpu, pl.c, N, pi.c, pv.c);
+    gpu->ops->bias_logits(gpu, pl.g, N, pi.g, pv.g);
+    float *h = xmalloc(sizeof(float) * R * V);
+    gpu->ops->download(gpu, h, pl.g, sizeof(float) * R * V);
+    size_t same = 0, moved = 0;
+    for (size_t i = 0; i < (size_t)R * V; i++) {
+        same += !memcmp(&h[i], &((float *)pl.c)[i], sizeof(float));
+        moved += h[i] != lg[i];
+    }
+    printf("  bias_logits: %zu/%zu logits agree, %zu biased\n", same, (size_t)R * V, moved);
+    CHECKF(same == (size_t)R * V && moved > N / 2, "bias_logits agrees on %zu of %zu (%zu moved)", same,
+           (size_t)R * V, moved);
+    pfree(pl), pfree(pi), pfree(pv);
+    free(lg), free(val), free(idx), free(h);
+}
+
 int main(void) {
 #ifndef VLLM_HAVE_CUDA
     TEST_SKIP("built without CUDA");
@@ -558,6 +581,7 @@ int main(void) {
     test_kimi_mla(DT_BF16, 1e-4);
     test_sample();
     test_mask_logits();
+    test_bias_logits();
     backend_free(gpu);
     backend_free(cpu);
     return test_summary("cuda ops");

@@ -1,6 +1,7 @@
 // test_api.c - vllm.h end to end on the tiny fixtures: bad input gets a
 // clear error, stops and cancels behave, resources return to the pools,
 // seeded sampling is reproducible, and concurrent callers get exact results.
+#include <math.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -110,6 +111,26 @@ static void test_bad_requests(struct vllm_engine *e) {
     sp.num_stop = 1;
     CHECK(vllm_complete_tokens(e, ids, 3, &sp, &out, &n, NULL) == VLLM_ERR_INVALID_ARGUMENT &&
           strstr(vllm_last_error(), "tokenizer"));
+    // logit_bias: an id outside the vocabulary, twice, a NaN, too many
+    vllm_sampling_params_default(&sp);
+    int32_t bid[2] = {5, 300};
+    float bval[2] = {1, 2};
+    sp.logit_bias_ids = bid, sp.logit_bias_values = bval, sp.num_logit_bias = 2;
+    CHECK(vllm_complete_tokens(e, ids, 3, &sp, &out, &n, NULL) == VLLM_ERR_INVALID_ARGUMENT &&
+          strstr(vllm_last_error(), "300"));
+    bid[1] = 5;
+    CHECK(vllm_complete_tokens(e, ids, 3, &sp, &out, &n, NULL) == VLLM_ERR_INVALID_ARGUMENT &&
+          strstr(vllm_last_error(), "twice"));
+    bid[1] = 6, bval[1] = NAN;
+    CHECK(vllm_complete_tokens(e, ids, 3, &sp, &out, &n, NULL) == VLLM_ERR_INVALID_ARGUMENT &&
+          strstr(vllm_last_error(), "finite"));
+    sp.num_logit_bias = VLLM_MAX_LOGIT_BIAS + 1;
+    CHECK(vllm_complete_tokens(e, ids, 3, &sp, &out, &n, NULL) == VLLM_ERR_INVALID_ARGUMENT);
+    // and honored: a +100 bias makes a greedy run that id
+    bval[0] = 100, sp.num_logit_bias = 1, sp.temperature = 0, sp.max_tokens = 4;
+    CHECK(vllm_complete_tokens(e, ids, 3, &sp, &out, &n, NULL) == VLLM_OK && n == 4);
+    for (int i = 0; i < n && out; i++) CHECKF(out[i] == 5, "logit_bias +100 on id 5: output %d is %d", i, out[i]);
+    vllm_free(out);
 }
 
 static int32_t *greedy_run(struct vllm_engine *e, int i, int max_tokens, int *n, vllm_finish_reason *why,

@@ -108,7 +108,7 @@ static void test_field_errors(int port) {
         {"/v1/completions", "{\"prompt\": \"hi\", \"echo\": 1}", "echo", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": 21}", "logprobs", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"logprobs\": true}", "logprobs", 400},
-        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"1\": 2}}", "logit_bias", 400},
+        {"/v1/completions", "{\"prompt\": \"hi\", \"logit_bias\": {\"1\": \"2\"}}", "logit_bias", 400},
         {"/v1/completions", "{\"prompt\": \"hi\", \"min_tokens\": 5, \"max_tokens\": 2}", "min_tokens", 400},
         {"/v1/completions", "{\"prompt\": \"\\u00ff\\ud800\"}", NULL, 400}, // lone surrogate
         {"/v1/completions", "{\"model\": \"other\", \"prompt\": \"hi\"}", "model", 404},

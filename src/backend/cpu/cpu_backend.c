@@ -308,6 +308,19 @@ static void cpu_mask_logits(struct backend *be, float *logits, int rows, int voc
     cpu_parallel(be, rows, mask_row, &c);
 }
 
+static void cpu_mem_info(struct backend *be, int64_t *free_bytes, int64_t *total_bytes) {
+    (void)be;
+    int64_t page = sysconf(_SC_PAGESIZE);
+    *free_bytes = (int64_t)sysconf(_SC_AVPHYS_PAGES) * page;
+    *total_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * page;
+}
+
+// The reference of every backend's bias_logits.
+static void cpu_bias_logits(struct backend *be, float *logits, int n, const int64_t *idx, const float *val) {
+    (void)be;
+    for (int i = 0; i < n; i++) logits[idx[i]] += val[i];
+}
+
 struct sample_ctx {
     struct backend *be;
     const float *logits;
@@ -435,6 +448,8 @@ static const struct backend_ops cpu_ops = {
     .moe_route = cpu_moe_route,
     .moe_experts = cpu_moe_experts,
     .mask_logits = cpu_mask_logits,
+    .bias_logits = cpu_bias_logits,
+    .mem_info = cpu_mem_info,
     .sample = cpu_sample,
     .all_reduce = cpu_all_reduce,
     .all_gather = cpu_all_gather,

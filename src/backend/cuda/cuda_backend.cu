@@ -84,6 +84,13 @@ static void *cu_alloc(struct backend *be, size_t bytes) {
     return p;
 }
 
+static void cu_mem_info(struct backend *be, int64_t *free_bytes, int64_t *total_bytes) {
+    (void)be; // the bound device's
+    size_t f = 0, t = 0;
+    CUDA_CHECK(cudaMemGetInfo(&f, &t));
+    *free_bytes = (int64_t)f, *total_bytes = (int64_t)t;
+}
+
 static void cu_free(struct backend *be, void *p) {
     if (!p) return;
     CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream));
@@ -792,6 +799,8 @@ static void init_ops(void) {
     o->moe_route = cuda_moe_route;
     o->moe_experts = cuda_moe_experts;
     o->mask_logits = cuda_mask_logits;
+    o->bias_logits = cuda_bias_logits;
+    o->mem_info = cu_mem_info;
     o->sample = cuda_sample;
     o->bind = cu_bind;
     o->peaks = cu_peaks;

@@ -165,6 +165,7 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k);
 void cuda_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);
+void cuda_bias_logits(struct backend *be, float *logits, int n, const int64_t *idx, const float *val);
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
 // Prefill attention on tensor cores for a bf16 KV cache and head_dim 64 /

@@ -194,6 +194,18 @@ __global__ void k_mask_logits(float *logits, int V, const uint32_t *mask, int W)
     if (!((w >> (i & 31)) & 1u)) logits[(int64_t)r * V + i] = -INFINITY;
 }
 
+// logit_bias: a thread per (distinct) entry.
+__global__ void k_bias_logits(float *logits, int n, const int64_t *idx, const float *val) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) logits[idx[i]] += val[i];
+}
+
+void cuda_bias_logits(struct backend *be, float *logits, int n, const int64_t *idx, const float *val) {
+    if (n <= 0) return;
+    k_bias_logits<<<CDIV(n, 256), 256, 0, cu(be)->stream>>>(logits, n, idx, val);
+    LAUNCH_CHECK();
+}
+
 void cuda_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask) {
     if (rows <= 0) return;
     dim3 grid((unsigned)CDIV(vocab, 256), (unsigned)rows);
