@@ -464,9 +464,10 @@ static json_t *choice_json(struct gen_choice *c) {
     }
     json_t *choice = json_pack("{s:i}", "index", c->index), *text = json_text(c->text ? c->text : "", c->text_len);
     const char *fin = finish_string(ev->reason);
-    if (chat && guided_parses(g->p.guided)) { // reasoning_content / tool_calls (guided.c)
+    struct guided_req *q = c->parse ? c->parse : g->p.guided;
+    if (chat && guided_parses(q)) { // reasoning_content / tool_calls (guided.c)
         json_t *msg = json_pack("{s:s}", "role", "assistant");
-        const char *f = guided_message(g->p.guided, c->text ? c->text : "", c->text_len, ev->reason, msg);
+        const char *f = guided_message(q, c->text ? c->text : "", c->text_len, ev->reason, msg);
         if (f) fin = f;
         json_object_set_new(choice, "message", msg);
         json_decref(text);
@@ -634,7 +635,7 @@ static struct gen *gen_new(struct server *s, struct gen_params *gp) {
         c->prompt = i / g->p.n;
         c->pend = xcalloc(1, sizeof *c->pend);
         c->work = xcalloc(1, sizeof *c->work);
-        if (i && g->p.stream && guided_parses(g->p.guided)) c->parse = guided_req_fork(g->p.guided, i);
+        if (i && guided_parses(g->p.guided)) c->parse = guided_req_fork(g->p.guided, i);
     }
     const char *prefix = g->p.kind == API_RESPONSES ? "resp_" : g->p.kind == API_CHAT ? "chatcmpl-" : "cmpl-";
     if (g->p.request_id) snprintf(g->id, sizeof g->id, "%s%s", prefix, g->p.request_id);

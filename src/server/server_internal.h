@@ -200,7 +200,7 @@ struct gen_choice {
     struct vllm_request *vreq;       // NULL before it is submitted and once released
     int submitted, engine_done;
     int started;                     // streaming: its first chunk went out
-    struct guided_req *parse;        // streaming chat: its own parsers' state (a fork of g->p.guided), or NULL
+    struct guided_req *parse;        // chat: its own parsers (a fork of g->p.guided: state, tool call ids), or NULL
     // non-streaming: the answer so far (the Responses API's text, streamed too)
     char *text;
     size_t text_len, text_cap;

@@ -193,6 +193,8 @@ async function testToolsN(client) {
     check(ok && args[i] === calls[0].function.arguments, `tools n=3 streamed: choice ${i} arguments ${args[i]} = ${calls[0]?.function.arguments}`);
     check(finish[i] === r.choices[i].finish_reason, `tools n=3 streamed: choice ${i} finish ${finish[i]}`);
   }
+  const ids = new Set(r.choices.map((c) => c.message.tool_calls?.[0]?.id));
+  check(ids.size === 3, `tools n=3: each choice's call has its own id (${[...ids]})`);
 }
 
 async function testLimits(client) {
