@@ -118,6 +118,12 @@ extern const struct fast_kern fast_kern_avx2, fast_kern_avx512;
 void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
                                const struct weight *w, int64_t c0, int64_t c1);
 void fast_to_bf16_avx512bf16(uint16_t *y, const float *x, int64_t n);
+// Software prefetch distance of the quantized decode kernels' code streams
+// (bytes ahead; a weight's rows are one stream). Pages are 4 KB here (no
+// transparent huge pages unless madvised) and the hardware prefetcher stops
+// at each page's end, so without it the FP8 GEMV ran at half the read
+// bandwidth, no faster than bf16 (bench/quant_gemv, docs/BENCHMARKS.md).
+#define FAST_Q_PF 8192
 // quantized weights (fast_quant_avx512.c)
 void fast_mm_q_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                       int64_t c1);
