@@ -27,11 +27,15 @@ if(VLLM_NODE)
            $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
   add_test(NAME server_openai_responses COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_responses.mjs
            $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
+  # n samples, lists of prompts, interleaved streams (tests/server/openai_n.mjs)
+  add_test(NAME server_openai_n COMMAND ${VLLM_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/server/openai_n.mjs
+           $<TARGET_FILE:vllm_cli> ${VLLM_SERVER_MODEL})
 else()
   add_test(NAME server_openai COMMAND sh -c "echo 'SKIP: node is not installed (scripts/install-deps.sh)'; exit 77")
   add_test(NAME server_openai_responses COMMAND sh -c "echo 'SKIP: node is not installed'; exit 77")
+  add_test(NAME server_openai_n COMMAND sh -c "echo 'SKIP: node is not installed'; exit 77")
 endif()
-set_tests_properties(server_openai server_openai_responses PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+set_tests_properties(server_openai server_openai_responses server_openai_n PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 
 # Log-likelihoods as lm-evaluation-harness asks for them (echo, logprobs,
 # max_tokens 0) through the client, against `vllm generate --dump-logits`.

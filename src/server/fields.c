@@ -1,11 +1,12 @@
 // fields.c - the request fields of vLLM's and OpenAI's schemas beyond
 // sampling and the prompt: those vllm.c honours (priority, request_id,
 // cache_salt, truncate_prompt_tokens, logit_bias, a per-request
-// chat_template, documents, echo; prompt_logprobs is prompt_logprobs.c's) and those it cannot, which get a 400 naming them unless they
-// hold the value that changes nothing ("store": false, "n": 1), so that no
-// field is ever silently ignored. docs/SERVING.md lists every field with
-// its status; tests/server/fields.tsv is the list both are checked against.
-// (allowed_token_ids is guided.c's: a token mask, as structured output.)
+// chat_template, documents, n, echo; prompt_logprobs is prompt_logprobs.c's) and those it cannot, which get a 400 naming
+// them unless they hold the value that changes nothing ("store": false), so
+// that no field is ever silently ignored. docs/SERVING.md lists every field
+// with its status; tests/server/fields.tsv is the list both are checked
+// against. (allowed_token_ids is guided.c's: a token mask, as structured
+// output.)
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -167,10 +168,39 @@ int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, st
 }
 
 // truncate_prompt_tokens: the prompt's last N tokens, as vLLM keeps them.
-void fields_truncate(struct gen_params *gp) {
-    if (gp->truncate <= 0 || gp->num_prompt <= gp->truncate) return;
-    memmove(gp->prompt_ids, gp->prompt_ids + (gp->num_prompt - gp->truncate), sizeof(int32_t) * gp->truncate);
-    gp->num_prompt = gp->truncate;
+void fields_truncate(const struct gen_params *gp, struct gen_prompt *pr) {
+    if (gp->truncate <= 0 || pr->num <= gp->truncate) return;
+    memmove(pr->ids, pr->ids + (pr->num - gp->truncate), sizeof(int32_t) * gp->truncate);
+    pr->num = gp->truncate;
+}
+
+// An integer (or a number with no fraction, as pydantic takes it), or -1
+// with a 400 naming key.
+static int get_count(const json_t *v, const char *key, long long *out, struct api_error *err) {
+    double d = json_is_real(v) ? json_real_value(v) : 0;
+    if (!json_is_integer(v) && !(json_is_real(v) && d == floor(d) && fabs(d) < 9e15))
+        return api_fail(err, 400, key, "'%s' must be an integer", key);
+    *out = json_is_integer(v) ? json_integer_value(v) : (long long)d;
+    return 0;
+}
+
+// vLLM's n: samples per prompt, each its own engine request (gen.c), at most
+// GEN_MAX_N. best_of as vLLM V1 has it: at least n (SamplingParams' check),
+// and refused above 1 (V1's processor: "vLLM V1 does not yet support
+// best_of"), so only 1 passes.
+int fields_n(const json_t *body, struct gen_params *gp, struct api_error *err) {
+    json_t *n = field(body, "n"), *b = field(body, "best_of");
+    long long x = 1, best = 0;
+    if (n && get_count(n, "n", &x, err)) return -1;
+    if (x < 1 || x > GEN_MAX_N) return api_fail(err, 400, "n", "'n' must be in [1, %d], got %lld", GEN_MAX_N, x);
+    gp->n = (int)x;
+    if (!b) return 0;
+    if (get_count(b, "best_of", &best, err)) return -1;
+    if (best < x)
+        return api_fail(err, 400, "best_of", "best_of must be greater than or equal to n, got n=%lld, best_of=%lld", x,
+                        best);
+    if (best > 1) return api_fail(err, 400, "best_of", "'best_of' is not supported: vLLM V1 does not yet support best_of");
+    return 0;
 }
 
 int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err) {
@@ -213,33 +243,37 @@ void fields_defaults(struct server *s, struct gen_params *gp) {
 }
 
 // vLLM's echo: a text prompt as sent (when the whole of it is kept), else
-// the kept ids detokenized. With logprobs, the prompt's log-probs lead the
-// completion's (prompt_logprobs.c).
-int fields_echo(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
+// the kept ids detokenized. With logprobs it would need the prompt's
+// logprobs, which are not computed: a 400.
+int fields_echo(const json_t *body, struct gen_params *gp, struct api_error *err) {
     json_t *v = field(body, "echo");
     if (!v || json_is_false(v)) return 0;
     if (!json_is_boolean(v)) return api_fail(err, 400, "echo", "'echo' must be a boolean");
     if (gp->kind != API_COMPLETION)
         return api_fail(err, 400, "echo", "'echo' is supported on /v1/completions only");
-    json_t *p = field(body, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) p = json_array_get(p, 0);
-    if (json_is_string(p) && !gp->truncate) {
-        gp->echo_len = json_string_length(p);
-        gp->echo = xmalloc(gp->echo_len + 1);
-        memcpy(gp->echo, json_string_value(p), gp->echo_len + 1);
+    gp->echo = 1; // with logprobs, the prompt's log-probs lead the completion's (prompt_logprobs.c)
+    return 0;
+}
+
+int fields_echo_text(struct server *s, const struct gen_params *gp, const json_t *text, struct gen_prompt *pr,
+                     struct api_error *err) {
+    if (!gp->echo) return 0;
+    if (json_is_string(text) && !gp->truncate) {
+        pr->echo_len = json_string_length(text);
+        pr->echo = xmalloc(pr->echo_len + 1);
+        memcpy(pr->echo, json_string_value(text), pr->echo_len + 1);
         return 0;
     }
-    char *text = NULL;
-    if (!s->info.has_tokenizer || vllm_detokenize(s->engine, gp->prompt_ids, gp->num_prompt, 0, &text))
+    char *t = NULL;
+    if (!s->info.has_tokenizer || vllm_detokenize(s->engine, pr->ids, pr->num, 0, &t))
         return api_fail(err, 400, "echo", "'echo' needs the model's tokenizer to show token ids as text");
-    gp->echo = xstrdup(text);
-    gp->echo_len = strlen(text);
-    vllm_free(text);
+    pr->echo = xstrdup(t);
+    pr->echo_len = strlen(t);
+    vllm_free(t);
     return 0;
 }
 
 void fields_free(struct gen_params *gp) {
-    free(gp->echo);
     free(gp->bias_ids);
     free(gp->bias_vals);
     json_decref(gp->resp_echo);

@@ -322,7 +322,7 @@ static int prompt_state(const struct tokenizer *t, const int32_t *ids, int n) {
 // with thinking off the answer is all content and the grammar starts at once.
 static void reasoning_first(struct server *s, const struct gen_params *gp, struct guided_req *q) {
     const struct tokenizer *t = s->engine ? s->engine->tok : NULL;
-    int st = t ? prompt_state(t, gp->prompt_ids, gp->num_prompt) : -1;
+    int st = t ? prompt_state(t, gp->prompts[0].ids, gp->prompts[0].num) : -1;
     q->tok = t;
     q->reason_first = q->thinking && st >= 0;
     // constrained from its first token, none of the answer is reasoning
@@ -443,6 +443,15 @@ void guided_req_free(struct guided_req *q) {
     free(q->allow);
     bad_words_free(q->bad);
     free(q);
+}
+
+struct guided_req *guided_req_fork(const struct guided_req *q, int index) {
+    struct guided_req *f = xmalloc(sizeof *f);
+    *f = *q;
+    f->grammar = NULL, f->allow = NULL, f->bad = NULL, f->rs = NULL, f->ts = NULL, f->calls_sent = 0;
+    f->tool_list = json_incref(q->tool_list);
+    f->id_seed = q->id_seed + 0x9E3779B97F4A7C15ull * (uint64_t)index;
+    return f;
 }
 
 // --------------------------------------------------------- constraint --

@@ -59,18 +59,18 @@ void metrics_init_tokens(struct metrics *m, int max_model_len) {
     hist_init(&m->max_tokens_param, m->token_bounds, n);
 }
 
-void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o) {
+void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o, int max_output) {
     hist_observe(&m->prompt_tokens, o->num_prompt_tokens);
-    hist_observe(&m->generation_tokens, g->num_output);
-    hist_observe(&m->max_generation_tokens, g->num_output); // one sequence per request: its own count
-    hist_observe(&m->max_tokens_param, g->p.sp.max_tokens);
+    hist_observe(&m->generation_tokens, c->num_output);
+    if (max_output >= 0) hist_observe(&m->max_generation_tokens, max_output);
+    hist_observe(&m->max_tokens_param, c->g->p.prompts[c->prompt].max_tokens);
     if (o->queue_s > 0) hist_observe(&m->queue, o->queue_s);
-    if (g->t_first == 0) return; // no token: no prefill or decode phase to time
-    double prefill = MAX(o->ttft_s - o->queue_s, 0), decode = g->t_last - g->t_first;
+    if (c->t_first == 0) return; // no token: no prefill or decode phase to time
+    double prefill = MAX(o->ttft_s - o->queue_s, 0), decode = c->t_last - c->t_first;
     hist_observe(&m->prefill, prefill);
     hist_observe(&m->decode, decode);
     hist_observe(&m->inference, prefill + decode);
-    if (g->num_output > 1) hist_observe(&m->tpot, decode / (g->num_output - 1));
+    if (c->num_output > 1) hist_observe(&m->tpot, decode / (c->num_output - 1));
 }
 
 // The model name as a label value: \, " and newlines escaped.

@@ -34,9 +34,9 @@ int prompt_lp_parse(const json_t *body, struct gen_params *gp, struct api_error 
     return 0;
 }
 
-void prompt_lp_capture(struct gen *g, const struct vllm_output *o) {
-    if (g->plp) return;
-    struct prompt_lp *p = g->plp = xcalloc(1, sizeof *p);
+void prompt_lp_capture(struct gen_choice *c, const struct vllm_output *o) {
+    if (c->plp) return;
+    struct prompt_lp *p = c->plp = xcalloc(1, sizeof *p);
     size_t n = (size_t)o->num_prompt_logprobs, k = (size_t)o->num_prompt_top_logprobs;
     p->n = (int)n, p->k = (int)k;
     p->lp = xmalloc(sizeof(float) * (n + 1));
@@ -62,16 +62,18 @@ static json_t *piece_json(struct server *s, int32_t id) {
     return json_text(piece, strlen(piece));
 }
 
-void prompt_lp_echo(struct gen *g, json_t *logprobs) {
+void prompt_lp_echo(struct gen_choice *c, json_t *logprobs) {
+    struct gen *g = c->g;
     struct server *s = g->srv;
-    const struct prompt_lp *p = g->plp;
+    const struct prompt_lp *p = c->plp;
+    const struct gen_prompt *pr = &g->p.prompts[c->prompt];
     int k = MIN(g->p.logprobs, p->k);
-    for (int i = 0; i < g->p.num_prompt && i <= p->n; i++) {
-        int32_t id = g->p.prompt_ids[i];
+    for (int i = 0; i < pr->num && i <= p->n; i++) {
+        int32_t id = pr->ids[i];
         const char *piece = server_piece(s, id);
         json_array_append_new(json_object_get(logprobs, "tokens"), json_text(piece, strlen(piece)));
-        json_array_append_new(json_object_get(logprobs, "text_offset"), json_integer((json_int_t)g->text_offset));
-        g->text_offset += strlen(piece);
+        json_array_append_new(json_object_get(logprobs, "text_offset"), json_integer((json_int_t)c->text_offset));
+        c->text_offset += strlen(piece);
         if (i == 0) { // the first token has no context, so no log-prob
             json_array_append_new(json_object_get(logprobs, "token_logprobs"), json_null());
             json_array_append_new(json_object_get(logprobs, "top_logprobs"), json_null());
@@ -95,14 +97,16 @@ static json_t *entry_json(struct server *s, int32_t id, float lp, int rank) {
 
 // vLLM's list: null, then per prompt token {"id": entry} for the token and
 // the k most likely.
-static json_t *vllm_list(struct gen *g) {
-    const struct prompt_lp *p = g->plp;
+static json_t *vllm_list(struct gen_choice *c) {
+    struct gen *g = c->g;
+    const struct prompt_lp *p = c->plp;
+    const struct gen_prompt *pr = &g->p.prompts[c->prompt];
     json_t *list = json_pack("[n]");
     int k = MIN(g->p.prompt_logprobs, p->k);
-    for (int e = 0; e < p->n && e + 1 < g->p.num_prompt; e++) {
+    for (int e = 0; e < p->n && e + 1 < pr->num; e++) {
         json_t *d = json_object();
         char key[16];
-        int32_t id = g->p.prompt_ids[e + 1];
+        int32_t id = pr->ids[e + 1];
         snprintf(key, sizeof key, "%d", id);
         json_object_set_new(d, key, entry_json(g->srv, id, p->lp[e], p->rank[e]));
         for (int j = 0; j < k; j++) {
@@ -116,7 +120,12 @@ static json_t *vllm_list(struct gen *g) {
     return list;
 }
 
-void prompt_lp_attach(struct gen *g, json_t *response, json_t *choice) {
-    if (g->p.prompt_logprobs < 0 || !g->plp) return;
-    json_object_set_new(g->p.kind == API_CHAT ? response : choice, "prompt_logprobs", vllm_list(g));
+void prompt_lp_attach(struct gen_choice *c, json_t *response, json_t *choice) {
+    const struct gen *g = c->g;
+    if (g->p.prompt_logprobs < 0 || !c->plp) return;
+    if (g->p.kind == API_CHAT) { // one prompt: every choice's list is the same
+        if (!json_object_get(response, "prompt_logprobs")) json_object_set_new(response, "prompt_logprobs", vllm_list(c));
+    } else {
+        json_object_set_new(choice, "prompt_logprobs", vllm_list(c));
+    }
 }

@@ -70,14 +70,7 @@ static int check_unsupported(const json_t *body, struct api_error *err) {
     static const char *const never[] = {"suffix", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i])) return api_fail(err, 400, never[i], "'%s' is not supported", never[i]);
-    long long n = 1, best_of = 1;
     int beam = 0;
-    if (get_int64(body, "n", LLONG_MIN, LLONG_MAX, &n, err) ||
-        get_int64(body, "best_of", LLONG_MIN, LLONG_MAX, &best_of, err))
-        return -1;
-    if (n != 1 || best_of != 1)
-        return api_fail(err, 400, n != 1 ? "n" : "best_of",
-                        "one choice per request is supported: 'n' and 'best_of' must be 1");
     if (get_bool(body, "use_beam_search", &beam, err)) return -1;
     if (beam) return api_fail(err, 400, "use_beam_search", "beam search is not supported");
     return 0; // response_format, structured_outputs, guided_*: guided.c
@@ -174,23 +167,60 @@ static int tokenize_text(struct server *s, const char *text, size_t len, int add
     return 0;
 }
 
-// "prompt": a string, a list of ids, or a list holding one of those.
+// One prompt's text ("prompt" or "messages") or token ids through the
+// checks that depend on it: truncation, echo, emptiness and max_tokens.
+static int get_max_tokens(struct server *s, const json_t *body, const struct gen_params *gp, struct gen_prompt *pr,
+                          struct api_error *err);
+
+static int prompt_add(struct server *s, const json_t *body, struct gen_params *gp, struct gen_prompt *pr,
+                      const json_t *text, struct api_error *err) {
+    gp->prompts = xrealloc(gp->prompts, sizeof *gp->prompts * (size_t)(gp->num_prompts + 1));
+    gp->prompts[gp->num_prompts++] = *pr; // owned by gp from here on, even on an error below
+    pr = &gp->prompts[gp->num_prompts - 1];
+    fields_truncate(gp, pr);
+    if (fields_echo_text(s, gp, text, pr, err)) return -1;
+    if (pr->num == 0) return api_fail(err, 400, gp->kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
+    return get_max_tokens(s, body, gp, pr, err);
+}
+
+// "prompt": a string or a list of ids, or a list of those (of one kind), at
+// most GEN_MAX_PROMPTS; each list entry is one prompt with n choices.
 static int completion_prompt(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
     int add_special = 1;
     if (get_bool(body, "add_special_tokens", &add_special, err)) return -1;
     json_t *p = field(body, "prompt");
     if (!p) return api_fail(err, 400, "prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
-        p = json_array_get(p, 0); // [text] or [[ids]]
-    if (json_is_string(p))
-        return tokenize_text(s, json_string_value(p), json_string_length(p), add_special, &gp->prompt_ids,
-                             &gp->num_prompt, err);
-    if (!json_is_array(p)) return api_fail(err, 400, "prompt", "'prompt' must be a string or a list of token ids");
-    if (json_array_size(p) > 1 && !json_is_integer(json_array_get(p, 0)))
-        return api_fail(err, 400, "prompt", "one prompt per request is supported, got a list of %zu",
-                        json_array_size(p));
-    if (json_array_size(p) == 0) return api_fail(err, 400, "prompt", "'prompt' is empty");
-    return get_ids(s, p, "prompt", &gp->prompt_ids, &gp->num_prompt, err);
+    if (!json_is_string(p) && !json_is_array(p))
+        return api_fail(err, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
+    if (json_is_array(p) && json_array_size(p) == 0) return api_fail(err, 400, "prompt", "'prompt' is empty");
+    // one prompt (a string, or ids), or a list of them
+    int list = json_is_array(p) && !json_is_integer(json_array_get(p, 0));
+    size_t np = list ? json_array_size(p) : 1;
+    if (np > GEN_MAX_PROMPTS)
+        return api_fail(err, 400, "prompt", "'prompt' holds %zu prompts, more than %d", np, GEN_MAX_PROMPTS);
+    if (np * (size_t)gp->n > GEN_MAX_CHOICES)
+        return api_fail(err, 400, gp->n > 1 ? "n" : "prompt", "%zu prompts x n=%d make %zu choices, more than %d", np,
+                        gp->n, np * (size_t)gp->n, GEN_MAX_CHOICES);
+    for (size_t i = 0; i < np; i++) {
+        json_t *x = list ? json_array_get(p, i) : p;
+        struct gen_prompt pr = {0};
+        int rc;
+        if (json_is_string(x) != json_is_string(json_array_get(p, 0)) && list)
+            return api_fail(err, 400, "prompt", "'prompt' mixes strings and lists of token ids");
+        if (json_is_string(x)) {
+            rc = tokenize_text(s, json_string_value(x), json_string_length(x), add_special, &pr.ids, &pr.num, err);
+        } else if (json_is_array(x) && json_array_size(x)) {
+            rc = get_ids(s, x, "prompt", &pr.ids, &pr.num, err);
+        } else {
+            return api_fail(err, 400, "prompt", "prompt[%zu] must be a string or a non-empty list of token ids", i);
+        }
+        if (rc) {
+            free(pr.ids);
+            return -1;
+        }
+        if (prompt_add(s, body, gp, &pr, json_is_string(x) ? x : NULL, err)) return -1;
+    }
+    return 0;
 }
 
 // A message's content as the template sees it: text parts joined by "\n".
@@ -380,13 +410,14 @@ int tokenize_body(struct server *s, const json_t *body, int32_t **ids, int *n, s
 }
 
 // Max tokens: asked for (checked against max_model_len, as vLLM does), or
-// what is left (chat) or 16 (completions).
-static int get_max_tokens(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err) {
-    int mml = s->info.max_model_len, n = gp->num_prompt, mt = -1;
+// what is left (chat) or 16 (completions), for each prompt.
+static int get_max_tokens(struct server *s, const json_t *body, const struct gen_params *gp, struct gen_prompt *pr,
+                          struct api_error *err) {
+    int mml = s->info.max_model_len, n = pr->num, mt = -1;
     const char *what = gp->kind == API_CHAT ? "messages" : "prompt";
     const char *key = gp->kind == API_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (get_int(body, key, gp->echo ? 0 : 1, INT_MAX, &mt, err)) return -1;
-    if (mt == 0) gp->echo_only = 1, mt = 1; // echo's max_tokens 0: vLLM generates one token and drops it
+    if (mt == 0) mt = 1; // echo's max_tokens 0 (gp->echo_only): vLLM generates one token and drops it
     if (n >= mml)
         return api_fail(err, 400, what,
                         "This model's maximum context length is %d tokens. However, your %s has %d tokens, which "
@@ -397,11 +428,11 @@ static int get_max_tokens(struct server *s, const json_t *body, struct gen_param
                         "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
                         "the %s, %d in the completion). Please reduce the length of the %s or completion.",
                         mml, (long long)n + mt, n, what, mt, what);
-    gp->sp.max_tokens = mt > 0 ? mt : gp->kind == API_CHAT ? mml - n : MIN(16, mml - n);
-    if (gp->max_new_tokens) gp->sp.max_tokens = MIN(gp->sp.max_tokens, gp->max_new_tokens); // as vLLM: the least
-    if (gp->sp.min_tokens > gp->sp.max_tokens)
+    pr->max_tokens = mt > 0 ? mt : gp->kind == API_CHAT ? mml - n : MIN(16, mml - n);
+    if (gp->max_new_tokens) pr->max_tokens = MIN(pr->max_tokens, gp->max_new_tokens); // as vLLM: the least
+    if (gp->sp.min_tokens > pr->max_tokens)
         return api_fail(err, 400, "min_tokens", "'min_tokens' (%d) is larger than max_tokens (%d)", gp->sp.min_tokens,
-                        gp->sp.max_tokens);
+                        pr->max_tokens);
     return 0;
 }
 
@@ -429,15 +460,20 @@ int gen_params_parse(struct server *s, enum api_kind kind, const json_t *body, s
     gp->kind = kind;
     vllm_sampling_params_default(&gp->sp);
     fields_defaults(s, gp);
-    int rc = check_unsupported(body, err) || fields_parse(s, body, gp, err) || get_sampling(s, body, gp, err) ||
-             get_stream(body, gp, err) || get_logprobs(body, gp, err);
-    if (!rc) rc = kind == API_CHAT ? chat_prompt(s, body, &gp->prompt_ids, &gp->num_prompt, err)
-                                   : completion_prompt(s, body, gp, err);
-    if (!rc) fields_truncate(gp);
-    if (!rc) rc = fields_echo(s, body, gp, err);
-    if (!rc) rc = prompt_lp_parse(body, gp, err);
-    if (!rc && gp->num_prompt == 0) rc = api_fail(err, 400, kind == API_CHAT ? "messages" : "prompt", "the prompt is empty");
-    if (!rc) rc = get_max_tokens(s, body, gp, err);
+    int rc = check_unsupported(body, err) || fields_parse(s, body, gp, err) || fields_n(body, gp, err) ||
+             get_sampling(s, body, gp, err) || get_stream(body, gp, err) || get_logprobs(body, gp, err) ||
+             fields_echo(body, gp, err) || prompt_lp_parse(body, gp, err);
+    json_t *mt = field(body, "max_tokens");
+    gp->echo_only = gp->echo && json_is_integer(mt) && json_integer_value(mt) == 0;
+    if (!rc && kind == API_CHAT) {
+        struct gen_prompt pr = {0};
+        rc = chat_prompt(s, body, &pr.ids, &pr.num, err);
+        if (rc) free(pr.ids);
+        else rc = prompt_add(s, body, gp, &pr, NULL, err);
+    } else if (!rc) {
+        rc = completion_prompt(s, body, gp, err);
+    }
+    if (!rc) gp->sp.max_tokens = gp->prompts[0].max_tokens; // gen.c sets each prompt's
     if (!rc) rc = guided_parse(s, kind, body, gp, err);
     if (rc) gen_params_free(gp);
     return rc ? -1 : 0;
@@ -447,7 +483,8 @@ void gen_params_free(struct gen_params *gp) {
     for (int i = 0; i < gp->sp.num_stop; i++) free(gp->stop[i]);
     free(gp->stop);
     free(gp->stop_ids);
-    free(gp->prompt_ids);
+    for (int i = 0; i < gp->num_prompts; i++) free(gp->prompts[i].ids), free(gp->prompts[i].echo);
+    free(gp->prompts);
     fields_free(gp);
     guided_req_free(gp->guided);
     memset(gp, 0, sizeof *gp);

@@ -125,7 +125,7 @@ static json_t *usage(const struct gen_events *ev) {
 }
 
 static json_t *text_part(const struct gen *g) {
-    return json_pack("{s:s,s:o,s:[],s:[]}", "type", "output_text", "text", json_text(g->text ? g->text : "", g->text_len),
+    return json_pack("{s:s,s:o,s:[],s:[]}", "type", "output_text", "text", json_text(g->ch->text ? g->ch->text : "", g->ch->text_len),
                      "annotations", "logprobs");
 }
 
@@ -189,12 +189,13 @@ void responses_stream_start(struct gen *g) {
 
 void responses_stream_events(struct gen *g, const struct gen_events *ev) {
     if (!ev->text_len) return;
-    if (g->text_len + ev->text_len > g->text_cap) { // the done events repeat the whole text
-        g->text_cap = (g->text_len + ev->text_len) * 2;
-        g->text = xrealloc(g->text, g->text_cap);
+    struct gen_choice *c = g->ch;
+    if (c->text_len + ev->text_len > c->text_cap) { // the done events repeat the whole text
+        c->text_cap = (c->text_len + ev->text_len) * 2;
+        c->text = xrealloc(c->text, c->text_cap);
     }
-    memcpy(g->text + g->text_len, ev->text, ev->text_len);
-    g->text_len += ev->text_len;
+    memcpy(c->text + c->text_len, ev->text, ev->text_len);
+    c->text_len += ev->text_len;
     json_t *e = at_part(g);
     json_object_set_new(e, "delta", json_text(ev->text, ev->text_len));
     json_object_set_new(e, "logprobs", json_array());
@@ -203,7 +204,7 @@ void responses_stream_events(struct gen *g, const struct gen_events *ev) {
 
 void responses_stream_done(struct gen *g, const struct gen_events *ev) {
     json_t *e = at_part(g);
-    json_object_set_new(e, "text", json_text(g->text ? g->text : "", g->text_len));
+    json_object_set_new(e, "text", json_text(g->ch->text ? g->ch->text : "", g->ch->text_len));
     json_object_set_new(e, "logprobs", json_array());
     send_event(g, "response.output_text.done", e);
     e = at_part(g);

@@ -54,8 +54,10 @@ void metrics_init(struct metrics *m);
 // The token-count histograms' buckets, once max_model_len is known.
 void metrics_init_tokens(struct metrics *m, int max_model_len);
 // A request finished (engine thread, under server.mu).
-struct gen;
-void metrics_finished(struct metrics *m, const struct gen *g, const struct vllm_output *o);
+// max_output: the most tokens a sample of the prompt generated, once its
+// last sample finished (vLLM's max over a request's n samples), else -1.
+struct gen_choice;
+void metrics_finished(struct metrics *m, const struct gen_choice *c, const struct vllm_output *o, int max_output);
 // Prometheus text exposition (format 0.0.4) into buf.
 struct server;
 void metrics_render(struct server *s, struct evbuffer *buf);
@@ -64,14 +66,29 @@ void metrics_render(struct server *s, struct evbuffer *buf);
 
 enum api_kind { API_COMPLETION, API_CHAT, API_RESPONSES };
 
+// Choices per request at most: n, times the prompts of a completions list.
+#define GEN_MAX_N 128
+#define GEN_MAX_PROMPTS 1024
+#define GEN_MAX_CHOICES 1024
+
+// One prompt of a request (completions take a list of them).
+struct gen_prompt {
+    int32_t *ids;
+    int num;
+    int max_tokens; // sp.max_tokens for this prompt (the default depends on its length)
+    char *echo;     // completions' "echo": the prompt's text, before the completion (NULL: off)
+    size_t echo_len;
+};
+
 // A validated request: what vllm_submit gets, and how to answer.
 struct gen_params {
     enum api_kind kind;
-    struct vllm_sampling_params sp; // arrays below owned
+    struct vllm_sampling_params sp; // arrays below owned; max_tokens: the prompts'
     char **stop;
     int32_t *stop_ids;
-    int32_t *prompt_ids;
-    int num_prompt;
+    struct gen_prompt *prompts; // [num_prompts]
+    int num_prompts;
+    int n;                      // samples per prompt: choice index prompt * n + sample
     int stream, include_usage, return_token_ids;
     int logprobs; // -1: none; else top logprobs per token
     // fields.c
@@ -80,9 +97,8 @@ struct gen_params {
     int truncate;     // keep the prompt's last N tokens (0: all)
     int32_t *bias_ids; // sp.logit_bias_ids / values
     float *bias_vals;
-    char *echo;       // completions' "echo": the prompt's text, before the completion (NULL: off)
-    size_t echo_len;
-    int echo_only;      // max_tokens 0 with echo: the prompt alone (one token is generated and dropped, as vLLM)
+    int echo;         // completions' "echo" (the text: gen_prompt.echo)
+    int echo_only;    // max_tokens 0 with echo: the prompt alone (one token is generated and dropped, as vLLM)
     // prompt_logprobs.c
     int prompt_logprobs; // the "prompt_logprobs" list's k (-1: no list)
     int echo_logprobs;   // echo with logprobs: the prompt's tokens lead "logprobs"
@@ -112,9 +128,15 @@ json_t *chat_template_input(const json_t *body, size_t *text_bytes, struct api_e
 // (the request's, when trusted, or --chat-template's; NULL: the model's);
 // fields_documents adds "documents" to the template's variables.
 int fields_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
-void fields_truncate(struct gen_params *gp);
-// "echo" (completions): the prompt's text into gp->echo, once it is tokenized.
-int fields_echo(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+void fields_truncate(const struct gen_params *gp, struct gen_prompt *pr);
+// "echo" (completions): whether it is on, into gp->echo.
+int fields_echo(const json_t *body, struct gen_params *gp, struct api_error *err);
+// With echo on, a prompt's text into pr->echo once it is tokenized: text as
+// sent (NULL: token ids), else detokenized.
+int fields_echo_text(struct server *s, const struct gen_params *gp, const json_t *text, struct gen_prompt *pr,
+                     struct api_error *err);
+// "n" and "best_of", into gp->n.
+int fields_n(const json_t *body, struct gen_params *gp, struct api_error *err);
 int fields_chat_template(struct server *s, const json_t *body, const char **src, struct api_error *err);
 int fields_documents(const json_t *body, json_t *template_vars, struct api_error *err);
 // generation_config.json's sampling defaults (as vLLM applies them): into
@@ -137,6 +159,9 @@ void guided_free(struct server *s);
 int guided_parse(struct server *s, enum api_kind kind, const json_t *body, struct gen_params *gp,
                  struct api_error *err);
 void guided_req_free(struct guided_req *q);
+// Another choice's streaming parsers: q's settings and fresh state (tool
+// call ids from another seed); no grammar or masks (q's constraint has them).
+struct guided_req *guided_req_fork(const struct guided_req *q, int index);
 // The request's vllm_constraint: 1 and *out set when it has a grammar.
 int guided_constraint(struct guided_req *q, struct vllm_constraint *out);
 // Whether the answer goes through the reasoning / tool-call parsers.
@@ -152,20 +177,20 @@ const char *guided_stream_finish(const struct guided_req *q, vllm_finish_reason 
 
 // ------------------------------------------ prompt log-probs (prompt_logprobs.c) --
 
-struct gen;
+struct gen_choice;
 struct prompt_lp;
 // "prompt_logprobs", and echo with logprobs: gp->sp.prompt_logprobs (after
 // echo, stream and logprobs are read).
 int prompt_lp_parse(const json_t *body, struct gen_params *gp, struct api_error *err);
-// The engine event that carries them (engine thread): into g->plp.
-void prompt_lp_capture(struct gen *g, const struct vllm_output *o);
+// The engine event that carries them (engine thread): into c->plp.
+void prompt_lp_capture(struct gen_choice *c, const struct vllm_output *o);
 void prompt_lp_free(struct prompt_lp *p);
-// Echo: the prompt's tokens into a completions logprobs object (the first
-// with nulls), advancing g->text_offset.
-void prompt_lp_echo(struct gen *g, json_t *logprobs);
-// The "prompt_logprobs" list, when asked: into the chat response, or into
-// the completions choice.
-void prompt_lp_attach(struct gen *g, json_t *response, json_t *choice);
+// Echo: the choice's prompt tokens into a completions logprobs object (the
+// first with nulls), advancing c->text_offset.
+void prompt_lp_echo(struct gen_choice *c, json_t *logprobs);
+// The "prompt_logprobs" list, when asked: into the chat response (once), or
+// into the completions choice.
+void prompt_lp_attach(struct gen_choice *c, json_t *response, json_t *choice);
 
 // --------------------------------------------------------- generations --
 
@@ -188,37 +213,52 @@ struct gen_events {
     char error[256];
 };
 
-// One generation request, from its HTTP request to its last engine event.
-// It is freed once both sides are through: the engine's last event was
-// handled (engine_done) and the HTTP side is answered or gone (req == NULL).
-struct gen {
-    struct server *srv;
-    struct gen_params p;
-    struct evhttp_request *req;      // NULL once answered or the client left
-    struct evhttp_connection *evcon;
-    struct event *watch;             // non-streaming: notices a client that leaves
-    struct vllm_request *vreq;       // NULL once released
-    int engine_done;
-    int started;                     // streaming: headers sent
-    char id[160];                    // "chatcmpl-" + request_id or 32 hex digits
-    long long created;
-    // non-streaming: the answer so far
+// One choice: the engine request of one sample of one prompt.
+struct gen_choice {
+    struct gen *g;
+    int index;                       // prompt * n + sample
+    int prompt;                      // into g->p.prompts
+    struct vllm_request *vreq;       // NULL before it is submitted and once released
+    int submitted, engine_done;
+    int started;                     // streaming: its first chunk went out
+    struct guided_req *parse;        // chat: its own parsers (a fork of g->p.guided: state, tool call ids), or NULL
+    // non-streaming: the answer so far (the Responses API's text, streamed too)
     char *text;
     size_t text_len, text_cap;
     int32_t *ids;
     int num_ids, cap_ids;
     json_t *logprobs;
     size_t text_offset;              // completions logprobs: offset of the next token
-    char msg_id[48];                 // /v1/responses: the output message's id
+    struct gen_events *last;         // the last event's (reason, stop_reason, counts); NULL before it
     struct prompt_lp *plp;           // the prompt's log-probs, once they arrived (written under srv->mu)
     int echoed;                      // streaming: the echo chunk went out
-    int seq;                         // /v1/responses: the next event's sequence_number
     // under srv->mu
     struct gen_events *pend, *work;  // engine side, loop side (swapped under mu)
     int queued;
-    double t_arrival, t_first, t_last;
+    double t_first, t_last;
     int num_output;                  // tokens delivered by the engine
-    struct gen *qnext;
+    int samples_finished, max_output; // sample 0's: its prompt's samples the engine finished, their most tokens
+    struct gen_choice *qnext;
+};
+
+// One generation request, from its HTTP request to the last engine event of
+// its last choice. It is freed once both sides are through: every choice's
+// engine request ended (or never started) and the HTTP side is answered or
+// gone (req == NULL).
+struct gen {
+    struct server *srv;
+    struct gen_params p;
+    struct evhttp_request *req;      // NULL once answered or the client left
+    struct evhttp_connection *evcon;
+    struct event *watch;             // non-streaming: notices a client that leaves
+    struct gen_choice *ch;           // [num_choices]: p.num_prompts * p.n, by index
+    int num_choices, num_done;
+    int started;                     // streaming: headers sent
+    char id[160];                    // "chatcmpl-" + request_id or 32 hex digits
+    long long created;
+    char msg_id[48];                 // /v1/responses: the output message's id
+    int seq;                         // /v1/responses: the next event's sequence_number
+    double t_arrival;
     // live list (loop thread)
     struct gen *prev, *next;
 };
@@ -226,6 +266,7 @@ struct gen {
 // /v1/responses (responses.c): the body as a chat request; the final
 // response object; the typed stream events (start, text deltas, the end).
 int responses_parse(struct server *s, const json_t *body, struct gen_params *gp, struct api_error *err);
+// One choice (responses_parse asks for no more), whose text is ch[0].text.
 json_t *responses_final(struct gen *g, const struct gen_events *ev);
 void responses_stream_start(struct gen *g);
 void responses_stream_events(struct gen *g, const struct gen_events *ev);
@@ -306,10 +347,10 @@ struct server {
     char **piece_cache; // [vocab] token strings for logprobs, made on demand
 
     pthread_mutex_t mu;
-    struct gen *ready_head, *ready_tail;
+    struct gen_choice *ready_head, *ready_tail;
     struct metrics m;
 
-    struct gen **batch; // gen_handle_ready's scratch
+    struct gen_choice **batch; // gen_handle_ready's scratch
     int batch_cap;
     struct gen *live;   // every gen not yet freed
     int num_live;

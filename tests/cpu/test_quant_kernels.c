@@ -6,7 +6,8 @@
 // (as the MoE and tensor-parallel paths call it), and routed experts with
 // quantized up / down at decode and prefill sizes. Shapes have a column tail
 // (301: not a multiple of 16; FP8 only, NVFP4 needs multiples of 16) and
-// several 128-column scale blocks.
+// several 128-column scale blocks. FP8 also runs every finite e4m3 code,
+// subnormals included, through the kernels (test_fp8_codes).
 //
 // Tolerance: max |fast - ref| / max |ref| <= 2e-5 (summation order, and the
 // fast kernels apply a row's or block's scale to its partial sum).
@@ -80,6 +81,45 @@ static void test_matmul(enum wfmt f) {
     }
 }
 
+// Every finite e4m3 code through the kernels, against the reference, each
+// row starting at a different code: all 254 (NaN, 0x7f / 0xff, left out: it
+// would make every sum NaN), then only the 30 smallest, subnormals 0x01-0x07
+// and the first two binades and their negatives (beside 448 an error in a
+// subnormal is below the tolerance). The random weights above almost never
+// hold a subnormal (|v| < scale / 64). K: three 64-code blocks of the table
+// kernel, a 16-code step and a masked tail (229), and 300 (a 128-column scale
+// block cut short); rows 1, 5, 9 of x (the few-row kernels, then the
+// dequantized chunks).
+static void test_fp8_codes(enum wfmt f) {
+    const int64_t Ks[] = {229, 300};
+    for (int small = 0; small < 2; small++)
+        for (int s = 0; s < 2; s++) {
+            int64_t N = 70, K = Ks[s];
+            struct weight wr, wf;
+            CHECK(make(f, N, K, 91 + s, &wr, &wf) == 0);
+            uint8_t *codes = xmalloc((size_t)(N * K));
+            for (int64_t i = 0; i < N * K; i++) {
+                int j = (int)((i / K * 37 + i % K) % (small ? 30 : 254));
+                if (small) codes[i] = (uint8_t)(j < 15 ? j + 1 : 0x80 + j - 14); // 1..15, 0x81..0x8f
+                else codes[i] = (uint8_t)(j < 127 ? j : j + 1);                // 0..0xfe but 0x7f
+            }
+            CHECK(ref->ops->weight_upload_raw(ref, &wr, 0, N, codes, f, K) == 0);
+            CHECK(fast->ops->weight_upload_raw(fast, &wf, 0, N, codes, f, K) == 0);
+            for (int n = 1; n <= 9; n += 4) {
+                float *x = test_rnd((size_t)n * K, 1), *y1 = test_rnd((size_t)n * N, 1), *y2 = test_rnd((size_t)n * N, 1);
+                char what[96];
+                snprintf(what, sizeof what, "%s %s codes [%lld, %lld] n=%d", wfmt_name(f), small ? "small" : "every",
+                         (long long)N, (long long)K, n);
+                ref->ops->matmul(ref, y1, x, &wr, n);
+                fast->ops->matmul(fast, y2, x, &wf, n);
+                cmp(what, y2, y1, (size_t)n * N);
+                free(x), free(y1), free(y2);
+            }
+            free(codes);
+            free_w(ref, &wr), free_w(fast, &wf);
+        }
+}
+
 static void test_moe(enum wfmt f) {
     int E = 6, I = 32, L = 272, top_k = 2, ns[] = {1, 3, 96};
     for (int gated = 0; gated < 2; gated++) {
@@ -118,6 +158,7 @@ int main(void) {
         enum wfmt fmts[] = {WF_FP8, WF_FP8_B128, WF_NVFP4};
         for (int k = 0; k < 3; k++) {
             test_matmul(fmts[k]);
+            if (fmts[k] != WF_NVFP4) test_fp8_codes(fmts[k]);
             test_moe(fmts[k]);
         }
         printf("%-12s %ld values compared against the reference (kernel %s)\n", isa, values, fast_k(fast)->name);

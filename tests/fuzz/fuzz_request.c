@@ -27,10 +27,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         struct api_error err = {0};
         struct gen_params gp;
         if (!check_model(&s, body, &err) && !gen_params_parse(&s, kind, body, &gp, &err)) {
-            const struct vllm_sampling_params *sp = &gp.sp;
-            if (gp.num_prompt < 1 || gp.num_prompt + sp->max_tokens > s.info.max_model_len || sp->max_tokens < 1) abort();
-            for (int i = 0; i < gp.num_prompt; i++)
-                if (gp.prompt_ids[i] < 0 || gp.prompt_ids[i] >= s.info.vocab_size) abort();
+            if (gp.num_prompts < 1 || gp.n < 1 || gp.num_prompts * gp.n > GEN_MAX_CHOICES) abort();
+            for (int k = 0; k < gp.num_prompts; k++) {
+                const struct gen_prompt *pr = &gp.prompts[k];
+                if (pr->num < 1 || pr->num + pr->max_tokens > s.info.max_model_len || pr->max_tokens < 1) abort();
+                for (int i = 0; i < pr->num; i++)
+                    if (pr->ids[i] < 0 || pr->ids[i] >= s.info.vocab_size) abort();
+            }
             gen_params_free(&gp);
         } else if (err.status < 400 || err.status > 499 || !err.message[0]) {
             abort(); // every refusal is a client error with a message

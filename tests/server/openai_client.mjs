@@ -178,7 +178,7 @@ async function testErrors(client, port) {
   await expectError('an unknown model', 404, () => client.completions.create({ model: 'nope', prompt: 'x' }), 'nope');
   await expectError('a string temperature', 400, () => client.completions.create({ model: NAME, prompt: 'x', temperature: 'hot' }));
   await expectError('a negative temperature', 400, () => client.completions.create({ model: NAME, prompt: 'x', temperature: -1 }));
-  await expectError('n = 2', 400, () => client.completions.create({ model: NAME, prompt: 'x', n: 2 }));
+  await expectError('n = 0', 400, () => client.completions.create({ model: NAME, prompt: 'x', n: 0 }));
   await expectError('over max_model_len', 400,
                     () => client.completions.create({ model: NAME, prompt: 'Hello', max_tokens: 1000 }), String(MAX_LEN));
   await expectError('empty messages', 400, () => client.chat.completions.create({ model: NAME, messages: [] }));

@@ -30,12 +30,15 @@ static struct guided_req *parse(const char *body_js, const char *prompt, struct 
     json_error_t je;
     json_t *body = json_loads(body_js, 0, &je);
     struct gen_params gp = {0};
-    gp.prompt_ids = ids_of(prompt, &gp.num_prompt);
+    struct gen_prompt pr = {0};
+    pr.ids = ids_of(prompt, &pr.num);
+    gp.prompts = &pr;
+    gp.num_prompts = 1;
     struct api_error err = {0};
     int rc = guided_parse(&s, API_CHAT, body, &gp, &err);
     CHECKF(rc == 0, "parse %s: %s", body_js, err.message);
     json_decref(body);
-    vllm_free(gp.prompt_ids);
+    vllm_free(pr.ids);
     struct guided_req *q = gp.guided;
     CHECK(q && guided_constraint(q, c));
     return q;

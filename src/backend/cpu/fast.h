@@ -111,6 +111,12 @@ void fast_sgemm_prep_b(struct backend *be, struct fast_bmat *m, int N, int K, co
 void fast_sgemm_b(struct backend *be, int M, int N, int K, float alpha, const float *A, int lda, int ta,
                   const struct fast_bmat *m, float beta, float *C, int ldc, float *apack);
 
+// Software prefetch distance of the quantized decode kernels' code streams
+// (bytes ahead; a weight's rows are one stream). Pages are 4 KB here (no
+// transparent huge pages unless madvised) and the hardware prefetcher stops
+// at each page's end, so without it the FP8 GEMV ran at half the read
+// bandwidth, no faster than bf16 (bench/quant_gemv, docs/BENCHMARKS.md).
+#define FAST_Q_PF 8192
 extern const struct fast_kern fast_kern_scalar;
 #if defined(__x86_64__)
 extern const struct fast_kern fast_kern_avx2, fast_kern_avx512;

@@ -54,6 +54,7 @@ static inline __attribute__((always_inline)) void mm_fp8_rows(float *y, int64_t 
             __m512 part[4], p1[4], p2[4], p3[4];
             for (int i = 0; i < 4; i++) part[i] = p1[i] = p2[i] = p3[i] = _mm512_setzero_ps();
             for (; k + 64 <= e; k += 64) {
+                _mm_prefetch((const char *)(row + k + FAST_Q_PF), _MM_HINT_T0);
                 __m512 w0 = fp8_cvt(_mm_loadu_si128((const __m128i *)(row + k)));
                 __m512 w1 = fp8_cvt(_mm_loadu_si128((const __m128i *)(row + k + 16)));
                 __m512 w2 = fp8_cvt(_mm_loadu_si128((const __m128i *)(row + k + 32)));
@@ -95,6 +96,8 @@ static inline __attribute__((always_inline)) void mm_nvfp4_rows(float *y, int64_
         for (int i = 0; i < 4; i++) acc[i] = a1[i] = _mm512_setzero_ps();
         int64_t b = 0;
         for (; b + 2 <= nb; b += 2) { // two independent sums per row
+            if (b % 8 == 0) _mm_prefetch((const char *)(row + b * 8 + FAST_Q_PF), _MM_HINT_T0); // a line: 8 blocks
+            if (b % 64 == 0) _mm_prefetch((const char *)(bs + b + FAST_Q_PF / 8), _MM_HINT_T0); // a line: 64 scales
             __m512 w0 = _mm512_mul_ps(e2m1_cvt(row + b * 8, table), _mm512_set1_ps(fp8_lut[bs[b]]));
             __m512 w1 = _mm512_mul_ps(e2m1_cvt(row + b * 8 + 8, table), _mm512_set1_ps(fp8_lut[bs[b + 1]]));
             for (int i = 0; i < MI; i++) {

@@ -59,6 +59,7 @@ static inline __attribute__((always_inline)) void rows_fp8(float *y, int64_t ldy
             for (int i = 0; i < 4; i++) p0[i] = p1[i] = tl[i] = _mm512_setzero_ps();
             for (; k + 64 <= e; k += 64) { // bf16 values exact: their fp32 is the code's value
                 __m512i c = _mm512_loadu_si512(row + k);
+                _mm_prefetch((const char *)(row + k + FAST_Q_PF), _MM_HINT_T0);
                 __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi_a, c, hi_b), c, sign, 0xF8);
                 __m512i l = _mm512_permutex2var_epi8(lo_a, c, lo_b);
                 __m512i A = _mm512_unpacklo_epi8(l, h), B = _mm512_unpackhi_epi8(l, h);
