@@ -41,9 +41,126 @@ static void fast_kda_step(struct backend *be, float *st, const float *row, const
     }
 }
 
+// The chunked prefill. Chunks of cs tokens end at absolute multiples of cs
+// (positions counted from the sequence start, as the SSD scan's), and a
+// piece also ends at each checkpoint position, so a prefill split over
+// scheduler steps computes the same pieces. A piece of n <= cs tokens of one
+// head, entering with state S0 [K, K], q and k L2-normalized (q scaled by
+// 1/sqrt(K)), a_t = exp(g_t) [K] and the prefix decays P_t = a_0 ... a_t:
+//   Qg = q o P, Kg = k o P                                [n, K]
+//   Mkk[t][j] = sum_i k_t,i k_j,i a_j+1,i ... a_t,i (j < t), Mqk the same
+//       with q_t (j <= t): pairwise decays as running products, each <= 1,
+//       so no exp(-G) overflows however strong the decay  [n, n]
+//   W = Kg S0, then U solves the unit lower-triangular system
+//       u_t = beta_t (v_t - W_t - sum_{j<t} Mkk[t][j] u_j)   [n, K]
+//   y = Qg S0 + Mqk U                                     [n, K]
+//   S = diag(P_n-1) S0 + Kend^T U, Kend_j = k_j o a_j+1 ... a_n-1
+// the same sums as the recurrence (S' = (I - beta k k^T) diag(a) S +
+// beta k v^T, y = S'^T q), in another order; the products on the small-GEMM
+// kernels. Decode stays the recurrence (fast_kda_step).
+#define KDA_CS 16 // chunk tokens: divides the model's chunk_size (64), where its checkpoints sit
+
+struct kdac_ctx {
+    struct backend *be;
+    float *y;
+    const float *proj;
+    int ld;
+    const float *g;
+    float *state;
+    const struct batch *b;
+    int seq0;
+    const struct kda_dims *d;
+};
+
+size_t fast_kda_scratch(const struct kda_dims *d) {
+    size_t C = KDA_CS, K = d->head_dim, M = MAX(C, K);
+    return sizeof(float) * (9 * C * K + 2 * C * C + C + K + fast_sgemm_b_floats((int)K, (int)K) +
+                            fast_sgemm_b_floats((int)K, (int)C) + fast_sgemm_a_floats((int)M, (int)M));
+}
+
+// One piece of n tokens (from token t) of head h; st [K, K] in, then out.
+static void kda_piece(struct kdac_ctx *c, float *st, int64_t t, int n, int h, float *scr) {
+    struct backend *be = c->be;
+    const struct fast_kern *k = fast_k(be);
+    int H = c->d->heads, K = c->d->head_dim, HK = H * K, C = KDA_CS;
+    float *qn = scr, *kn = qn + C * K, *a = kn + C * K, *qg = a + C * K, *kg = qg + C * K, *ke = kg + C * K;
+    float *e = ke + C * K, *w = e + C * K, *u = w + C * K, *mkk = u + C * K, *mqk = mkk + C * C, *beta = mqk + C * C;
+    float *p = beta + C, *sp1 = p + K, *sp2 = sp1 + fast_sgemm_b_floats(K, K), *apack = sp2 + fast_sgemm_b_floats(K, C);
+    float *yt = c->y + t * HK + h * K; // rows HK floats apart
+    for (int i = 0; i < n; i++) {
+        const float *row = c->proj + (t + i) * c->ld, *qr = row + h * K, *kr = row + HK + h * K;
+        float rq = (1.0f / sqrtf((float)K)) / sqrtf((float)k->sumsq(qr, K) + 1e-6f);
+        float rk = 1.0f / sqrtf((float)k->sumsq(kr, K) + 1e-6f);
+        for (int j = 0; j < K; j++) qn[i * K + j] = qr[j] * rq, kn[i * K + j] = kr[j] * rk;
+        beta[i] = 1.0f / (1.0f + expf(-row[3 * HK + h]));
+        k->vexp(a + i * K, c->g + (t + i) * HK + h * K, K);
+    }
+    memcpy(p, a, sizeof(float) * K); // P_i, running
+    for (int i = 0; i < n; i++) {
+        if (i) k->mul(p, a + i * K, K);
+        memcpy(qg + i * K, qn + i * K, sizeof(float) * K);
+        memcpy(kg + i * K, kn + i * K, sizeof(float) * K);
+        k->mul(qg + i * K, p, K);
+        k->mul(kg + i * K, p, K);
+    }
+    for (int j = n - 1; j >= 0; j--) { // Kend, with the suffix decay running in e
+        if (j == n - 1) for (int i = 0; i < K; i++) e[i] = 1.0f;
+        else k->mul(e, a + (j + 1) * K, K);
+        memcpy(ke + j * K, kn + j * K, sizeof(float) * K);
+        k->mul(ke + j * K, e, K);
+    }
+    for (int i = 0; i < n; i++) { // e row j: k_j o a_j+1 ... a_i
+        for (int j = 0; j < i; j++) k->mul(e + j * K, a + i * K, K);
+        memcpy(e + i * K, kn + i * K, sizeof(float) * K);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, i + 1, K, 1.0f, e, K, kn + i * K, 1, 0.0f, mkk + i * C, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, i + 1, K, 1.0f, e, K, qn + i * K, 1, 0.0f, mqk + i * C, 1);
+        memset(mqk + i * C + i + 1, 0, sizeof(float) * (n - i - 1));
+    }
+    struct fast_bmat sm, um;
+    fast_sgemm_prep_b(be, &sm, K, K, st, K, 0, sp1);
+    fast_sgemm_b(be, n, K, K, 1.0f, qg, K, 0, &sm, 0.0f, yt, HK, apack);
+    fast_sgemm_b(be, n, K, K, 1.0f, kg, K, 0, &sm, 0.0f, w, K, apack);
+    for (int i = 0; i < n; i++) { // forward substitution
+        float *ui = u + i * K;
+        const float *v = c->proj + (t + i) * c->ld + 2 * HK + h * K;
+        for (int j = 0; j < K; j++) ui[j] = v[j] - w[i * K + j];
+        for (int j = 0; j < i; j++) k->axpy(ui, -mkk[i * C + j], u + j * K, K);
+        k->scale(ui, beta[i], K);
+    }
+    fast_sgemm_prep_b(be, &um, K, n, u, K, 0, sp2);
+    fast_sgemm_b(be, n, K, n, 1.0f, mqk, C, 0, &um, 1.0f, yt, HK, apack);
+    for (int i = 0; i < K; i++) k->scale(st + (int64_t)i * K, p[i], K);
+    fast_sgemm_b(be, K, K, n, 1.0f, ke, K, 1, &um, 1.0f, st, K, apack);
+}
+
+// One (sequence, head): pieces at absolute chunk ends and checkpoints.
+static void kda_chunk_task(void *ctx, int task, int thread) {
+    struct kdac_ctx *c = ctx;
+    const struct kda_dims *d = c->d;
+    const struct batch *b = c->b;
+    int H = d->heads, K = d->head_dim, s = c->seq0 + task / H, h = task % H;
+    int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0, p0 = b->context_lens[s];
+    int64_t hs = (int64_t)K * K;
+    float *st = c->state + ((int64_t)b->state_slots[s] * H + h) * hs;
+    int src = b->state_src[s], kc = b->ckpt_start[s], k1 = b->ckpt_start[s + 1];
+    if (src < 0) memset(st, 0, sizeof(float) * hs); // a fresh slot reads as zeros
+    else if (src != b->state_slots[s]) memcpy(st, c->state + ((int64_t)src * H + h) * hs, sizeof(float) * hs);
+    float *scr = cpu_scratch(c->be, thread, fast_kda_scratch(d));
+    for (; kc < k1 && b->ckpt_pos[kc] <= p0; kc++) {} // the state before the prefill: never written (as the reference)
+    for (int i0 = 0; i0 < L;) {
+        int n = MIN(L - i0, KDA_CS - (p0 + i0) % KDA_CS);
+        if (kc < k1) n = MIN(n, b->ckpt_pos[kc] - (p0 + i0));
+        kda_piece(c, st, t0 + i0, n, h, scr);
+        i0 += n;
+        for (; kc < k1 && b->ckpt_pos[kc] <= p0 + i0; kc++) // the state after position ckpt_pos - 1
+            if (b->ckpt_pos[kc] == p0 + i0) memcpy(c->state + ((int64_t)b->ckpt_slot[kc] * H + h) * hs, st, sizeof(float) * hs);
+    }
+}
+
 void fast_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
-    cpu_kda_run(be, fast_kda_step, y, proj, ld, g, state, b, seq0, seq1, 0, d);
+    struct kdac_ctx c = {be, y, proj, ld, g, state, b, seq0, d};
+    cpu_parallel(be, (seq1 - seq0) * d->heads, kda_chunk_task, &c);
 }
 
 void fast_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
