@@ -190,7 +190,8 @@ static void kda_chunk_task(void *ctx, int task, int thread) {
         kda_piece(c, st, t0 + i0, n, h, scr);
         i0 += n;
         for (; kc < k1 && b->ckpt_pos[kc] <= p0 + i0; kc++) // the state after position ckpt_pos - 1
-            if (b->ckpt_pos[kc] == p0 + i0) memcpy(c->state + ((int64_t)b->ckpt_slot[kc] * H + h) * hs, st, sizeof(float) * hs);
+            if (b->ckpt_pos[kc] == p0 + i0)
+                memcpy(c->state + ((int64_t)b->ckpt_slot[kc] * H + h) * hs, st, sizeof(float) * hs);
     }
     denormals_restore(mode);
 }
