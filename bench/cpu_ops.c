@@ -1,5 +1,6 @@
-// cpu_ops.c - the CPU ops at rand_moe's shapes, reference against fast path
-// (same process, same threads), and the peak of the fast path's GEMM kernel.
+// cpu_ops.c - the CPU ops at rand_moe's shapes (KDA at Kimi-Linear-48B's),
+// reference against fast path (same process, same threads), and the peak of
+// the fast path's GEMM kernel.
 //
 // Usage: cpu_ops [THREADS] [REPEATS] [ONLY]  (ONLY: run the benchmarks whose
 // name contains it)
@@ -248,6 +249,40 @@ struct peak_arg {
     struct backend *be;
     double gflops;
 };
+// Kimi-Linear-48B's KDA: 32 heads of 128, a [128, 128] state per head;
+// log-decays in [-2 depth, 0] (the op alone: no conv, no gate). Depth 10:
+// decays strong enough for subnormal state entries and decay products.
+struct kda_arg {
+    struct kda_dims d;
+    struct hb h;
+    float *proj, *g, *st, *y;
+    int ld;
+};
+static void kda_run(struct backend *be, void *p) {
+    struct kda_arg *a = p;
+    struct batch *b = &a->h.b;
+    if (b->num_decodes) be->ops->kda_decode(be, a->y, a->proj, a->ld, a->g, a->st, b, &a->d);
+    else be->ops->kda_prefill(be, a->y, a->proj, a->ld, a->g, a->st, b, 0, b->num_seqs, &a->d);
+}
+
+static void bench_kda(struct backend *ref, struct backend *fast, int S, int q, int ctx, float depth) {
+    struct kda_arg a;
+    memset(&a, 0, sizeof a);
+    a.d = (struct kda_dims){32, 128, 4, 64};
+    int HK = 32 * 128, T = S * q;
+    a.ld = 3 * HK + 32;
+    make_batch(&a.h, S, q, ctx, 16);
+    a.proj = rnd((size_t)T * a.ld, 1), a.g = rnd((size_t)T * HK, depth), a.y = xmalloc(sizeof(float) * (size_t)T * HK);
+    for (size_t i = 0; i < (size_t)T * HK; i++) a.g[i] -= depth;
+    a.st = rnd((size_t)S * HK * 128, 0.1f);
+    double tr = time_op(ref, kda_run, &a), tf = time_op(fast, kda_run, &a);
+    char name[64];
+    snprintf(name, sizeof name, "%s g>=%g", q == 1 ? "kda_decode" : "kda_prefill", -2 * depth);
+    printf("%-22s      n=%-4d ref %8.3f ms  fast %8.3f ms  x%6.2f\n", name, T, tr * 1e3, tf * 1e3, tr / tf);
+    free(a.proj), free(a.g), free(a.y), free(a.st);
+    free_batch(&a.h);
+}
+
 static void *peak_thread(void *p) {
     struct peak_arg *a = p;
     const struct fast_kern *k = fast_k(a->be);
@@ -316,6 +351,9 @@ int main(int argc, char **argv) {
     if (want("attention")) bench_attn(ref, fast, 1, 1, 575);
     if (want("attention")) bench_attn(ref, fast, 4, 1, 575);
     if (want("attention")) bench_attn(ref, fast, 1, 512, 0);
+    if (want("kda")) bench_kda(ref, fast, 1, 1, 100, 0.1f);
+    if (want("kda")) bench_kda(ref, fast, 1, 2048, 0, 0.1f);
+    if (want("kda")) bench_kda(ref, fast, 1, 2048, 0, 10.0f);
     backend_free(ref);
     backend_free(fast);
     return 0;

@@ -304,6 +304,38 @@ static void test_kda(void) {
     free(x), free(g), free(st1), free(st2), free(y1), free(y2);
 }
 
+// The chunked KDA prefill (fast_kimi.c) at Kimi-Linear-48B's shapes (32
+// heads of 128, chunk_size 64), every sequence a prefill: 1 token, 63, 64,
+// 65, 3*64+5 from zeros; 100 continuing its slot from position 37 with
+// checkpoints at 64 and 128; 150 from zeros with checkpoints at 64, 100
+// and 128 (100: a piece cut inside a chunk). Log-decays near zero
+// ([-1e-3, 0]) and strong ([-20, 0] per token: exp(-G) of the whole chunk
+// would overflow).
+static void test_kda_chunks(void) {
+    struct kda_dims d = {32, 128, 4, 64};
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 1;
+    int qlen[] = {1, 63, 64, 65, 197, 100, 150}, ctx[] = {0, 0, 0, 0, 0, 37, 0}, init[] = {0, 0, 0, 0, 0, 1, 0}, S = 7;
+    struct test_batch h;
+    make_batch(&h, S, qlen, ctx, init, 0, 4);
+    add_ckpts(&h, 5, 2, (int[]){64, 128}, (int[]){0, 4});
+    add_ckpts(&h, 6, 3, (int[]){64, 100, 128}, (int[]){5, 6, 9});
+    int T = h.b.num_tokens;
+    size_t sn = (size_t)16 * HK * K;
+    for (int v = 0; v < 2; v++) {
+        float depth = v ? 10.0f : 5e-4f;
+        float *x = test_rnd((size_t)T * ld, 1), *g = test_rnd((size_t)T * HK, depth), *st1 = test_rnd(sn, 0.3f);
+        float *st2 = dup(st1, sn), *y1 = test_rnd((size_t)T * HK, 1), *y2 = dup(y1, (size_t)T * HK);
+        for (int i = 0; i < T * HK; i++) g[i] -= depth; // [-2 depth, 0]
+        ref->ops->kda_prefill(ref, y1, x, ld, g, st1, &h.b, 0, S, &d);
+        fast->ops->kda_prefill(fast, y2, x, ld, g, st2, &h.b, 0, S, &d);
+        double ey = cmp(v ? "kda chunks, strong decay: y" : "kda chunks, weak decay: y", y2, y1, (size_t)T * HK, TOL);
+        double es = cmp(v ? "kda chunks, strong decay: states" : "kda chunks, weak decay: states", st2, st1, sn, TOL);
+        printf("%-12s kda chunks, %s decay: rel err y %.2g, states and checkpoints %.2g\n", isa, v ? "strong" : "weak",
+               ey, es);
+        free(x), free(g), free(st1), free(st2), free(y1), free(y2);
+    }
+}
+
 // MLA over cached latents: 16 heads (two groups of 8) and 3 (one group of
 // all), decodes and prefills longer than a task's 8 queries, scattered blocks.
 static void test_mla(void) {
@@ -344,6 +376,7 @@ int main(void) {
         test_attention();
         test_mla();
         test_kda();
+        test_kda_chunks();
         test_moe();
         printf("%-12s %ld values compared against the reference\n", isa, values);
         CHECKF(values > 0, "%s: nothing compared", isa);

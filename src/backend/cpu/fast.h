@@ -178,6 +178,7 @@ size_t fast_pk_bytes(int64_t rows, int64_t cols);
 // Scratch the fast ops need at a query's sizes (fast_*.c), for fast_supports.
 size_t fast_attn_scratch(const struct attn_dims *d, int max_seq_len);
 size_t fast_ssd_scratch(const struct mamba_dims *d);
+size_t fast_kda_scratch(const struct kda_dims *d);
 int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_tokens, int top_k);
 // The pack scratch of n-row products with w when it is quantized.
 int fast_quant_reserve(struct backend *be, const struct weight *w, int n);

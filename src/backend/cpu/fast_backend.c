@@ -472,11 +472,11 @@ int fast_supports(struct backend *be, const struct op_query *q) {
         return fast_moe_reserve(be, w, n, q->route->top_k);
     }
     case OP_KDA:
-        // the reference's recurrence on the vector kernels (fast_kimi.c) and the fast conv1d
+        // the chunked prefill and the decode recurrence (fast_kimi.c), the fast conv1d
         if (q->kda->conv_kernel > 8)
             return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU fast path's conv1d takes conv_kernel <= 8, not %d",
                             q->kda->conv_kernel);
-        return VLLM_OK;
+        return cpu_reserve(be, fast_kda_scratch(q->kda), "the KDA chunks");
     case OP_MLA: // mla_attn as products (fast_kimi.c); mla_kv_write the reference's
         TRY(fast_reserve_shared(be, 0, sizeof(int) * 2 * (size_t)n, "MLA")); // tasks <= tokens
         return cpu_reserve(be, fast_mla_scratch(q->mla, MAX(q->max_seq_len, 1)), "multi-head latent attention");
