@@ -9,31 +9,14 @@
 // usage: node loglikelihood.mjs VLLM_BINARY MODEL_DIR
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { startServer, stopServer } from './serve_proc.mjs';
+import { join } from 'node:path';
+import { check, requireOpenAI, startServer, stopServer, summary } from './serve_proc.mjs';
 
-const here = dirname(fileURLToPath(import.meta.url));
-let OpenAI;
-try {
-  OpenAI = createRequire(join(here, '../../tools/oracle/server/package.json'))('openai');
-} catch (e) {
-  console.error(`SKIP: the openai npm package is not installed (scripts/install-deps.sh): ${e.message}`);
-  process.exit(77);
-}
+const OpenAI = requireOpenAI();
 const [vllm, model] = process.argv.slice(2);
 const TOL = 1e-4; // per token: fp32 on both sides, different prefill chunks
 
-let checks = 0, failures = 0;
-function check(cond, what) {
-  checks++;
-  if (!cond) {
-    failures++;
-    console.error(`CHECK failed: ${what}`);
-  }
-}
 
 // The reference: every prompt token's log-prob (the first: null) and rank
 // from `vllm generate`'s logits of the text.
@@ -110,5 +93,4 @@ try {
   check(await stopServer(srv) === 0, 'the server did not exit 0 on SIGTERM');
   rmSync(dir, { recursive: true, force: true });
 }
-console.log(`loglikelihood: ${checks - failures}/${checks} checks passed`);
-process.exit(failures ? 1 : 0);
+process.exit(summary('loglikelihood'));

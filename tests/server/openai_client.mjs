@@ -4,30 +4,12 @@
 // which the client must raise as APIError with the right status. Exits 77
 // (skipped) when the client is not installed or the build has no tokenizer.
 // usage: node openai_client.mjs VLLM_BINARY MODEL_DIR
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { startServer as spawnServer, stopServer } from './serve_proc.mjs';
+import { check, requireOpenAI, startServer as spawnServer, stopServer, summary, tally } from './serve_proc.mjs';
 
-const here = dirname(fileURLToPath(import.meta.url));
-let OpenAI;
-try {
-  OpenAI = createRequire(join(here, '../../tools/oracle/server/package.json'))('openai');
-} catch (e) {
-  console.error(`SKIP: the openai npm package is not installed (scripts/install-deps.sh): ${e.message}`);
-  process.exit(77);
-}
+const OpenAI = requireOpenAI();
 const [vllm, model] = process.argv.slice(2);
 const KEY = 'test-key-123', NAME = 'tiny-chat', MAX_LEN = 512;
 
-let checks = 0, failures = 0;
-function check(cond, what) {
-  checks++;
-  if (!cond) {
-    failures++;
-    console.error(`CHECK failed: ${what}`);
-  }
-}
 
 // ------------------------------------------------------------- server --
 const startServer = () => spawnServer(vllm, ['serve', '--model', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
@@ -207,13 +189,8 @@ async function main() {
   }
   const code = await stopServer(srv);
   check(code === 0, `the server exited ${code} after SIGTERM`);
-  if (failures) console.error(srv.log());
-  if (checks === 0) {
-    console.error('server_openai: FAIL: zero checks ran');
-    process.exit(1);
-  }
-  console.log(`server_openai: ${checks - failures}/${checks} checks passed`);
-  process.exit(failures ? 1 : 0);
+  if (tally.failures) console.error(srv.log());
+  process.exit(summary('server_openai'));
 }
 
 main().catch((e) => {

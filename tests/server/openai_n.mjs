@@ -8,30 +8,12 @@
 // through the prefix cache, and a streaming client that leaves aborting
 // every sample. Exits 77 (skipped) when the client is not installed.
 // usage: node openai_n.mjs VLLM_BINARY MODEL_DIR
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { startServer, stopServer } from './serve_proc.mjs';
+import { check, requireOpenAI, startServer, stopServer, summary, tally } from './serve_proc.mjs';
 
-const here = dirname(fileURLToPath(import.meta.url));
-let OpenAI;
-try {
-  OpenAI = createRequire(join(here, '../../tools/oracle/server/package.json'))('openai');
-} catch (e) {
-  console.error(`SKIP: the openai npm package is not installed (scripts/install-deps.sh): ${e.message}`);
-  process.exit(77);
-}
+const OpenAI = requireOpenAI();
 const [vllm, model] = process.argv.slice(2);
 const KEY = 'test-key-n', NAME = 'tiny-chat';
 
-let checks = 0, failures = 0;
-function check(cond, what) {
-  checks++;
-  if (!cond) {
-    failures++;
-    console.error(`CHECK failed: ${what}`);
-  }
-}
 
 async function expectError(what, param, fn) {
   try {
@@ -282,13 +264,8 @@ async function main() {
   }
   const code = await stopServer(srv);
   check(code === 0, `the server exited ${code} after SIGTERM`);
-  if (failures) console.error(srv.log().slice(-4000));
-  if (checks === 0) {
-    console.error('server_openai_n: FAIL: zero checks ran');
-    process.exit(1);
-  }
-  console.log(`server_openai_n: ${checks - failures}/${checks} checks passed`);
-  process.exit(failures ? 1 : 0);
+  if (tally.failures) console.error(srv.log().slice(-4000));
+  process.exit(summary('server_openai_n'));
 }
 
 main().catch((e) => {

@@ -5,30 +5,12 @@
 // events (the deltas add up to the final text), and 400s for what needs
 // server-side state. Exits 77 (skipped) when the client is not installed.
 // usage: node openai_responses.mjs VLLM_BINARY MODEL_DIR
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { startServer as spawnServer } from './serve_proc.mjs';
+import { check, requireOpenAI, startServer as spawnServer, summary } from './serve_proc.mjs';
 
-const here = dirname(fileURLToPath(import.meta.url));
-let OpenAI;
-try {
-  OpenAI = createRequire(join(here, '../../tools/oracle/server/package.json'))('openai');
-} catch (e) {
-  console.error(`SKIP: the openai npm package is not installed (scripts/install-deps.sh): ${e.message}`);
-  process.exit(77);
-}
+const OpenAI = requireOpenAI();
 const [vllm, model] = process.argv.slice(2);
 const KEY = 'test-key-r', NAME = 'tiny-chat';
 
-let checks = 0, failures = 0;
-function check(cond, what) {
-  checks++;
-  if (!cond) {
-    failures++;
-    console.error(`CHECK failed: ${what}`);
-  }
-}
 
 
 const startServer = () => spawnServer(vllm, ['serve', model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
@@ -106,8 +88,8 @@ async function main() {
   }
   const code = await new Promise((res) => srv.proc.on('exit', (c) => res(c)));
   check(code === 0, `the server exited ${code} after SIGTERM`);
-  console.log(`openai_responses: ${checks - failures}/${checks} checks passed`);
-  if (failures || checks === 0) {
+  const rc = summary('openai_responses');
+  if (rc) {
     console.error(srv.log());
     process.exit(1);
   }

@@ -1,6 +1,40 @@
-// serve_proc.mjs - a `vllm serve` child for the node tests: started on a
-// free port (the port it prints), stopped with SIGTERM (SIGKILL after 20 s).
+// serve_proc.mjs - what the node server tests share: a `vllm serve` child
+// started on a free port (the port it prints) and stopped with SIGTERM
+// (SIGKILL after 20 s); the official `openai` client (exit 77, skipped, when
+// it is not installed); and the check counter, whose summary fails a test
+// that checked nothing.
 import { spawn } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export function requireOpenAI() {
+  const here = dirname(fileURLToPath(import.meta.url));
+  try {
+    return createRequire(join(here, '../../tools/oracle/server/package.json'))('openai');
+  } catch (e) {
+    console.error(`SKIP: the openai npm package is not installed (scripts/install-deps.sh): ${e.message}`);
+    process.exit(77);
+  }
+}
+
+export const tally = { checks: 0, failures: 0 };
+export function check(cond, what) {
+  tally.checks++;
+  if (!cond) {
+    tally.failures++;
+    console.error(`CHECK failed: ${what}`);
+  }
+}
+// Prints the count; the exit code: 1 on a failure or when nothing was checked.
+export function summary(name) {
+  if (tally.checks === 0) {
+    console.error(`${name}: FAIL: zero checks ran`);
+    return 1;
+  }
+  console.log(`${name}: ${tally.checks - tally.failures}/${tally.checks} checks passed`);
+  return tally.failures ? 1 : 0;
+}
 
 // args: everything after `vllm`, with `--port 0`. Resolves {proc, port, log()}.
 export function startServer(vllm, args, timeoutMs = 60000) {
