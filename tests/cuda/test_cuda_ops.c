@@ -109,6 +109,34 @@ static void free_tb(struct tb *t) {
     free(t->h);
 }
 
+// rmsnorm / add_rmsnorm at every width class of the CUDA kernels: the row
+// in registers (1, 2, 4 or 8 float4 per thread), a width not a multiple of
+// 4 and one too wide for registers (the looping kernel); in place as the
+// final norm runs it.
+static void test_norm_dims(void) {
+    static const int dims[] = {2688, 5120, 8192, 12288, 30000, 36, 70};
+    int T = 5;
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) {
+        int D = dims[i];
+        float *x = test_rnd((size_t)T * D, 1), *r = test_rnd((size_t)T * D, 1), *w = test_rnd(D, 1);
+        struct pair px = up(x, sizeof(float) * T * D), pr = up(r, sizeof(float) * T * D), pw = up(w, sizeof(float) * D);
+        struct pair po = up(x, sizeof(float) * T * D);
+        char name[64];
+        cpu->ops->add_rmsnorm(cpu, pr.c, px.c, po.c, pw.c, T, D, 1e-5f);
+        gpu->ops->add_rmsnorm(gpu, pr.g, px.g, po.g, pw.g, T, D, 1e-5f);
+        snprintf(name, sizeof name, "add_rmsnorm d=%d (out)", D);
+        cmp(name, po, (size_t)T * D, 1e-5);
+        snprintf(name, sizeof name, "add_rmsnorm d=%d (residual)", D);
+        cmp(name, pr, (size_t)T * D, 1e-6);
+        cpu->ops->rmsnorm(cpu, pr.c, pr.c, pw.c, T, D, 1e-5f);
+        gpu->ops->rmsnorm(gpu, pr.g, pr.g, pw.g, T, D, 1e-5f);
+        snprintf(name, sizeof name, "rmsnorm d=%d in place", D);
+        cmp(name, pr, (size_t)T * D, 1e-5);
+        pfree(px), pfree(pr), pfree(pw), pfree(po);
+        free(x), free(r), free(w);
+    }
+}
+
 static void test_dense(void) {
     int T = 37, D = 2688, N = 4096;
     float *x = test_rnd((size_t)T * D, 1), *r = test_rnd((size_t)T * D, 1), *w = test_rnd(D, 1);
@@ -322,8 +350,8 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     weight_from_f32(gpu, &mg.down, WF_F32, down_w, (int64_t)E * L, I);
     weight_from_f32(gpu, &mb.up, WF_BF16, up_w, (int64_t)E * U, L);
     weight_from_f32(gpu, &mb.down, WF_BF16, down_w, (int64_t)E * L, I);
-    int ns[2] = {1, T};
-    for (int i = 0; i < 2; i++) {
+    int ns[4] = {1, 3, 12, T}; // the GEMV at 1, 4 and 16 rows per expert, the grouped GEMM
+    for (int i = 0; i < 4; i++) {
         char name[96];
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, ns[i], k);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pids.g, pw.g, ns[i], k);
@@ -588,6 +616,7 @@ int main(void) {
     if (backend_cuda_create(DT_F32, &gpu)) TEST_SKIP("no GPU: %s", vllm_last_error());
     if (backend_cpu_create(0, DT_F32, &cpu)) return 1;
     test_dense();
+    test_norm_dims();
     test_mamba();
     static const struct attn_case attn[] = {{32, 2, 128, 0}, {32, 4, 128, 1}, {64, 2, 128, 0},
                                             {24, 8, 96, 1},  {16, 16, 64, 0}, {12, 3, 20, 0}};

@@ -7,9 +7,10 @@
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
 
-// One warp per token. Lanes hold experts e = lane + 32 q; group scores
-// and the top-k are warp reductions; ties go to the lower index, as in the
-// CPU reference.
+// One warp per token. Lanes hold experts e = lane + 32 q, q < nq; each
+// arg-max is a lane's own scan (ascending e) and then one warp reduction,
+// so a top-k costs k reductions whatever the expert count. Ties go to the
+// lower index, as in the CPU reference.
 #define ROUTE_Q (MAX_EXPERTS / 32)
 
 __device__ __forceinline__ void warp_best(float &v, int &i) {
@@ -20,73 +21,66 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
     }
 }
 
+// The warp's best (value, expert) over the lanes' experts in [lo, hi) whose
+// bit q is set in `avail` and that are not `skip`.
+__device__ __forceinline__ void route_best(const float *ch, uint32_t avail, int nq, int lo, int hi, int skip,
+                                           float &v, int &ie) {
+    int lane = threadIdx.x & 31;
+    v = -INFINITY, ie = 0x7fffffff;
+#pragma unroll
+    for (int q = 0; q < ROUTE_Q; q++) {
+        int e = lane + 32 * q;
+        if (q < nq && (avail >> q & 1) && e >= lo && e < hi && e != skip && (ch[q] > v || (ch[q] == v && e < ie)))
+            v = ch[q], ie = e;
+    }
+    warp_best(v, ie);
+}
+
 __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                             moe_route_cfg c) {
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
     int E = c.num_experts, per = E / c.n_group, nq = (E + 31) / 32;
     const float *l = logits + (int64_t)t * E;
-    float sig[ROUTE_Q], ch[ROUTE_Q];
-    bool allowed[ROUTE_Q];
+    float ch[ROUTE_Q]; // choice scores: sigmoid + correction bias
+    uint32_t avail = 0;
 #pragma unroll
     for (int q = 0; q < ROUTE_Q; q++) {
         int e = lane + 32 * q;
         bool in = q < nq && e < E;
-        sig[q] = in ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
-        ch[q] = in ? sig[q] + (bias ? bias[e] : 0.0f) : -INFINITY;
-        allowed[q] = false;
+        ch[q] = in ? 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f) : -INFINITY;
+        avail |= (uint32_t)in << q;
     }
-    // groups: score = sum of the group's two best choice scores
-    uint64_t taken_groups = 0;
-    for (int j = 0; j < c.topk_group; j++) {
-        float best = -INFINITY;
-        int bestg = 0x7fffffff;
+    if (c.topk_group < c.n_group) { // groups: score = sum of the group's two best choice scores
+        float gs[CUDA_MAX_GROUPS];
         for (int g = 0; g < c.n_group; g++) {
-            if (taken_groups >> g & 1) continue;
-            float a = -INFINITY, b2 = -INFINITY;
-            int ia = 0x7fffffff;
-#pragma unroll
-            for (int q = 0; q < ROUTE_Q; q++) { // best in group
-                int e = lane + 32 * q;
-                float v = (e >= g * per && e < (g + 1) * per) ? ch[q] : -INFINITY;
-                int ie = e;
-                warp_best(v, ie);
-                if (v > a || (v == a && ie < ia)) a = v, ia = ie;
-            }
-            if (per > 1) // second best in group
-#pragma unroll
-                for (int q = 0; q < ROUTE_Q; q++) {
-                    int e = lane + 32 * q;
-                    float v = (e >= g * per && e < (g + 1) * per && e != ia) ? ch[q] : -INFINITY;
-                    int ie = e;
-                    warp_best(v, ie);
-                    b2 = fmaxf(b2, v);
-                }
-            float gs = a + (per > 1 ? b2 : 0.0f);
-            if (gs > best || (gs == best && g < bestg)) best = gs, bestg = g;
+            float a, b2 = 0;
+            int ia, ib;
+            route_best(ch, avail, nq, g * per, (g + 1) * per, -1, a, ia);
+            if (per > 1) route_best(ch, avail, nq, g * per, (g + 1) * per, ia, b2, ib);
+            gs[g] = a + b2;
         }
-        taken_groups |= 1ull << bestg;
-    }
+        uint64_t taken = 0;
+        for (int j = 0; j < c.topk_group; j++) {
+            float best = -INFINITY;
+            int bestg = 0x7fffffff;
+            for (int g = 0; g < c.n_group; g++)
+                if (!(taken >> g & 1) && (gs[g] > best || (gs[g] == best && g < bestg))) best = gs[g], bestg = g;
+            taken |= 1ull << bestg;
+        }
 #pragma unroll
-    for (int q = 0; q < ROUTE_Q; q++) {
-        int e = lane + 32 * q;
-        allowed[q] = e < E && (taken_groups >> (e / per) & 1);
+        for (int q = 0; q < ROUTE_Q; q++) {
+            int e = lane + 32 * q;
+            if (!(e < E && (taken >> (e / per) & 1))) avail &= ~(1u << q);
+        }
     }
     int32_t *id = ids + (int64_t)t * c.top_k;
     float *w = weights + (int64_t)t * c.top_k, sum = 0;
     for (int j = 0; j < c.top_k; j++) {
-        float v = -INFINITY;
-        int ie = 0x7fffffff;
-#pragma unroll
-        for (int q = 0; q < ROUTE_Q; q++) {
-            int e = lane + 32 * q;
-            float cv = allowed[q] ? ch[q] : -INFINITY;
-            if (cv > v || (cv == v && e < ie)) v = cv, ie = e;
-        }
-        warp_best(v, ie);
-#pragma unroll
-        for (int q = 0; q < ROUTE_Q; q++)
-            if (lane + 32 * q == ie) allowed[q] = false;
+        float v;
+        int ie;
+        route_best(ch, avail, nq, 0, E, -1, v, ie);
+        if ((ie & 31) == lane) avail &= ~(1u << (ie >> 5));
         float s_ = 1.0f / (1.0f + expf(-l[ie]));
         if (lane == 0) id[j] = ie, w[j] = s_;
         sum += s_;
@@ -171,15 +165,24 @@ __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *o
     __syncthreads();
     for (int a = threadIdx.x; a < nk; a += blockDim.x) atomicAdd(&cnt[ids[a]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) { // warp 0 scans: lane l owns experts [l * per, (l + 1) * per)
+        int lane = threadIdx.x, per = (E + 31) / 32, e0 = min(E, lane * per), e1 = min(E, e0 + per);
         int run = 0, tiles = 0, na = 0;
-        for (int e = 0; e < E; e++) {
+        for (int e = e0; e < e1; e++) run += cnt[e], tiles += (cnt[e] + bm - 1) / bm, na += cnt[e] > 0;
+        int r_in = run, t_in = tiles, a_in = na; // inclusive prefix over the lanes
+        for (int o = 1; o < 32; o <<= 1) {
+            int r2 = __shfl_up_sync(0xffffffffu, r_in, o), t2 = __shfl_up_sync(0xffffffffu, t_in, o),
+                a2 = __shfl_up_sync(0xffffffffu, a_in, o);
+            if (lane >= o) r_in += r2, t_in += t2, a_in += a2;
+        }
+        run = r_in - run, tiles = t_in - tiles, na = a_in - na; // exclusive
+        for (int e = e0; e < e1; e++) {
             int c = cnt[e];
             offsets[e] = run, mtile_off[e] = tiles;
             if (c) active[na++] = e;
             run += c, tiles += (c + bm - 1) / bm;
         }
-        offsets[E] = run, mtile_off[E] = tiles, *num_active = na;
+        if (lane == 31) offsets[E] = r_in, mtile_off[E] = t_in, *num_active = a_in;
     }
     __syncthreads();
     for (int a = threadIdx.x; a < nk; a += blockDim.x) {
@@ -279,25 +282,32 @@ __global__ void k_moe_act(float *h, const float *gu, int64_t A, int I, int gated
 }
 
 // out[t] = sum over its k experts, in ascending expert order, of w * y.
+// Block (t, x): 256 columns of token t. Thread 0 sorts the token's k
+// (expert, weight, row) once; then every thread's k loads of y are
+// independent, so they are in flight at once.
 __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, const float *weights,
                               const int32_t *slot_of, int k, int L) {
-    int t = blockIdx.x;
-    int order[16];
-    for (int j = 0; j < k; j++) order[j] = j;
-    for (int a = 1; a < k; a++) // insertion sort by expert id
-        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; b--) {
-            int tmp = order[b];
-            order[b] = order[b - 1];
-            order[b - 1] = tmp;
-        }
-    for (int l = threadIdx.x; l < L; l += blockDim.x) {
-        float acc = 0;
-        for (int q = 0; q < k; q++) {
-            int j = order[q];
-            acc += weights[t * k + j] * y[(int64_t)slot_of[t * k + j] * L + l];
-        }
-        out[(int64_t)t * L + l] = acc;
+    __shared__ int sr[CUDA_MAX_TOPK];
+    __shared__ float sw[CUDA_MAX_TOPK];
+    int t = blockIdx.x, l = blockIdx.y * blockDim.x + threadIdx.x;
+    if (threadIdx.x == 0) {
+        int e[CUDA_MAX_TOPK];
+        for (int j = 0; j < k; j++) e[j] = ids[t * k + j], sw[j] = weights[t * k + j], sr[j] = slot_of[t * k + j];
+        for (int a = 1; a < k; a++) // insertion sort by expert id
+            for (int b = a; b > 0 && e[b] < e[b - 1]; b--) {
+                int te = e[b], tr = sr[b];
+                float tw = sw[b];
+                e[b] = e[b - 1], sr[b] = sr[b - 1], sw[b] = sw[b - 1];
+                e[b - 1] = te, sr[b - 1] = tr, sw[b - 1] = tw;
+            }
     }
+    __syncthreads();
+    if (l >= L) return;
+    float acc = 0;
+#pragma unroll
+    for (int q = 0; q < CUDA_MAX_TOPK; q++)
+        if (q < k) acc += sw[q] * y[(int64_t)sr[q] * L + l];
+    out[(int64_t)t * L + l] = acc;
 }
 
 // out [segment rows, rows] = the experts' W (rows [0, rows) of each
@@ -659,6 +669,6 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
         LAUNCH_CHECK();
         experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
     }
-    k_moe_combine<<<n, 256, 0, st>>>(out, y, ids, weights, slot_of, top_k, L);
+    k_moe_combine<<<dim3(n, cdiv(L, 256)), 256, 0, st>>>(out, y, ids, weights, slot_of, top_k, L);
     LAUNCH_CHECK();
 }
