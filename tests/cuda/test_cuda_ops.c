@@ -350,17 +350,28 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     weight_from_f32(gpu, &mg.down, WF_F32, down_w, (int64_t)E * L, I);
     weight_from_f32(gpu, &mb.up, WF_BF16, up_w, (int64_t)E * U, L);
     weight_from_f32(gpu, &mb.down, WF_BF16, down_w, (int64_t)E * L, I);
-    int ns[4] = {1, 3, 12, T}; // the GEMV at 1, 4 and 16 rows per expert, the grouped GEMM
-    for (int i = 0; i < 4; i++) {
+    // Shared routing: every token picks token 0's experts, so each expert's
+    // segment holds all n rows (random routing rarely puts two of a few
+    // tokens on one expert): the GEMV's rows per weight pass must cover n.
+    int32_t *ids = xmalloc(sizeof(int32_t) * T * k), *same = xmalloc(sizeof(int32_t) * T * k);
+    cpu->ops->download(cpu, ids, pids.c, sizeof(int32_t) * T * k);
+    for (int t = 0; t < T * k; t++) same[t] = ids[t % k];
+    struct pair psame = up(same, sizeof(int32_t) * T * k);
+    int ns[6] = {1, 3, 12, T, 3, 12}; // the GEMV at 1, 4 and 16 rows, the grouped GEMM; then shared routing
+    for (int i = 0; i < 6; i++) {
         char name[96];
-        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, ns[i], k);
-        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pids.g, pw.g, ns[i], k);
-        snprintf(name, sizeof name, "moe_experts %s fp32 n=%d", m->name, ns[i]);
+        struct pair pi = i < 4 ? pids : psame;
+        const char *how = i < 4 ? "" : " shared";
+        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pi.c, pw.c, ns[i], k);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k);
+        snprintf(name, sizeof name, "moe_experts %s fp32 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 1e-5);
-        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, ns[i], k);
-        snprintf(name, sizeof name, "moe_experts %s bf16 n=%d", m->name, ns[i]);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pi.g, pw.g, ns[i], k);
+        snprintf(name, sizeof name, "moe_experts %s bf16 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
+    pfree(psame);
+    free(ids), free(same);
     cpu->ops->free(cpu, mc.up.data), cpu->ops->free(cpu, mc.down.data);
     gpu->ops->free(gpu, mg.up.data), gpu->ops->free(gpu, mg.down.data);
     gpu->ops->free(gpu, mb.up.data), gpu->ops->free(gpu, mb.down.data);

@@ -192,6 +192,7 @@ static size_t dec_smem(int G, int D) {
 // flight together), or 0 for any other.
 template <typename T, int G, int DT>
 __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *kc, const T *vc) {
+    pdl_trigger();
     extern __shared__ int64_t sm[];
     const int D = DT ? DT : a.Dh, g = a.H / a.Hkv, ngrp = cdiv_dev(g, G), tid = threadIdx.x;
     int s = a.seq0 + blockIdx.x, t = a.qsl[s], kvh = blockIdx.y / ngrp, h0 = kvh * g + (blockIdx.y % ngrp) * G;
@@ -326,6 +327,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
 // Only the splits that hold keys of the token's context are read: of a.split
 // keys each (prefill), or the decode kernel's per-sequence ranges (split 0).
 __global__ void k_attn_merge(attn_args a) {
+    pdl_trigger();
     int t = a.tok0 + blockIdx.x, h = blockIdx.y, n = a.pos[t] + 1;
     int ns = min(a.nsplit, cdiv_dev(n, a.split ? a.split : dec_range(n, a.nsplit)));
     const float *pp = a.part + ((int64_t)(t - a.tok0) * a.H + h) * a.nsplit * (a.Dh + 2);

@@ -43,6 +43,9 @@ static int scratch_grow(struct backend *be, size_t bytes) {
     return VLLM_OK;
 }
 
+int cuda_pdl; // cuda_common.cuh: programmatic dependent launch on (sm_90+, no VLLM_NO_PDL)
+__global__ void k_pdl_probe() {} // its attributes say which architecture the kernels were built for
+
 // Sized at load by cu_supports: growing here is only a fallback.
 void *cuda_scratch(struct backend *be, size_t bytes) {
     if (scratch_grow(be, bytes)) {
@@ -218,6 +221,7 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
 
 // One block per row: res += x (if x); out = rmsnorm(res) * w.
 __global__ void k_add_rmsnorm(float *res, const float *x, float *out, const float *w, int d, float eps) {
+    pdl_trigger();
     __shared__ float red[32];
     int64_t off = (int64_t)blockIdx.x * d;
     float ss = 0;
@@ -237,6 +241,7 @@ __global__ void k_add_rmsnorm(float *res, const float *x, float *out, const floa
 // every read is before the block's reduction, every write after it.
 template <int V>
 __global__ void k_add_rmsnorm4(float *res, const float *x, float *out, const float *w, int d, float eps) {
+    pdl_trigger();
     __shared__ float red[32];
     int64_t off = (int64_t)blockIdx.x * (d / 4);
     int d4 = d / 4;
@@ -323,10 +328,20 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
     for (int r = 0; r < GEMV_ROWS; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = 0;
-    for (int k8 = warp * 32 + lane; k8 < K / 8; k8 += 256) {
-        uint4 u[GEMV_ROWS];
+    int k8 = warp * 32 + lane;
+    uint4 u[GEMV_ROWS]; // the next step's weights, in flight while this one computes
+    if (k8 < K / 8)
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8); // all loads in flight first
+        for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8);
+    pdl_wait(); // x is the previous kernel's output
+    pdl_trigger();
+    for (; k8 < K / 8; k8 += 256) {
+        uint4 cur[GEMV_ROWS];
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; r++) cur[r] = u[r];
+        if (k8 + 256 < K / 8)
+#pragma unroll
+            for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8 + 256);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
             const float4 *xp = (const float4 *)(x + (int64_t)b * K + k8 * 8);
@@ -336,7 +351,7 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
             for (int i = 0; i < 8; i++) xs[i] = (float)(T)xs[i]; // as the GEMM path rounds x
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++) {
-                const T2 *h = (const T2 *)&u[r];
+                const T2 *h = (const T2 *)&cur[r];
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     float2 f = pair_f32(h[i]);
@@ -365,10 +380,10 @@ template <typename T>
 static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, int N, int K, int n) {
     dim3 g(cdiv(N, GEMV_ROWS));
     switch (n) {
-    case 1: k_gemv16<T, 1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 2: k_gemv16<T, 2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 3: k_gemv16<T, 3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    default: k_gemv16<T, 4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 1: launch_pdl(k_gemv16<T, 1>, g, 256, s, y, x, W, N, K); break;
+    case 2: launch_pdl(k_gemv16<T, 2>, g, 256, s, y, x, W, N, K); break;
+    case 3: launch_pdl(k_gemv16<T, 3>, g, 256, s, y, x, W, N, K); break;
+    default: launch_pdl(k_gemv16<T, 4>, g, 256, s, y, x, W, N, K); break;
     }
     LAUNCH_CHECK();
 }
@@ -454,16 +469,35 @@ static void blas_matmul(struct backend *be, float *y, const float *x, const stru
 }
 
 // fp32 weights at decode sizes (the routers; the fp32 exactness gates): a
-// warp per weight row, float4 loads, every row of x (n <= 4) at once.
+// block per weight row, its 8 warps splitting K (float4 loads), every row of
+// x (n <= 4) at once. The row's first 3 x 256 float4 (all of it up to K =
+// 3072) are loaded before the wait, under the previous kernel's tail.
+#define GEMV32_PRE 3
 template <int NB>
 __global__ void __launch_bounds__(256) k_gemv32(float *y, const float *x, const float *w, int N, int K) {
-    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= N) return;
+    __shared__ float red[8][NB];
+    int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K4 = K / 4;
     const float4 *wr = (const float4 *)(w + (int64_t)row * K);
+    float4 pre[GEMV32_PRE];
+#pragma unroll
+    for (int i = 0; i < GEMV32_PRE; i++)
+        if (threadIdx.x + 256 * i < K4) pre[i] = __ldg(wr + threadIdx.x + 256 * i);
+    pdl_wait();
+    pdl_trigger();
     float acc[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) acc[b] = 0;
-    for (int k4 = lane; k4 < K / 4; k4 += 32) {
+#pragma unroll
+    for (int i = 0; i < GEMV32_PRE; i++) {
+        int k4 = threadIdx.x + 256 * i;
+        if (k4 >= K4) break;
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float4 xv = ((const float4 *)(x + (int64_t)b * K))[k4], v = pre[i];
+            acc[b] += v.x * xv.x + v.y * xv.y + v.z * xv.z + v.w * xv.w;
+        }
+    }
+    for (int k4 = threadIdx.x + 256 * GEMV32_PRE; k4 < K4; k4 += 256) {
         float4 v = __ldg(wr + k4);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
@@ -474,19 +508,24 @@ __global__ void __launch_bounds__(256) k_gemv32(float *y, const float *x, const 
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         float s = warp_sum(acc[b]);
-        if (lane == 0) y[(int64_t)b * N + row] = s;
+        if (lane == 0) red[warp][b] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < NB) {
+        float v = 0;
+        for (int q = 0; q < 8; q++) v += red[q][threadIdx.x];
+        y[(int64_t)threadIdx.x * N + row] = v;
     }
 }
 
 static void gemv32(cudaStream_t s, float *y, const float *x, const float *W, int N, int K, int n) {
-    dim3 g(cdiv(N, 8));
+    dim3 g(N);
     switch (n) {
-    case 1: k_gemv32<1><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 2: k_gemv32<2><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    case 3: k_gemv32<3><<<g, 256, 0, s>>>(y, x, W, N, K); break;
-    default: k_gemv32<4><<<g, 256, 0, s>>>(y, x, W, N, K); break;
+    case 1: launch_pdl(k_gemv32<1>, g, 256, s, y, x, W, N, K); break;
+    case 2: launch_pdl(k_gemv32<2>, g, 256, s, y, x, W, N, K); break;
+    case 3: launch_pdl(k_gemv32<3>, g, 256, s, y, x, W, N, K); break;
+    default: launch_pdl(k_gemv32<4>, g, 256, s, y, x, W, N, K); break;
     }
-    LAUNCH_CHECK();
 }
 
 __global__ void k_bias(float *y, const float *b, int64_t n, int N) {
@@ -512,6 +551,7 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
 }
 
 __global__ void k_gather_rows(float *out, const float *x, const int32_t *rows, int d) {
+    pdl_trigger();
     int i = blockIdx.x;
     const float *src = x + (int64_t)rows[i] * d;
     for (int k = threadIdx.x; k < d; k += blockDim.x) out[(int64_t)i * d + k] = src[k];
@@ -524,16 +564,19 @@ static void cu_gather_rows(struct backend *be, float *out, const float *x, const
 }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
 __global__ void k_act(enum act kind, float *x, int64_t n) {
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = act_dev(kind, x[i]);
 }
 
 // out [n, I] = act(x[:, :I]) * x[:, I:], x [n, 2I]
 __global__ void k_act_mul(enum act kind, float *out, const float *x, int64_t n, int I) {
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * I; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / I, j = i % I;
         const float *g = x + t * 2 * I;
@@ -870,6 +913,13 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, c->device));
     c->num_sms = prop.multiProcessorCount;
     c->smem_optin = prop.sharedMemPerBlockOptin;
+    // PDL needs the device (sm_90+) and kernels compiled for it: an older
+    // architecture's code has no pdl_wait, so launching it early would race
+    cudaFuncAttributes fa;
+    CUDA_CHECK(cudaFuncGetAttributes(&fa, k_pdl_probe));
+    const char *no_pdl = getenv("VLLM_NO_PDL");
+    cuda_pdl = prop.major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 &&
+               !(no_pdl && *no_pdl && strcmp(no_pdl, "0"));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

@@ -60,6 +60,35 @@ static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; 
     } while (0)
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+// Programmatic dependent launch (sm_90+). A kernel started with launch_pdl
+// may begin while the one before it drains: before pdl_wait() it reads only
+// weights (never what earlier work in the stream writes) and writes nothing,
+// so a decode GEMV streams its first weights under the previous kernel's
+// tail. pdl_trigger() lets the next kernel's blocks be scheduled; a kernel
+// launched with launch_pdl calls it only after its own wait. cuda_pdl: 0
+// below sm_90 or with VLLM_NO_PDL=1 (launch_pdl is then a plain launch).
+extern int cuda_pdl;
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+template <typename... KArgs, typename... Args>
+static inline void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args... args) {
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid, c.blockDim = block, c.dynamicSmemBytes = 0, c.stream = s;
+    c.attrs = &at, c.numAttrs = cuda_pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&c, k, (KArgs)args...));
+}
+
 // Scratch of at least `bytes` on the device, valid until the next call.
 void *cuda_scratch(struct backend *be, size_t bytes);
 

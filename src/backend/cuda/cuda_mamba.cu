@@ -388,6 +388,7 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
 __global__ void k_gated_rmsnorm(float *out, const float *y, const float *z, int zld, const float *w, int dim, int gs,
                                 float eps) {
+    pdl_trigger();
     __shared__ float red[32];
     int t = blockIdx.x, g0 = blockIdx.y * gs;
     const float *yt = y + (int64_t)t * dim, *zt = z + (int64_t)t * zld;

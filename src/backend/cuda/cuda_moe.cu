@@ -38,6 +38,7 @@ __device__ __forceinline__ void route_best(const float *ch, uint32_t avail, int 
 
 __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                             moe_route_cfg c) {
+    pdl_trigger();
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
     int E = c.num_experts, per = E / c.n_group, nq = (E + 31) / 32;
@@ -96,6 +97,7 @@ __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, c
 // subtracted, expf, divided by the sum), top-k by warp arg-max, ties to the
 // lower index.
 __global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, int n, moe_route_cfg c) {
+    pdl_trigger();
     int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (t >= n) return;
     int E = c.num_experts, nq = (E + 31) / 32;
@@ -160,6 +162,7 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
 // every row is computed on its own, and tokens combine by expert order.
 __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *offsets, int32_t *mtile_off,
                            int32_t *active, int32_t *num_active, int32_t *perm, int32_t *slot_of) {
+    pdl_trigger();
     __shared__ int cnt[MAX_EXPERTS + 1], fill[MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0, fill[e] = 0;
     __syncthreads();
@@ -287,6 +290,7 @@ __global__ void k_moe_act(float *h, const float *gu, int64_t A, int I, int gated
 // independent, so they are in flight at once.
 __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, const float *weights,
                               const int32_t *slot_of, int k, int L) {
+    pdl_trigger();
     __shared__ int sr[CUDA_MAX_TOPK];
     __shared__ float sw[CUDA_MAX_TOPK];
     int t = blockIdx.x, l = blockIdx.y * blockDim.x + threadIdx.x;
@@ -370,6 +374,8 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
                                                   const int32_t *perm, const int32_t *active, const int32_t *num_active,
                                                   int k, int K, int I, int N, int gated, enum act kind) {
     __shared__ float red[8][4][NB];
+    pdl_wait(); // launched early (launch_pdl): the schedule is the sort's output
+    pdl_trigger();
     if ((int)blockIdx.y >= *num_active) return;
     int e = active[blockIdx.y], r0 = offsets[e], cnt = min(offsets[e + 1] - r0, NB);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
@@ -616,12 +622,10 @@ static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const 
                             int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
     dim3 gu(w->gated ? cdiv(I, 2) : cdiv(I, 4), ny), gd(cdiv(L, 4), ny);
-    k_moe_gemv<T, true, NB><<<gu, 256, 0, st>>>((const T *)w->up.data, x, h, offsets, perm, active, num_active, top_k,
-                                                L, I, I, w->gated, w->act);
-    LAUNCH_CHECK();
-    k_moe_gemv<T, false, NB><<<gd, 256, 0, st>>>((const T *)w->down.data, h, y, offsets, perm, active, num_active, top_k,
-                                                 I, I, L, 0, w->act);
-    LAUNCH_CHECK();
+    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, st, (const T *)w->up.data, x, h, offsets, perm, active, num_active,
+               top_k, L, I, I, w->gated, w->act);
+    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, st, (const T *)w->down.data, (const float *)h, y, offsets, perm,
+               active, num_active, top_k, I, I, L, 0, w->act);
 }
 
 template <typename T>
