@@ -807,8 +807,7 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
                      wfmt_name(w->up.fmt)), why = buf;
         else if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
             snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
-        size_t nk = T * q->route->top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
-        need = 4 * (3 * (size_t)(w->num_experts + 1) + 1 + 2 * nk) + 256 + 4 * (nk * (U + w->inter + w->dim) + T * w->dim);
+        need = cuda_moe_scratch(w, T, q->route->top_k);
         break;
     }
     case OP_KDA: {

@@ -43,13 +43,14 @@ __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, c
     if (t >= n) return;
     int E = c.num_experts, per = E / c.n_group, nq = (E + 31) / 32;
     const float *l = logits + (int64_t)t * E;
-    float ch[ROUTE_Q]; // choice scores: sigmoid + correction bias
+    float ch[ROUTE_Q], sig[ROUTE_Q]; // choice scores (sigmoid + correction bias) and sigmoids
     uint32_t avail = 0;
 #pragma unroll
     for (int q = 0; q < ROUTE_Q; q++) {
         int e = lane + 32 * q;
         bool in = q < nq && e < E;
-        ch[q] = in ? 1.0f / (1.0f + expf(-l[e])) + (bias ? bias[e] : 0.0f) : -INFINITY;
+        sig[q] = in ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
+        ch[q] = in ? sig[q] + (bias ? bias[e] : 0.0f) : -INFINITY;
         avail |= (uint32_t)in << q;
     }
     if (c.topk_group < c.n_group) { // groups: score = sum of the group's two best choice scores
@@ -75,22 +76,26 @@ __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, c
             if (!(e < E && (taken >> (e / per) & 1))) avail &= ~(1u << q);
         }
     }
-    int32_t *id = ids + (int64_t)t * c.top_k;
-    float *w = weights + (int64_t)t * c.top_k, sum = 0;
+    // lane j keeps pick j: no global round trip between the picks
+    float sum = 0, my_w = 0;
+    int my_id = 0;
     for (int j = 0; j < c.top_k; j++) {
-        float v;
+        float v, s_ = 0;
         int ie;
         route_best(ch, avail, nq, 0, E, -1, v, ie);
+#pragma unroll
+        for (int q = 0; q < ROUTE_Q; q++)
+            if (q == ie >> 5) s_ = sig[q];
+        s_ = __shfl_sync(0xffffffffu, s_, ie & 31); // the owner's sigmoid
         if ((ie & 31) == lane) avail &= ~(1u << (ie >> 5));
-        float s_ = 1.0f / (1.0f + expf(-l[ie]));
-        if (lane == 0) id[j] = ie, w[j] = s_;
+        if (lane == j) my_id = ie, my_w = s_;
         sum += s_;
     }
-    if (lane == 0)
-        for (int j = 0; j < c.top_k; j++) {
-            if (c.norm_topk_prob) w[j] /= sum + 1e-20f;
-            w[j] *= c.routed_scaling_factor;
-        }
+    if (lane < c.top_k) {
+        if (c.norm_topk_prob) my_w /= sum + 1e-20f;
+        ids[(int64_t)t * c.top_k + lane] = my_id;
+        weights[(int64_t)t * c.top_k + lane] = my_w * c.routed_scaling_factor;
+    }
 }
 
 // Softmax top-k, one warp per token: probabilities as the reference (max
@@ -119,28 +124,28 @@ __global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *l
     bool taken[ROUTE_Q];
 #pragma unroll
     for (int q = 0; q < ROUTE_Q; q++) p[q] /= sum, taken[q] = lane + 32 * q >= E;
-    int32_t *id = ids + (int64_t)t * c.top_k;
-    float *w = weights + (int64_t)t * c.top_k, tot = 0;
+    float tot = 0, my_w = 0;
+    int my_id = 0;
     for (int j = 0; j < c.top_k; j++) {
         float v = -INFINITY;
         int ie = 0x7fffffff;
 #pragma unroll
         for (int q = 0; q < ROUTE_Q; q++) {
             int e = lane + 32 * q;
-            if (!taken[q] && (p[q] > v || (p[q] == v && e < ie))) v = p[q], ie = e;
+            if (q < nq && !taken[q] && (p[q] > v || (p[q] == v && e < ie))) v = p[q], ie = e;
         }
         warp_best(v, ie);
 #pragma unroll
         for (int q = 0; q < ROUTE_Q; q++)
             if (lane + 32 * q == ie) taken[q] = true;
-        if (lane == 0) id[j] = ie, w[j] = v;
+        if (lane == j) my_id = ie, my_w = v;
         tot += v;
     }
-    if (lane == 0)
-        for (int j = 0; j < c.top_k; j++) {
-            if (c.norm_topk_prob) w[j] /= tot;
-            w[j] *= c.routed_scaling_factor;
-        }
+    if (lane < c.top_k) {
+        if (c.norm_topk_prob) my_w /= tot;
+        ids[(int64_t)t * c.top_k + lane] = my_id;
+        weights[(int64_t)t * c.top_k + lane] = my_w * c.routed_scaling_factor;
+    }
 }
 
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
@@ -156,12 +161,12 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
 
 // Counting sort of the n*k assignments by expert (one block): offsets
 // [E+1], perm[r] = assignment (t*k + j) at row r of its expert's segment,
-// slot_of the inverse; the active experts (ascending) and their count; and
+// slot_of the inverse; and
 // mtile_off [E+1], the prefix of each expert's ceil(count / bm) row tiles
 // (the grouped GEMM's schedule). Rows within a segment come in any order:
 // every row is computed on its own, and tokens combine by expert order.
 __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *offsets, int32_t *mtile_off,
-                           int32_t *active, int32_t *num_active, int32_t *perm, int32_t *slot_of) {
+                           int32_t *perm, int32_t *slot_of) {
     pdl_trigger();
     __shared__ int cnt[MAX_EXPERTS + 1], fill[MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0, fill[e] = 0;
@@ -170,22 +175,19 @@ __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *o
     __syncthreads();
     if (threadIdx.x < 32) { // warp 0 scans: lane l owns experts [l * per, (l + 1) * per)
         int lane = threadIdx.x, per = (E + 31) / 32, e0 = min(E, lane * per), e1 = min(E, e0 + per);
-        int run = 0, tiles = 0, na = 0;
-        for (int e = e0; e < e1; e++) run += cnt[e], tiles += (cnt[e] + bm - 1) / bm, na += cnt[e] > 0;
-        int r_in = run, t_in = tiles, a_in = na; // inclusive prefix over the lanes
+        int run = 0, tiles = 0;
+        for (int e = e0; e < e1; e++) run += cnt[e], tiles += (cnt[e] + bm - 1) / bm;
+        int r_in = run, t_in = tiles; // inclusive prefix over the lanes
         for (int o = 1; o < 32; o <<= 1) {
-            int r2 = __shfl_up_sync(0xffffffffu, r_in, o), t2 = __shfl_up_sync(0xffffffffu, t_in, o),
-                a2 = __shfl_up_sync(0xffffffffu, a_in, o);
-            if (lane >= o) r_in += r2, t_in += t2, a_in += a2;
+            int r2 = __shfl_up_sync(0xffffffffu, r_in, o), t2 = __shfl_up_sync(0xffffffffu, t_in, o);
+            if (lane >= o) r_in += r2, t_in += t2;
         }
-        run = r_in - run, tiles = t_in - tiles, na = a_in - na; // exclusive
+        run = r_in - run, tiles = t_in - tiles; // exclusive
         for (int e = e0; e < e1; e++) {
-            int c = cnt[e];
             offsets[e] = run, mtile_off[e] = tiles;
-            if (c) active[na++] = e;
-            run += c, tiles += (c + bm - 1) / bm;
+            run += cnt[e], tiles += (cnt[e] + bm - 1) / bm;
         }
-        if (lane == 31) offsets[E] = r_in, mtile_off[E] = t_in, *num_active = a_in;
+        if (lane == 31) offsets[E] = r_in, mtile_off[E] = t_in;
     }
     __syncthreads();
     for (int a = threadIdx.x; a < nk; a += blockDim.x) {
@@ -284,19 +286,22 @@ __global__ void k_moe_act(float *h, const float *gu, int64_t A, int I, int gated
     }
 }
 
-// out[t] = sum over its k experts, in ascending expert order, of w * y.
+// out[t] = sum over its k experts, in ascending expert order, of w * y
+// (y row slot_of[t * k + j], or t * k + j when slot_of is NULL).
 // Block (t, x): 256 columns of token t. Thread 0 sorts the token's k
 // (expert, weight, row) once; then every thread's k loads of y are
 // independent, so they are in flight at once.
 __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, const float *weights,
                               const int32_t *slot_of, int k, int L) {
-    pdl_trigger();
     __shared__ int sr[CUDA_MAX_TOPK];
     __shared__ float sw[CUDA_MAX_TOPK];
+    pdl_wait(); // may be launched early (launch_pdl)
+    pdl_trigger();
     int t = blockIdx.x, l = blockIdx.y * blockDim.x + threadIdx.x;
     if (threadIdx.x == 0) {
         int e[CUDA_MAX_TOPK];
-        for (int j = 0; j < k; j++) e[j] = ids[t * k + j], sw[j] = weights[t * k + j], sr[j] = slot_of[t * k + j];
+        for (int j = 0; j < k; j++)
+            e[j] = ids[t * k + j], sw[j] = weights[t * k + j], sr[j] = slot_of ? slot_of[t * k + j] : t * k + j;
         for (int a = 1; a < k; a++) // insertion sort by expert id
             for (int b = a; b > 0 && e[b] < e[b - 1]; b--) {
                 int te = e[b], tr = sr[b];
@@ -363,86 +368,137 @@ __device__ __forceinline__ void unpack8(const uint4 &u, const __half *, float f[
     }
 }
 
-// One block = 4 weight rows of one active expert (blockIdx.y), applied to
-// every row of its segment: each weight byte is read once per step. Up
-// (UP): gated, the rows are gate i, i+1 and up i, i+1 and the output is
-// h[r, i..i+1] = act(gate) * up; else rows i..i+3 and h = act(W x). Down:
-// rows l..l+3 of W_e, y[r, l..l+3]. x rows are the tokens' (UP, through perm)
-// or the segment's own rows of h; K % 8 == 0.
+// The decode schedule, computed by every GEMV block itself (no sort
+// kernel): the a-th expert used by the nk assignments, ascending, and its
+// assignments (ascending, at most NB: n <= NB tokens each pick an expert
+// once). Returns the expert, -1 past the last; rows/cnt in shared memory.
+template <int NB>
+__device__ __forceinline__ int moe_decode_expert(const int32_t *ids, int nk, int E, int a, int *rows, int *cnt,
+                                                 uint32_t *used, int *pick) {
+    int lane = threadIdx.x & 31, words = (E + 31) / 32;
+    for (int i = threadIdx.x; i < words; i += blockDim.x) used[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < nk; i += blockDim.x) atomicOr(&used[ids[i] >> 5], 1u << (ids[i] & 31));
+    __syncthreads();
+    if (threadIdx.x < 32) { // words <= 32: a word per lane, a prefix of the set bits finds the a-th
+        uint32_t m = lane < words ? used[lane] : 0;
+        int c = __popc(m), inc = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            int v = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += v;
+        }
+        int below = inc - c;
+        if (lane == 31 && a >= inc) *pick = -1;
+        if (a >= below && a < inc) { // this lane's word holds it
+            for (int r = a - below; r > 0; r--) m &= m - 1; // drop the lower set bits
+            *pick = lane * 32 + __ffs(m) - 1;
+        }
+        __syncwarp();
+        int e = *pick, got = 0;
+        if (e >= 0)
+            for (int base = 0; base < nk; base += 32) {
+                int i = base + lane;
+                uint32_t hit = __ballot_sync(0xffffffffu, i < nk && ids[i] == e);
+                int at = got + __popc(hit & ((1u << lane) - 1));
+                if ((hit >> lane & 1) && at < NB) rows[at] = i;
+                got += __popc(hit);
+            }
+        if (lane == 0) *cnt = min(got, NB);
+    }
+    __syncthreads();
+    return *pick;
+}
+
+// Decode MoE (n <= MOE_GEMV_MAXR tokens): block (x, a) = 32 weight rows (4
+// per warp) of the a-th expert used this step, applied to each of its
+// assignments. Each warp streams its 4 rows whole, two 16-byte loads per
+// row and lane in flight, and reduces with shuffles. Up (UP): gated, a
+// warp's rows are gate o, o+1 and up o, o+1 and h[asg, o..o+1] = act(gate)
+// * up; else rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e,
+// y[asg, l..l+3]. Rows of h and y are assignments (t * k + j); x rows are
+// the tokens' (UP) or h's; K % 8 == 0.
 template <typename WT, bool UP, int NB>
-__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *offsets,
-                                                  const int32_t *perm, const int32_t *active, const int32_t *num_active,
-                                                  int k, int K, int I, int N, int gated, enum act kind) {
-    __shared__ float red[8][4][NB];
-    pdl_wait(); // launched early (launch_pdl): the schedule is the sort's output
+__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *ids,
+                                                  int nk, int k, int E, int K, int I, int N, int gated, enum act kind) {
+    __shared__ int rows[NB], cnt_s, pick;
+    __shared__ uint32_t used[MAX_EXPERTS / 32];
+    pdl_wait(); // launched early (launch_pdl): ids and x are earlier kernels' outputs
     pdl_trigger();
-    if ((int)blockIdx.y >= *num_active) return;
-    int e = active[blockIdx.y], r0 = offsets[e], cnt = min(offsets[e + 1] - r0, NB);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
+    int e = moe_decode_expert<NB>(ids, nk, E, blockIdx.y, rows, &cnt_s, used, &pick);
+    if (e < 0) return;
+    int cnt = cnt_s, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
+    int o0 = (blockIdx.x * 8 + warp) * (UP && gated ? 2 : 4); // the warp's first output index
     int64_t wrow[4];
-    int valid[4];
+    bool valid[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        int o = UP && gated ? blockIdx.x * 2 + (q & 1) : blockIdx.x * 4 + q; // output index of the row
+        int o = UP && gated ? o0 + (q & 1) : o0 + q;
         valid[q] = o < (UP ? I : N);
-        int64_t row = UP ? (gated ? (q < 2 ? o : I + o) : o) : o;
+        int64_t row = UP && gated ? (q < 2 ? o : I + o) : o;
         wrow[q] = ((int64_t)e * (UP ? U : N) + (valid[q] ? row : 0)) * K;
     }
+    if (o0 >= (UP ? I : N)) return;
     const float *src[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) {
-        int r = r0 + (b < cnt ? b : 0);
-        src[b] = UP ? in + (int64_t)(perm[r] / k) * K : in + (int64_t)r * K;
+        int r = rows[b < cnt ? b : 0];
+        src[b] = in + (int64_t)(UP ? r / k : r) * K;
     }
     float acc[4][NB];
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[q][b] = 0;
-    for (int c8 = warp * 32 + lane; c8 < K / 8; c8 += 256) {
-        uint4 u[4];
+    int K8 = K / 8;
+    for (int c = lane; c < K8; c += 64) {
+        bool two = c + 32 < K8;
+        uint4 u[2][4];
 #pragma unroll
-        for (int q = 0; q < 4; q++) u[q] = __ldg((const uint4 *)(w + wrow[q]) + c8); // all loads in flight first
-        float wf[4][8];
+        for (int q = 0; q < 4; q++) { // all loads in flight first
+            u[0][q] = __ldg((const uint4 *)(w + wrow[q]) + c);
+            if (two) u[1][q] = __ldg((const uint4 *)(w + wrow[q]) + c + 32);
+        }
 #pragma unroll
-        for (int q = 0; q < 4; q++) unpack8(u[q], w, wf[q]);
+        for (int s = 0; s < 2; s++) {
+            if (s && !two) break;
+            int cs = c + 32 * s;
+            float wf[4][8];
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            if (b >= cnt) break;
-            const float4 *xp = (const float4 *)(src[b] + c8 * 8);
-            float4 x0 = xp[0], x1 = xp[1];
-            float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            for (int q = 0; q < 4; q++) unpack8(u[s][q], w, wf[q]);
 #pragma unroll
-            for (int q = 0; q < 4; q++)
+            for (int b = 0; b < NB; b++) {
+                if (b >= cnt) break;
+                const float4 *xp = (const float4 *)(src[b] + cs * 8);
+                float4 x0 = xp[0], x1 = xp[1];
+                float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-                for (int i = 0; i < 8; i++) acc[q][b] += wf[q][i] * xs[i];
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[q][b] += wf[q][i] * xs[i];
+            }
         }
     }
 #pragma unroll
-    for (int q = 0; q < 4; q++)
+    for (int b = 0; b < NB; b++) {
+        if (b >= cnt) break;
+        float v[4];
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            if (b >= cnt) break;
-            float v = warp_sum(acc[q][b]);
-            if (lane == 0) red[warp][q][b] = v;
+        for (int q = 0; q < 4; q++) v[q] = warp_sum(acc[q][b]);
+        if (lane) continue;
+        int64_t r = rows[b];
+        if (!UP) { // down
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (valid[q]) out[r * N + o0 + q] = v[q];
+        } else if (gated) { // q 0, 1: gate; 2, 3: up of the same outputs
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+                if (valid[q]) out[r * I + o0 + q] = act_dev(kind, v[q]) * v[q + 2];
+        } else {
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (valid[q]) out[r * I + o0 + q] = act_dev(kind, v[q]);
         }
-    __syncthreads();
-    int t = threadIdx.x;
-    if (t >= 4 * cnt) return;
-    int q = t / cnt, b = t % cnt;
-    float v = 0;
-    for (int ww = 0; ww < 8; ww++) v += red[ww][q][b];
-    if (!valid[q]) return;
-    int64_t r = r0 + b;
-    if (!UP) { // down
-        out[r * N + blockIdx.x * 4 + q] = v;
-    } else if (gated) { // q 0, 1: gate; 2, 3: up of the same outputs
-        if (q >= 2) return;
-        float g = 0;
-        for (int ww = 0; ww < 8; ww++) g += red[ww][q + 2][b];
-        out[r * I + blockIdx.x * 2 + q] = act_dev(kind, v) * g;
-    } else {
-        out[r * I + blockIdx.x * 4 + q] = act_dev(kind, v);
     }
 }
 
@@ -615,28 +671,36 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
     LAUNCH_CHECK();
 }
 
-// NB >= the rows any expert gets (<= n): accumulators sized to the batch
+// NB >= the rows any expert gets (<= n): accumulators sized to the batch.
+// h and y rows are assignments.
 template <typename T, int NB>
 static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
-                            const int32_t *offsets, const int32_t *perm, const int32_t *active, const int32_t *num_active,
-                            int n, int top_k) {
+                            const int32_t *ids, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
-    dim3 gu(w->gated ? cdiv(I, 2) : cdiv(I, 4), ny), gd(cdiv(L, 4), ny);
-    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, st, (const T *)w->up.data, x, h, offsets, perm, active, num_active,
-               top_k, L, I, I, w->gated, w->act);
-    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, st, (const T *)w->down.data, (const float *)h, y, offsets, perm,
-               active, num_active, top_k, I, I, L, 0, w->act);
+    dim3 gu(cdiv(I, w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
+    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, st, (const T *)w->up.data, x, h, ids, nk, top_k, E, L, I, I,
+               w->gated, w->act);
+    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, st, (const T *)w->down.data, (const float *)h, y, ids, nk, top_k, E,
+               I, I, L, 0, w->act);
 }
 
 template <typename T>
 static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
-                         const int32_t *offsets, const int32_t *perm, const int32_t *active, const int32_t *num_active,
-                         int n, int top_k) {
-    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
-    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
-    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
-    else if (n <= 8) gemv_experts_nb<T, 8>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
-    else gemv_experts_nb<T, MOE_GEMV_MAXR>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
+                         const int32_t *ids, int n, int top_k) {
+    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, ids, n, top_k);
+    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, ids, n, top_k);
+    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, ids, n, top_k);
+    else if (n <= 8) gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k);
+    else gemv_experts_nb<T, MOE_GEMV_MAXR>(st, w, x, h, y, ids, n, top_k);
+}
+
+// Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
+// slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
+// [nk, L] and x in 16 bits [n, L].
+size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
+    size_t nk = (size_t)n * top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
+    size_t ints = 2 * (size_t)(w->num_experts + 1) + 2 * nk;
+    return ((ints * 4 + 255) & ~(size_t)255) + 4 * (nk * (U + w->inter + w->dim) + (size_t)n * w->dim);
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
@@ -646,22 +710,25 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
-    size_t ints = 3 * (size_t)(E + 1) + 1 + 2 * (size_t)nk, floats = (size_t)nk * (U + I + L) + (size_t)n * L;
-    char *s = (char *)cuda_scratch(be, ints * 4 + 256 + floats * 4);
-    int32_t *offsets = (int32_t *)s, *mtile_off = offsets + E + 1, *active = mtile_off + E + 1;
-    int32_t *num_active = active + E + 1, *perm = num_active + 1, *slot_of = perm + nk;
+    size_t ints = 2 * (size_t)(E + 1) + 2 * (size_t)nk;
+    char *s = (char *)cuda_scratch(be, cuda_moe_scratch(w, n, top_k));
+    int32_t *offsets = (int32_t *)s, *mtile_off = offsets + E + 1, *perm = mtile_off + E + 1, *slot_of = perm + nk;
     float *gu = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *h = gu + (size_t)nk * U, *y = h + (size_t)nk * I;
     void *xb = y + (size_t)nk * L; // x in 16 bits (the grouped GEMM's A)
     cudaStream_t st = cu(be)->stream;
-    int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // decode: a few warps, not 1024 threads
-    k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, active, num_active, perm, slot_of);
-    LAUNCH_CHECK();
     bool k8 = L % 8 == 0 && I % 8 == 0;
     enum wfmt f = w->up.fmt;
-    if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) {
-        if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
-        else gemv_experts<__half>(st, w, x, h, y, offsets, perm, active, num_active, n, top_k);
-    } else if (f != WF_F32 && f == w->down.fmt && k8) {
+    if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) { // no sort: rows are assignments
+        if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k);
+        else gemv_experts<__half>(st, w, x, h, y, ids, n, top_k);
+        launch_pdl(k_moe_combine, dim3(n, cdiv(L, 256)), 256, st, out, (const float *)y, ids, weights,
+                   (const int32_t *)NULL, top_k, L);
+        return;
+    }
+    int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
+    k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, perm, slot_of);
+    LAUNCH_CHECK();
+    if (f != WF_F32 && f == w->down.fmt && k8) {
         if (f == WF_BF16)
             tc_experts<__nv_bfloat16>(be, st, w, x, (__nv_bfloat16 *)xb, (__nv_bfloat16 *)h, y, offsets, mtile_off, perm,
                                       n, top_k);
