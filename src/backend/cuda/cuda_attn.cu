@@ -21,6 +21,8 @@ __device__ __forceinline__ void store_kv<__nv_bfloat16>(__nv_bfloat16 *dst, floa
 
 template <typename T>
 __global__ void k_kv_write(T *kc, T *vc, const float *qkv, int ld, const int32_t *slot_mapping, int qd, int kvd) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, slot = slot_mapping[t];
     if (slot < 0) return;
     const float *row = qkv + (int64_t)t * ld + qd;
@@ -36,10 +38,11 @@ void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float
     int qd = d->heads * d->head_dim, kvd = d->kv_heads * d->head_dim;
     cudaStream_t s = cu(be)->stream;
     if (be->kv_dtype == DT_BF16)
-        k_kv_write<<<b->num_tokens, 128, 0, s>>>((__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, qkv, ld,
-                                                 b->slot_mapping, qd, kvd);
-    else k_kv_write<<<b->num_tokens, 128, 0, s>>>((float *)k_cache, (float *)v_cache, qkv, ld, b->slot_mapping, qd, kvd);
-    LAUNCH_CHECK();
+        launch_pdl(k_kv_write<__nv_bfloat16>, b->num_tokens, 128, 0, s, (__nv_bfloat16 *)k_cache,
+                   (__nv_bfloat16 *)v_cache, qkv, ld, (const int32_t *)b->slot_mapping, qd, kvd);
+    else
+        launch_pdl(k_kv_write<float>, b->num_tokens, 128, 0, s, (float *)k_cache, (float *)v_cache, qkv, ld,
+                   (const int32_t *)b->slot_mapping, qd, kvd);
 }
 
 struct attn_args {
@@ -192,6 +195,7 @@ static size_t dec_smem(int G, int D) {
 // flight together), or 0 for any other.
 template <typename T, int G, int DT>
 __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *kc, const T *vc) {
+    pdl_wait();
     pdl_trigger();
     extern __shared__ int64_t sm[];
     const int D = DT ? DT : a.Dh, g = a.H / a.Hkv, ngrp = cdiv_dev(g, G), tid = threadIdx.x;
@@ -327,6 +331,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
 // Only the splits that hold keys of the token's context are read: of a.split
 // keys each (prefill), or the decode kernel's per-sequence ranges (split 0).
 __global__ void k_attn_merge(attn_args a) {
+    pdl_wait();
     pdl_trigger();
     int t = a.tok0 + blockIdx.x, h = blockIdx.y, n = a.pos[t] + 1;
     int ns = min(a.nsplit, cdiv_dev(n, a.split ? a.split : dec_range(n, a.nsplit)));
@@ -350,7 +355,7 @@ __global__ void k_attn_merge(attn_args a) {
 
 static void merge(struct backend *be, const attn_args *a, int ntok) {
     if (a->nsplit <= 1) return;
-    k_attn_merge<<<dim3(ntok, a->H), 128, 0, cu(be)->stream>>>(*a);
+    launch_pdl(k_attn_merge, dim3(ntok, a->H), 128, 0, cu(be)->stream, *a);
     LAUNCH_CHECK();
 }
 
@@ -380,9 +385,9 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
 
 template <typename T, int G>
 static void launch_dec_g(const attn_args &a, dim3 grid, size_t smem, cudaStream_t s, const void *kc, const void *vc) {
-    if (a.Dh == 128) k_attn_dec<T, G, 128><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
-    else if (a.Dh == 64) k_attn_dec<T, G, 64><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
-    else k_attn_dec<T, G, 0><<<grid, DEC_THREADS, smem, s>>>(a, (const T *)kc, (const T *)vc);
+    if (a.Dh == 128) launch_pdl(k_attn_dec<T, G, 128>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
+    else if (a.Dh == 64) launch_pdl(k_attn_dec<T, G, 64>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
+    else launch_pdl(k_attn_dec<T, G, 0>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
 }
 
 template <typename T>

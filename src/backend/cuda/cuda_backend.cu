@@ -187,18 +187,22 @@ static int cu_weight_random(struct backend *be, struct weight *w, uint64_t seed,
 }
 
 __global__ void k_gather_ids(int32_t *ids, const int32_t *table, const int32_t *src, int n) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < n) ids[t] = table[src[t]];
 }
 
 static void cu_gather_ids(struct backend *be, int32_t *ids, const int32_t *table, const int32_t *src, int n) {
     if (n <= 0) return;
-    k_gather_ids<<<cdiv(n, 256), 256, 0, cu(be)->stream>>>(ids, table, src, n);
+    launch_pdl(k_gather_ids, cdiv(n, 256), 256, 0, cu(be)->stream, ids, table, src, n);
     LAUNCH_CHECK();
 }
 
 template <typename T>
 __global__ void k_embed(float *out, const T *table, const int32_t *ids, int d) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x;
     const T *row = table + (int64_t)ids[t] * d;
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[(int64_t)t * d + i] = load_f(row + i);
@@ -209,9 +213,9 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
     int d = (int)table->cols;
     cudaStream_t s = cu(be)->stream;
     switch (table->fmt) {
-    case WF_F32: k_embed<<<n, 256, 0, s>>>(out, (const float *)table->data, ids, d); break;
-    case WF_BF16: k_embed<<<n, 256, 0, s>>>(out, (const __nv_bfloat16 *)table->data, ids, d); break;
-    case WF_F16: k_embed<<<n, 256, 0, s>>>(out, (const __half *)table->data, ids, d); break;
+    case WF_F32: launch_pdl(k_embed<float>, n, 256, 0, s, out, (const float *)table->data, ids, d); break;
+    case WF_BF16: launch_pdl(k_embed<__nv_bfloat16>, n, 256, 0, s, out, (const __nv_bfloat16 *)table->data, ids, d); break;
+    case WF_F16: launch_pdl(k_embed<__half>, n, 256, 0, s, out, (const __half *)table->data, ids, d); break;
     case WF_FP8:
     case WF_FP8_B128:
     case WF_NVFP4: break; // refused by cu_weight_alloc
@@ -221,6 +225,7 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
 
 // One block per row: res += x (if x); out = rmsnorm(res) * w.
 __global__ void k_add_rmsnorm(float *res, const float *x, float *out, const float *w, int d, float eps) {
+    pdl_wait();
     pdl_trigger();
     __shared__ float red[32];
     int64_t off = (int64_t)blockIdx.x * d;
@@ -241,6 +246,7 @@ __global__ void k_add_rmsnorm(float *res, const float *x, float *out, const floa
 // every read is before the block's reduction, every write after it.
 template <int V>
 __global__ void k_add_rmsnorm4(float *res, const float *x, float *out, const float *w, int d, float eps) {
+    pdl_wait();
     pdl_trigger();
     __shared__ float red[32];
     int64_t off = (int64_t)blockIdx.x * (d / 4);
@@ -276,11 +282,11 @@ static void add_rmsnorm(cudaStream_t s, float *res, const float *x, float *out, 
     if (n <= 0) return;
     uintptr_t align = (uintptr_t)res | (uintptr_t)x | (uintptr_t)out | (uintptr_t)w;
     int d4 = d / 4, v = cdiv(d4, 1024), th = (int)MIN(1024, (d4 + 31) / 32 * 32);
-    if (d % 4 || align % 16 || v > 8) k_add_rmsnorm<<<n, 256, 0, s>>>(res, x, out, w, d, eps);
-    else if (v == 1) k_add_rmsnorm4<1><<<n, th, 0, s>>>(res, x, out, w, d, eps);
-    else if (v == 2) k_add_rmsnorm4<2><<<n, 1024, 0, s>>>(res, x, out, w, d, eps);
-    else if (v <= 4) k_add_rmsnorm4<4><<<n, 1024, 0, s>>>(res, x, out, w, d, eps);
-    else k_add_rmsnorm4<8><<<n, 1024, 0, s>>>(res, x, out, w, d, eps);
+    if (d % 4 || align % 16 || v > 8) launch_pdl(k_add_rmsnorm, n, 256, 0, s, res, x, out, w, d, eps);
+    else if (v == 1) launch_pdl(k_add_rmsnorm4<1>, n, th, 0, s, res, x, out, w, d, eps);
+    else if (v == 2) launch_pdl(k_add_rmsnorm4<2>, n, 1024, 0, s, res, x, out, w, d, eps);
+    else if (v <= 4) launch_pdl(k_add_rmsnorm4<4>, n, 1024, 0, s, res, x, out, w, d, eps);
+    else launch_pdl(k_add_rmsnorm4<8>, n, 1024, 0, s, res, x, out, w, d, eps);
     LAUNCH_CHECK();
 }
 
@@ -380,10 +386,10 @@ template <typename T>
 static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, int N, int K, int n) {
     dim3 g(cdiv(N, GEMV_ROWS));
     switch (n) {
-    case 1: launch_pdl(k_gemv16<T, 1>, g, 256, s, y, x, W, N, K); break;
-    case 2: launch_pdl(k_gemv16<T, 2>, g, 256, s, y, x, W, N, K); break;
-    case 3: launch_pdl(k_gemv16<T, 3>, g, 256, s, y, x, W, N, K); break;
-    default: launch_pdl(k_gemv16<T, 4>, g, 256, s, y, x, W, N, K); break;
+    case 1: launch_pdl(k_gemv16<T, 1>, g, 256, 0, s, y, x, W, N, K); break;
+    case 2: launch_pdl(k_gemv16<T, 2>, g, 256, 0, s, y, x, W, N, K); break;
+    case 3: launch_pdl(k_gemv16<T, 3>, g, 256, 0, s, y, x, W, N, K); break;
+    default: launch_pdl(k_gemv16<T, 4>, g, 256, 0, s, y, x, W, N, K); break;
     }
     LAUNCH_CHECK();
 }
@@ -521,14 +527,16 @@ __global__ void __launch_bounds__(256) k_gemv32(float *y, const float *x, const 
 static void gemv32(cudaStream_t s, float *y, const float *x, const float *W, int N, int K, int n) {
     dim3 g(N);
     switch (n) {
-    case 1: launch_pdl(k_gemv32<1>, g, 256, s, y, x, W, N, K); break;
-    case 2: launch_pdl(k_gemv32<2>, g, 256, s, y, x, W, N, K); break;
-    case 3: launch_pdl(k_gemv32<3>, g, 256, s, y, x, W, N, K); break;
-    default: launch_pdl(k_gemv32<4>, g, 256, s, y, x, W, N, K); break;
+    case 1: launch_pdl(k_gemv32<1>, g, 256, 0, s, y, x, W, N, K); break;
+    case 2: launch_pdl(k_gemv32<2>, g, 256, 0, s, y, x, W, N, K); break;
+    case 3: launch_pdl(k_gemv32<3>, g, 256, 0, s, y, x, W, N, K); break;
+    default: launch_pdl(k_gemv32<4>, g, 256, 0, s, y, x, W, N, K); break;
     }
 }
 
 __global__ void k_bias(float *y, const float *b, int64_t n, int N) {
+    pdl_wait();
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * N; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += b[i % N];
 }
@@ -545,12 +553,13 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     else blas_matmul(be, y, x, w, n);
     if (w->bias) {
         int64_t m = (int64_t)n * N;
-        k_bias<<<(int)(m < 4096LL * 256 ? cdiv(m, 256) : 4096), 256, 0, s>>>(y, w->bias, n, N);
+        launch_pdl(k_bias, (int)(m < 4096LL * 256 ? cdiv(m, 256) : 4096), 256, 0, s, y, w->bias, n, N);
         LAUNCH_CHECK();
     }
 }
 
 __global__ void k_gather_rows(float *out, const float *x, const int32_t *rows, int d) {
+    pdl_wait();
     pdl_trigger();
     int i = blockIdx.x;
     const float *src = x + (int64_t)rows[i] * d;
@@ -559,16 +568,18 @@ __global__ void k_gather_rows(float *out, const float *x, const int32_t *rows, i
 
 static void cu_gather_rows(struct backend *be, float *out, const float *x, const int32_t *rows, int n, int dim) {
     if (n <= 0) return;
-    k_gather_rows<<<n, 256, 0, cu(be)->stream>>>(out, x, rows, dim);
+    launch_pdl(k_gather_rows, n, 256, 0, cu(be)->stream, out, x, rows, dim);
     LAUNCH_CHECK();
 }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
+    pdl_wait();
     pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
 __global__ void k_act(enum act kind, float *x, int64_t n) {
+    pdl_wait();
     pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         x[i] = act_dev(kind, x[i]);
@@ -576,6 +587,7 @@ __global__ void k_act(enum act kind, float *x, int64_t n) {
 
 // out [n, I] = act(x[:, :I]) * x[:, I:], x [n, 2I]
 __global__ void k_act_mul(enum act kind, float *out, const float *x, int64_t n, int I) {
+    pdl_wait();
     pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n * I; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / I, j = i % I;
@@ -588,24 +600,26 @@ static int grid_for(int64_t n) { return (int)(n < 4096LL * 256 ? cdiv(n, 256) : 
 
 static void cu_add(struct backend *be, float *y, const float *x, int64_t n) {
     if (n <= 0) return;
-    k_add<<<grid_for(n), 256, 0, cu(be)->stream>>>(y, x, n);
+    launch_pdl(k_add, grid_for(n), 256, 0, cu(be)->stream, y, x, n);
     LAUNCH_CHECK();
 }
 
 static void cu_act(struct backend *be, enum act kind, float *x, int64_t n) {
     if (n <= 0) return;
-    k_act<<<grid_for(n), 256, 0, cu(be)->stream>>>(kind, x, n);
+    launch_pdl(k_act, grid_for(n), 256, 0, cu(be)->stream, kind, x, n);
     LAUNCH_CHECK();
 }
 
 static void cu_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter) {
     if (n <= 0) return;
-    k_act_mul<<<grid_for((int64_t)n * inter), 256, 0, cu(be)->stream>>>(kind, out, x, n, inter);
+    launch_pdl(k_act_mul, grid_for((int64_t)n * inter), 256, 0, cu(be)->stream, kind, out, x, n, inter);
     LAUNCH_CHECK();
 }
 
 // One block per token: its heads' pairs (i, i + d/2) rotated by its position.
 __global__ void k_rope(float *x, int ld, int heads, int hd, const float *table, const int32_t *pos) {
+    pdl_wait();
+    pdl_trigger();
     int t = blockIdx.x, h2 = hd / 2;
     float *row = x + (int64_t)t * ld;
     const float *c = table + (int64_t)pos[t] * hd, *s = c + h2;
@@ -620,12 +634,14 @@ __global__ void k_rope(float *x, int ld, int heads, int hd, const float *table, 
 static void cu_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
                     const int32_t *positions) {
     if (n <= 0) return;
-    k_rope<<<n, 128, 0, cu(be)->stream>>>(x, ld, heads, head_dim, table, positions);
+    launch_pdl(k_rope, n, 128, 0, cu(be)->stream, x, ld, heads, head_dim, table, positions);
     LAUNCH_CHECK();
 }
 
 // One warp per (token, head): RMSNorm over head_dim.
 __global__ void k_head_rmsnorm(float *x, int ld, int n, int heads, int hd, const float *w, float eps) {
+    pdl_wait();
+    pdl_trigger();
     int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (g >= n * heads) return;
     float *p = x + (int64_t)(g / heads) * ld + (g % heads) * hd;
@@ -639,7 +655,7 @@ __global__ void k_head_rmsnorm(float *x, int ld, int n, int heads, int hd, const
 static void cu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
                             float eps) {
     if (n <= 0) return;
-    k_head_rmsnorm<<<cdiv((int64_t)n * heads, 4), 128, 0, cu(be)->stream>>>(x, ld, n, heads, head_dim, w, eps);
+    launch_pdl(k_head_rmsnorm, cdiv((int64_t)n * heads, 4), 128, 0, cu(be)->stream, x, ld, n, heads, head_dim, w, eps);
     LAUNCH_CHECK();
 }
 

@@ -79,12 +79,12 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 template <typename... KArgs, typename... Args>
-static inline void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, cudaStream_t s, Args... args) {
+static inline void launch_pdl(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args... args) {
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t c = {};
-    c.gridDim = grid, c.blockDim = block, c.dynamicSmemBytes = 0, c.stream = s;
+    c.gridDim = grid, c.blockDim = block, c.dynamicSmemBytes = smem, c.stream = s;
     c.attrs = &at, c.numAttrs = cuda_pdl ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&c, k, (KArgs)args...));
 }

@@ -19,6 +19,8 @@ struct conv_meta {
 template <int K>
 __global__ void k_conv1d(float *zxbcdt, int ld, int I, int C, const float *w, const float *bias, float *conv_state,
                          conv_meta m, int seq0, int decode) {
+    pdl_wait();
+    pdl_trigger();
     int s = seq0 + blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int t0 = m.qsl[s], L = m.qsl[s + 1] - t0;
@@ -61,7 +63,7 @@ static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *
     cudaStream_t s = cu(be)->stream;
     conv_meta m = {b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
                    b->ckpt_slot};
-#define CONV(KK) k_conv1d<KK><<<grid, 128, 0, s>>>(zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, decode)
+#define CONV(KK) launch_pdl(k_conv1d<KK>, grid, 128, 0, s, zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, decode)
     switch (d->conv_kernel) {
     case 2: CONV(2); break;
     case 3: CONV(3); break;
@@ -330,6 +332,8 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
 // (coalesced 128-byte rows), and all of a row's loads are issued before use.
 #define SSD_NMAX (CUDA_MAX_STATE / 32) // N <= 256, checked at load
 __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
+    pdl_wait();
+    pdl_trigger();
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int P = a.P, N = a.N, g = h / (a.H / a.G), nq = (N + 31) / 32;
     int t = a.qsl[s];
@@ -381,13 +385,14 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   NULL, NULL, NULL, NULL, 0, d->dt_min, d->dt_max}; // a decode continues its own slot
-    k_ssd_decode<<<dim3(b->num_decodes, d->heads), 256, 0, cu(be)->stream>>>(a);
+    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads), 256, 0, cu(be)->stream, a);
     LAUNCH_CHECK();
 }
 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
 __global__ void k_gated_rmsnorm(float *out, const float *y, const float *z, int zld, const float *w, int dim, int gs,
                                 float eps) {
+    pdl_wait();
     pdl_trigger();
     __shared__ float red[32];
     int t = blockIdx.x, g0 = blockIdx.y * gs;
@@ -407,6 +412,6 @@ __global__ void k_gated_rmsnorm(float *out, const float *y, const float *z, int 
 void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,
                         int dim, int group_size, float eps) {
     if (n <= 0) return;
-    k_gated_rmsnorm<<<dim3(n, dim / group_size), 256, 0, cu(be)->stream>>>(out, y, z, zld, w, dim, group_size, eps);
+    launch_pdl(k_gated_rmsnorm, dim3(n, dim / group_size), 256, 0, cu(be)->stream, out, y, z, zld, w, dim, group_size, eps);
     LAUNCH_CHECK();
 }

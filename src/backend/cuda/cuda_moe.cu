@@ -7,12 +7,10 @@
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
 
-// One warp per token. Lanes hold experts e = lane + 32 q, q < nq; each
-// arg-max is a lane's own scan (ascending e) and then one warp reduction,
-// so a top-k costs k reductions whatever the expert count. Ties go to the
-// lower index, as in the CPU reference.
-#define ROUTE_Q (MAX_EXPERTS / 32)
-
+// A block per token, a thread per expert (E <= 1024): each arg-max of the
+// top-k is one block reduction, so a decode step's router is a few
+// microseconds however few tokens there are. Ties go to the lower index, as
+// in the CPU reference.
 __device__ __forceinline__ void warp_best(float &v, int &i) {
     for (int o = 16; o > 0; o >>= 1) {
         float v2 = __shfl_xor_sync(0xffffffffu, v, o);
@@ -21,130 +19,106 @@ __device__ __forceinline__ void warp_best(float &v, int &i) {
     }
 }
 
-// The warp's best (value, expert) over the lanes' experts in [lo, hi) whose
-// bit q is set in `avail` and that are not `skip`.
-__device__ __forceinline__ void route_best(const float *ch, uint32_t avail, int nq, int lo, int hi, int skip,
-                                           float &v, int &ie) {
-    int lane = threadIdx.x & 31;
-    v = -INFINITY, ie = 0x7fffffff;
-#pragma unroll
-    for (int q = 0; q < ROUTE_Q; q++) {
-        int e = lane + 32 * q;
-        if (q < nq && (avail >> q & 1) && e >= lo && e < hi && e != skip && (ch[q] > v || (ch[q] == v && e < ie)))
-            v = ch[q], ie = e;
+// The block's best (value, index); every thread gets it. sv, si: shared [33].
+__device__ __forceinline__ void block_best(float &v, int &i, float *sv, int *si) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    warp_best(v, i);
+    __syncthreads(); // the previous call's readers are done with sv
+    if (lane == 0) sv[w] = v, si[w] = i;
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? sv[lane] : -INFINITY, i = lane < nw ? si[lane] : 0x7fffffff;
+        warp_best(v, i);
+        if (lane == 0) sv[32] = v, si[32] = i;
     }
-    warp_best(v, ie);
+    __syncthreads();
+    v = sv[32], i = si[32];
 }
 
-__global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
-                            moe_route_cfg c) {
+// Sigmoid + correction bias; experts chosen among the topk_group groups
+// whose two best choice scores sum highest (each group scanned in order by
+// one thread, as the reference does).
+__global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, moe_route_cfg c) {
+    __shared__ float sv[33], s_ch[MAX_EXPERTS], gs[CUDA_MAX_GROUPS], s_w[CUDA_MAX_TOPK];
+    __shared__ int si[33];
+    __shared__ unsigned long long s_groups;
+    pdl_wait();
     pdl_trigger();
-    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= n) return;
-    int E = c.num_experts, per = E / c.n_group, nq = (E + 31) / 32;
-    const float *l = logits + (int64_t)t * E;
-    float ch[ROUTE_Q], sig[ROUTE_Q]; // choice scores (sigmoid + correction bias) and sigmoids
-    uint32_t avail = 0;
-#pragma unroll
-    for (int q = 0; q < ROUTE_Q; q++) {
-        int e = lane + 32 * q;
-        bool in = q < nq && e < E;
-        sig[q] = in ? 1.0f / (1.0f + expf(-l[e])) : 0.0f;
-        ch[q] = in ? sig[q] + (bias ? bias[e] : 0.0f) : -INFINITY;
-        avail |= (uint32_t)in << q;
+    int t = blockIdx.x, e = threadIdx.x, E = c.num_experts;
+    bool in = e < E, avail = in;
+    float sig = in ? 1.0f / (1.0f + expf(-logits[(int64_t)t * E + e])) : 0.0f;
+    float ch = in ? sig + (bias ? bias[e] : 0.0f) : -INFINITY;
+    if (c.topk_group < c.n_group) {
+        int per = E / c.n_group;
+        if (in) s_ch[e] = ch;
+        __syncthreads();
+        if (e < c.n_group) {
+            float a = -INFINITY, b2 = -INFINITY;
+            for (int x = e * per; x < (e + 1) * per; x++) {
+                float v = s_ch[x];
+                if (v > a) b2 = a, a = v;
+                else if (v > b2) b2 = v;
+            }
+            gs[e] = a + (per > 1 ? b2 : 0.0f);
+        }
+        __syncthreads();
+        if (e == 0) {
+            unsigned long long taken = 0;
+            for (int j = 0; j < c.topk_group; j++) {
+                float best = -INFINITY;
+                int bg = -1;
+                for (int g = 0; g < c.n_group; g++)
+                    if (!(taken >> g & 1) && (bg < 0 || gs[g] > best)) best = gs[g], bg = g;
+                taken |= 1ull << bg;
+            }
+            s_groups = taken;
+        }
+        __syncthreads();
+        avail = in && (s_groups >> (e / per) & 1);
     }
-    if (c.topk_group < c.n_group) { // groups: score = sum of the group's two best choice scores
-        float gs[CUDA_MAX_GROUPS];
-        for (int g = 0; g < c.n_group; g++) {
-            float a, b2 = 0;
-            int ia, ib;
-            route_best(ch, avail, nq, g * per, (g + 1) * per, -1, a, ia);
-            if (per > 1) route_best(ch, avail, nq, g * per, (g + 1) * per, ia, b2, ib);
-            gs[g] = a + b2;
-        }
-        uint64_t taken = 0;
-        for (int j = 0; j < c.topk_group; j++) {
-            float best = -INFINITY;
-            int bestg = 0x7fffffff;
-            for (int g = 0; g < c.n_group; g++)
-                if (!(taken >> g & 1) && (gs[g] > best || (gs[g] == best && g < bestg))) best = gs[g], bestg = g;
-            taken |= 1ull << bestg;
-        }
-#pragma unroll
-        for (int q = 0; q < ROUTE_Q; q++) {
-            int e = lane + 32 * q;
-            if (!(e < E && (taken >> (e / per) & 1))) avail &= ~(1u << q);
-        }
-    }
-    // lane j keeps pick j: no global round trip between the picks
-    float sum = 0, my_w = 0;
-    int my_id = 0;
     for (int j = 0; j < c.top_k; j++) {
-        float v, s_ = 0;
-        int ie;
-        route_best(ch, avail, nq, 0, E, -1, v, ie);
-#pragma unroll
-        for (int q = 0; q < ROUTE_Q; q++)
-            if (q == ie >> 5) s_ = sig[q];
-        s_ = __shfl_sync(0xffffffffu, s_, ie & 31); // the owner's sigmoid
-        if ((ie & 31) == lane) avail &= ~(1u << (ie >> 5));
-        if (lane == j) my_id = ie, my_w = s_;
-        sum += s_;
+        float v = avail ? ch : -INFINITY;
+        int ie = avail ? e : 0x7fffffff;
+        block_best(v, ie, sv, si);
+        if (e == ie) avail = false, s_w[j] = sig, ids[(int64_t)t * c.top_k + j] = ie;
     }
-    if (lane < c.top_k) {
-        if (c.norm_topk_prob) my_w /= sum + 1e-20f;
-        ids[(int64_t)t * c.top_k + lane] = my_id;
-        weights[(int64_t)t * c.top_k + lane] = my_w * c.routed_scaling_factor;
+    __syncthreads();
+    if (e < c.top_k) {
+        float sum = 0;
+        for (int j = 0; j < c.top_k; j++) sum += s_w[j];
+        float w = s_w[e];
+        if (c.norm_topk_prob) w /= sum + 1e-20f;
+        weights[(int64_t)t * c.top_k + e] = w * c.routed_scaling_factor;
     }
 }
 
-// Softmax top-k, one warp per token: probabilities as the reference (max
-// subtracted, expf, divided by the sum), top-k by warp arg-max, ties to the
-// lower index.
-__global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, int n, moe_route_cfg c) {
+// Softmax top-k: probabilities as the reference (max subtracted, expf,
+// divided by the sum), then the top-k of them.
+__global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, moe_route_cfg c) {
+    __shared__ float sv[33], red[32], s_w[CUDA_MAX_TOPK];
+    __shared__ int si[33];
+    pdl_wait();
     pdl_trigger();
-    int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (t >= n) return;
-    int E = c.num_experts, nq = (E + 31) / 32;
-    const float *l = logits + (int64_t)t * E;
-    float p[ROUTE_Q], mx = -INFINITY, sum = 0;
-#pragma unroll
-    for (int q = 0; q < ROUTE_Q; q++) {
-        int e = lane + 32 * q;
-        p[q] = q < nq && e < E ? l[e] : -INFINITY;
-        mx = fmaxf(mx, p[q]);
-    }
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-#pragma unroll
-    for (int q = 0; q < ROUTE_Q; q++) {
-        p[q] = p[q] == -INFINITY ? 0.0f : expf(p[q] - mx);
-        sum += p[q];
-    }
-    sum = warp_sum(sum);
-    bool taken[ROUTE_Q];
-#pragma unroll
-    for (int q = 0; q < ROUTE_Q; q++) p[q] /= sum, taken[q] = lane + 32 * q >= E;
-    float tot = 0, my_w = 0;
-    int my_id = 0;
+    int t = blockIdx.x, e = threadIdx.x, E = c.num_experts;
+    bool in = e < E, avail = in;
+    float lg = in ? logits[(int64_t)t * E + e] : -INFINITY, mx = lg;
+    int im = e;
+    block_best(mx, im, sv, si);
+    float p = in ? expf(lg - mx) : 0.0f;
+    p /= block_sum(p, red);
     for (int j = 0; j < c.top_k; j++) {
-        float v = -INFINITY;
-        int ie = 0x7fffffff;
-#pragma unroll
-        for (int q = 0; q < ROUTE_Q; q++) {
-            int e = lane + 32 * q;
-            if (q < nq && !taken[q] && (p[q] > v || (p[q] == v && e < ie))) v = p[q], ie = e;
-        }
-        warp_best(v, ie);
-#pragma unroll
-        for (int q = 0; q < ROUTE_Q; q++)
-            if (lane + 32 * q == ie) taken[q] = true;
-        if (lane == j) my_id = ie, my_w = v;
-        tot += v;
+        float v = avail ? p : -INFINITY;
+        int ie = avail ? e : 0x7fffffff;
+        block_best(v, ie, sv, si);
+        if (e == ie) avail = false, s_w[j] = p, ids[(int64_t)t * c.top_k + j] = ie;
     }
-    if (lane < c.top_k) {
-        if (c.norm_topk_prob) my_w /= tot;
-        ids[(int64_t)t * c.top_k + lane] = my_id;
-        weights[(int64_t)t * c.top_k + lane] = my_w * c.routed_scaling_factor;
+    __syncthreads();
+    if (e < c.top_k) {
+        float tot = 0;
+        for (int j = 0; j < c.top_k; j++) tot += s_w[j];
+        float w = s_w[e];
+        if (c.norm_topk_prob) w /= tot;
+        weights[(int64_t)t * c.top_k + e] = w * c.routed_scaling_factor;
     }
 }
 
@@ -152,11 +126,11 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
                     const struct moe_route_cfg *c) {
     if (n <= 0) return; // shapes checked at load (cu_supports)
     cudaStream_t s = cu(be)->stream;
+    int th = (c->num_experts + 31) / 32 * 32; // E <= CUDA_MAX_EXPERTS = 1024
     switch (c->kind) {
-    case ROUTE_SIGMOID_GROUPED: k_moe_route<<<cdiv(n, 4), 128, 0, s>>>(ids, weights, logits, bias, n, *c); break;
-    case ROUTE_SOFTMAX_TOPK: k_moe_route_softmax<<<cdiv(n, 4), 128, 0, s>>>(ids, weights, logits, n, *c); break;
+    case ROUTE_SIGMOID_GROUPED: launch_pdl(k_moe_route, n, th, 0, s, ids, weights, logits, bias, *c); break;
+    case ROUTE_SOFTMAX_TOPK: launch_pdl(k_moe_route_softmax, n, th, 0, s, ids, weights, logits, *c); break;
     }
-    LAUNCH_CHECK();
 }
 
 // Counting sort of the n*k assignments by expert (one block): offsets
@@ -295,7 +269,7 @@ __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, co
                               const int32_t *slot_of, int k, int L) {
     __shared__ int sr[CUDA_MAX_TOPK];
     __shared__ float sw[CUDA_MAX_TOPK];
-    pdl_wait(); // may be launched early (launch_pdl)
+    pdl_wait();
     pdl_trigger();
     int t = blockIdx.x, l = blockIdx.y * blockDim.x + threadIdx.x;
     if (threadIdx.x == 0) {
@@ -422,7 +396,7 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
                                                   int nk, int k, int E, int K, int I, int N, int gated, enum act kind) {
     __shared__ int rows[NB], cnt_s, pick;
     __shared__ uint32_t used[MAX_EXPERTS / 32];
-    pdl_wait(); // launched early (launch_pdl): ids and x are earlier kernels' outputs
+    pdl_wait();
     pdl_trigger();
     int e = moe_decode_expert<NB>(ids, nk, E, blockIdx.y, rows, &cnt_s, used, &pick);
     if (e < 0) return;
@@ -678,9 +652,9 @@ static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const 
                             const int32_t *ids, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
     dim3 gu(cdiv(I, w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
-    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, st, (const T *)w->up.data, x, h, ids, nk, top_k, E, L, I, I,
+    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, x, h, ids, nk, top_k, E, L, I, I,
                w->gated, w->act);
-    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, st, (const T *)w->down.data, (const float *)h, y, ids, nk, top_k, E,
+    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)h, y, ids, nk, top_k, E,
                I, I, L, 0, w->act);
 }
 
@@ -718,28 +692,27 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     cudaStream_t st = cu(be)->stream;
     bool k8 = L % 8 == 0 && I % 8 == 0;
     enum wfmt f = w->up.fmt;
-    if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) { // no sort: rows are assignments
+    const int32_t *rows = NULL; // y's row of each assignment: itself (the GEMV), or slot_of (sorted)
+    if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) { // no sort
         if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k);
         else gemv_experts<__half>(st, w, x, h, y, ids, n, top_k);
-        launch_pdl(k_moe_combine, dim3(n, cdiv(L, 256)), 256, st, out, (const float *)y, ids, weights,
-                   (const int32_t *)NULL, top_k, L);
-        return;
-    }
-    int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
-    k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, perm, slot_of);
-    LAUNCH_CHECK();
-    if (f != WF_F32 && f == w->down.fmt && k8) {
-        if (f == WF_BF16)
-            tc_experts<__nv_bfloat16>(be, st, w, x, (__nv_bfloat16 *)xb, (__nv_bfloat16 *)h, y, offsets, mtile_off, perm,
-                                      n, top_k);
-        else tc_experts<__half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k);
     } else {
-        experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
-        int64_t nh = (int64_t)nk * I;
-        k_moe_act<<<(int)(nh < 4096LL * 256 ? cdiv(nh, 256) : 4096), 256, 0, st>>>(h, gu, nk, I, w->gated, w->act);
+        int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
+        k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, perm, slot_of);
         LAUNCH_CHECK();
-        experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
+        rows = slot_of;
+        if (f != WF_F32 && f == w->down.fmt && k8) {
+            if (f == WF_BF16)
+                tc_experts<__nv_bfloat16>(be, st, w, x, (__nv_bfloat16 *)xb, (__nv_bfloat16 *)h, y, offsets, mtile_off,
+                                          perm, n, top_k);
+            else tc_experts<__half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k);
+        } else {
+            experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
+            int64_t nh = (int64_t)nk * I;
+            k_moe_act<<<(int)(nh < 4096LL * 256 ? cdiv(nh, 256) : 4096), 256, 0, st>>>(h, gu, nk, I, w->gated, w->act);
+            LAUNCH_CHECK();
+            experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
+        }
     }
-    k_moe_combine<<<dim3(n, cdiv(L, 256)), 256, 0, st>>>(out, y, ids, weights, slot_of, top_k, L);
-    LAUNCH_CHECK();
+    launch_pdl(k_moe_combine, dim3(n, cdiv(L, 256)), 256, 0, st, out, (const float *)y, ids, weights, rows, top_k, L);
 }

@@ -50,6 +50,8 @@ __global__ void k_sample(const float *logits, int V, int32_t *table, const sampl
                          int32_t *cnt, sample_out out) {
     __shared__ float red[32];
     __shared__ vi vred[32];
+    pdl_wait();
+    pdl_trigger();
     int r = blockIdx.x;
     sample_params p = params[r];
     const float *l = logits + (int64_t)r * V;
@@ -180,7 +182,7 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
     }
     size_t wbytes = sizeof(float) * (size_t)n * vocab, cbytes = need_cnt ? sizeof(int32_t) * 2 * (size_t)n * vocab : 0;
     char *s = (char *)cuda_scratch(be, wbytes + cbytes);
-    k_sample<<<n, NT, 0, cu(be)->stream>>>(logits, vocab, token_table, b->sample_params, (float *)s,
+    launch_pdl(k_sample, n, NT, 0, cu(be)->stream, logits, vocab, token_table, b->sample_params, (float *)s,
                                            (int32_t *)(s + wbytes), *out);
     LAUNCH_CHECK();
 }
