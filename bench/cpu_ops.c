@@ -214,7 +214,7 @@ static void moe_run(struct backend *be, void *p) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         a->ids[t] = (int32_t)((t % 4) * 16 + (rng >> 40) % 16);
     }
-    be->ops->moe_experts(be, a->out, a->x, &a->w[a->which], a->ids, a->wt, a->n, 4);
+    be->ops->moe_experts(be, a->out, a->x, &a->w[a->which], a->ids, a->wt, a->n, 4, NULL);
 }
 static void bench_moe(struct backend *ref, struct backend *fast, enum wfmt dt, const int *ns, int nn) {
     struct moe_arg a;

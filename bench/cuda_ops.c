@@ -113,7 +113,7 @@ struct moe_ctx {
 };
 static void moe_call(void *p, int i) {
     struct moe_ctx *c = p;
-    be->ops->moe_experts(be, c->out, c->x, &c->w, c->ids + (size_t)(i % c->sets) * c->n * K, c->wts, c->n, K);
+    be->ops->moe_experts(be, c->out, c->x, &c->w, c->ids + (size_t)(i % c->sets) * c->n * K, c->wts, c->n, K, NULL);
 }
 static void bench_moe(int n, int calls) {
     struct moe_ctx c = {.n = n, .sets = 16};

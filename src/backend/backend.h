@@ -288,9 +288,10 @@ struct backend_ops {
     void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
                       const float *bias, int n, const struct moe_route_cfg *c);
     // out: [n, L] = sum_k weights[k] * down_e(hidden_e(x)) (struct moe_experts),
-    // the experts of a token summed in ascending expert order
+    // the experts of a token summed in ascending expert order, then + add
+    // ([n, L], the shared expert's output: its add fused), unless NULL
     void (*moe_experts)(struct backend *be, float *out, const float *x, const struct moe_experts *w,
-                        const int32_t *ids, const float *weights, int n, int top_k);
+                        const int32_t *ids, const float *weights, int n, int top_k, const float *add);
 
     // Constrained decoding: logits [rows, vocab] fp32 in place; mask [rows,
     // CDIV(vocab, 32)]: a clear bit (id % 32 of word id / 32) sets the logit

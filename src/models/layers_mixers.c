@@ -229,16 +229,21 @@ void moe_fwd(struct lm *m, const struct moe_layer *e, const float *x, float *out
         op->matmul(be, ws->xl, x, &e->fc1, T);
         xin = ws->xl;
     }
-    float *eo = e->latent ? ws->eo : out;
     lm_tick(m, T_ROUTER);
-    op->moe_experts(be, eo, xin, &e->experts, ws->rids, ws->rw, T, e->route.top_k);
-    if (e->latent) op->matmul(be, out, ws->eo, &e->fc2, T);
-    lm_tick(m, T_EXPERTS);
-    if (e->has_shared) { // on the un-projected input; routed (through fc2, linear) and shared parts reduce at once
+    // The shared expert (on the un-projected input) first, so that the
+    // experts' combine adds it; through a latent fc2 (linear) it is added
+    // after. Routed and shared parts of a rank reduce at once.
+    if (e->has_shared) {
         mlp_fwd(m, &e->shared, x, ws->y, T);
-        op->add(be, out, ws->y, (int64_t)T * m->hidden);
         lm_tick(m, T_SHARED);
     }
+    const float *add = e->has_shared && !e->latent ? ws->y : NULL;
+    op->moe_experts(be, e->latent ? ws->eo : out, xin, &e->experts, ws->rids, ws->rw, T, e->route.top_k, add);
+    if (e->latent) {
+        op->matmul(be, out, ws->eo, &e->fc2, T);
+        if (e->has_shared) op->add(be, out, ws->y, (int64_t)T * m->hidden);
+    }
+    lm_tick(m, T_EXPERTS);
 }
 
 // --------------------------------------------------------------- Mamba2 --

@@ -265,8 +265,8 @@ static void test_moe(void) {
             float *o1 = test_rnd((size_t)n * L, 1), *o2 = test_rnd((size_t)n * L, 1);
             char what[64];
             snprintf(what, sizeof what, "moe_experts %s%s n=%d", dt ? "bf16" : "fp32", gated ? " gated" : "", n);
-            fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k);
-            ref->ops->moe_experts(ref, o1, x, &wr, ids, wt, n, top_k);
+            fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k, NULL);
+            ref->ops->moe_experts(ref, o1, x, &wr, ids, wt, n, top_k, NULL);
             if (dt == WF_BF16 && fast_k(fast)->mm_pk_dot && n >= 48) {
                 // the dot kernel rounds x and the hidden activations to bf16
                 cmp(what, o2, o1, (size_t)n * L, 2e-2);

@@ -138,8 +138,8 @@ static void test_moe(enum wfmt f) {
             float *o1 = test_rnd((size_t)n * L, 1), *o2 = test_rnd((size_t)n * L, 1);
             char what[96];
             snprintf(what, sizeof what, "%s moe_experts%s n=%d", wfmt_name(f), gated ? " gated" : "", n);
-            fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k);
-            ref->ops->moe_experts(ref, o1, x, &wr, ids, wt, n, top_k);
+            fast->ops->moe_experts(fast, o2, x, &wf, ids, wt, n, top_k, NULL);
+            ref->ops->moe_experts(ref, o1, x, &wr, ids, wt, n, top_k, NULL);
             cmp(what, o2, o1, (size_t)n * L);
             free(x), free(wt), free(ids), free(o1), free(o2);
         }

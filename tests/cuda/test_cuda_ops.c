@@ -357,18 +357,27 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     cpu->ops->download(cpu, ids, pids.c, sizeof(int32_t) * T * k);
     for (int t = 0; t < T * k; t++) same[t] = ids[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
-    int ns[6] = {1, 3, 12, T, 3, 12}; // the GEMV at 1, 4 and 16 rows, the grouped GEMM; then shared routing
-    for (int i = 0; i < 6; i++) {
+    // the GEMV at 1, 4 and 8 rows and in passes of 8, the grouped GEMM (> 64); then shared routing
+    int ns[8] = {1, 3, 7, 40, T, 3, 12, 40};
+    for (int i = 0; i < 8; i++) {
         char name[96];
-        struct pair pi = i < 4 ? pids : psame;
-        const char *how = i < 4 ? "" : " shared";
-        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pi.c, pw.c, ns[i], k);
-        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k);
+        struct pair pi = i < 5 ? pids : psame;
+        const char *how = i < 5 ? "" : " shared";
+        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pi.c, pw.c, ns[i], k, NULL);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, NULL);
         snprintf(name, sizeof name, "moe_experts %s fp32 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 1e-5);
-        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pi.g, pw.g, ns[i], k);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pi.g, pw.g, ns[i], k, NULL);
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
+    }
+    for (int i = 0; i < 2; i++) { // + add (the shared expert's output), on both paths
+        char name[96];
+        int nn = i ? T : 3;
+        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, nn, k, px.c);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, nn, k, px.g);
+        snprintf(name, sizeof name, "moe_experts %s bf16 n=%d + add", m->name, nn);
+        cmp(name, po, (size_t)nn * L, 2e-2);
     }
     pfree(psame);
     free(ids), free(same);
@@ -380,7 +389,7 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
 }
 
 static void test_moe(void) {
-    int T = 64, E = 128, kmax = 8;
+    int T = 96, E = 128, kmax = 8;
     struct moe_route_cfg cfgs[4] = {{ROUTE_SIGMOID_GROUPED, E, 6, 8, 4, 0, 1.5f},
                                     {ROUTE_SIGMOID_GROUPED, E, 6, 1, 1, 1, 2.5f},
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 1, 1.0f},

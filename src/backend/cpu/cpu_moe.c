@@ -91,7 +91,7 @@ void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float
 // Expert by expert: gather its tokens, up (gate | up), activation, down,
 // weighted add.
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                     const float *weights, int n, int top_k) {
+                     const float *weights, int n, int top_k, const float *add) {
     int E = w->num_experts, I = w->inter, L = w->dim, U = w->gated ? 2 * I : I;
     memset(out, 0, sizeof(float) * (size_t)n * L);
     size_t A = (size_t)n * top_k;
@@ -122,4 +122,6 @@ void cpu_moe_experts(struct backend *be, float *out, const float *x, const struc
             for (int i = 0; i < L; i++) o[i] += wt * yr[i];
         }
     }
+    if (add)
+        for (size_t i = 0; i < (size_t)n * L; i++) out[i] += add[i];
 }

@@ -163,7 +163,7 @@ int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_to
 }
 
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                      const float *weights, int n, int top_k) {
+                      const float *weights, int n, int top_k, const float *add) {
     int E = w->num_experts, I = w->inter, L = w->dim, A = n * top_k, nt = be->num_threads;
     memset(out, 0, sizeof(float) * (size_t)n * L);
     if (n <= 0) return;
@@ -212,4 +212,6 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
         c.down_per = group_block(L, 4 * nt);
         cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
     }
+    if (add)
+        for (size_t i = 0; i < (size_t)n * L; i++) out[i] += add[i];
 }

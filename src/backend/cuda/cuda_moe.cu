@@ -261,12 +261,12 @@ __global__ void k_moe_act(float *h, const float *gu, int64_t A, int I, int gated
 }
 
 // out[t] = sum over its k experts, in ascending expert order, of w * y
-// (y row slot_of[t * k + j], or t * k + j when slot_of is NULL).
+// (y row slot_of[t * k + j], or t * k + j when slot_of is NULL), + add.
 // Block (t, x): 256 columns of token t. Thread 0 sorts the token's k
 // (expert, weight, row) once; then every thread's k loads of y are
 // independent, so they are in flight at once.
 __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, const float *weights,
-                              const int32_t *slot_of, int k, int L) {
+                              const int32_t *slot_of, const float *add, int k, int L) {
     __shared__ int sr[CUDA_MAX_TOPK];
     __shared__ float sw[CUDA_MAX_TOPK];
     pdl_wait();
@@ -290,7 +290,7 @@ __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, co
 #pragma unroll
     for (int q = 0; q < CUDA_MAX_TOPK; q++)
         if (q < k) acc += sw[q] * y[(int64_t)sr[q] * L + l];
-    out[(int64_t)t * L + l] = acc;
+    out[(int64_t)t * L + l] = add ? acc + add[(int64_t)t * L + l] : acc;
 }
 
 // out [segment rows, rows] = the experts' W (rows [0, rows) of each
@@ -323,7 +323,8 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
 
 // ---- 16-bit weights, decode sizes: GEMV over the active experts ----
 
-#define MOE_GEMV_MAXR 16 // rows of one expert a GEMV block serves (n <= 16 tokens: each picks an expert once)
+#define MOE_GEMV_MAXR 64 // tokens of the GEMV path (at most 64 * CUDA_MAX_TOPK assignments)
+#define MOE_GEMV_MAXA (MOE_GEMV_MAXR * CUDA_MAX_TOPK)
 
 __device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, float f[8]) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
@@ -344,9 +345,8 @@ __device__ __forceinline__ void unpack8(const uint4 &u, const __half *, float f[
 
 // The decode schedule, computed by every GEMV block itself (no sort
 // kernel): the a-th expert used by the nk assignments, ascending, and its
-// assignments (ascending, at most NB: n <= NB tokens each pick an expert
-// once). Returns the expert, -1 past the last; rows/cnt in shared memory.
-template <int NB>
+// assignments (ascending; at most n, as a token picks an expert once).
+// Returns the expert, -1 past the last; rows / cnt in shared memory.
 __device__ __forceinline__ int moe_decode_expert(const int32_t *ids, int nk, int E, int a, int *rows, int *cnt,
                                                  uint32_t *used, int *pick) {
     int lane = threadIdx.x & 31, words = (E + 31) / 32;
@@ -373,45 +373,22 @@ __device__ __forceinline__ int moe_decode_expert(const int32_t *ids, int nk, int
             for (int base = 0; base < nk; base += 32) {
                 int i = base + lane;
                 uint32_t hit = __ballot_sync(0xffffffffu, i < nk && ids[i] == e);
-                int at = got + __popc(hit & ((1u << lane) - 1));
-                if ((hit >> lane & 1) && at < NB) rows[at] = i;
+                if (hit >> lane & 1) rows[got + __popc(hit & ((1u << lane) - 1))] = i;
                 got += __popc(hit);
             }
-        if (lane == 0) *cnt = min(got, NB);
+        if (lane == 0) *cnt = got;
     }
     __syncthreads();
     return *pick;
 }
 
-// Decode MoE (n <= MOE_GEMV_MAXR tokens): block (x, a) = 32 weight rows (4
-// per warp) of the a-th expert used this step, applied to each of its
-// assignments. Each warp streams its 4 rows whole, two 16-byte loads per
-// row and lane in flight, and reduces with shuffles. Up (UP): gated, a
-// warp's rows are gate o, o+1 and up o, o+1 and h[asg, o..o+1] = act(gate)
-// * up; else rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e,
-// y[asg, l..l+3]. Rows of h and y are assignments (t * k + j); x rows are
-// the tokens' (UP) or h's; K % 8 == 0.
+// One pass of a warp's 4 weight rows (wrow, valid) over cnt <= NB
+// assignments (rows): see k_moe_gemv.
 template <typename WT, bool UP, int NB>
-__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *ids,
-                                                  int nk, int k, int E, int K, int I, int N, int gated, enum act kind) {
-    __shared__ int rows[NB], cnt_s, pick;
-    __shared__ uint32_t used[MAX_EXPERTS / 32];
-    pdl_wait();
-    pdl_trigger();
-    int e = moe_decode_expert<NB>(ids, nk, E, blockIdx.y, rows, &cnt_s, used, &pick);
-    if (e < 0) return;
-    int cnt = cnt_s, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
-    int o0 = (blockIdx.x * 8 + warp) * (UP && gated ? 2 : 4); // the warp's first output index
-    int64_t wrow[4];
-    bool valid[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        int o = UP && gated ? o0 + (q & 1) : o0 + q;
-        valid[q] = o < (UP ? I : N);
-        int64_t row = UP && gated ? (q < 2 ? o : I + o) : o;
-        wrow[q] = ((int64_t)e * (UP ? U : N) + (valid[q] ? row : 0)) * K;
-    }
-    if (o0 >= (UP ? I : N)) return;
+__device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *in, float *out, const int *rows, int cnt,
+                                              const int64_t *wrow, const bool *valid, int o0, int k, int K, int I,
+                                              int N, int gated, enum act kind) {
+    int lane = threadIdx.x & 31;
     const float *src[NB];
 #pragma unroll
     for (int b = 0; b < NB; b++) {
@@ -474,6 +451,40 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
                 if (valid[q]) out[r * I + o0 + q] = act_dev(kind, v[q]);
         }
     }
+}
+
+// Decode MoE (n <= MOE_GEMV_MAXR tokens): block (x, a) = 32 weight rows (4
+// per warp) of the a-th expert used this step, applied to each of its
+// assignments, NB per pass (an expert with more reads its rows again, from
+// L2). Each warp streams its 4 rows whole, two 16-byte loads per row and
+// lane in flight, and reduces with shuffles. Up (UP): gated, a warp's rows
+// are gate o, o+1 and up o, o+1 and h[asg, o..o+1] = act(gate) * up; else
+// rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e, y[asg, l..l+3].
+// Rows of h and y are assignments (t * k + j); x rows are the tokens' (UP)
+// or h's; K % 8 == 0.
+template <typename WT, bool UP, int NB>
+__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *ids,
+                                                  int nk, int k, int E, int K, int I, int N, int gated, enum act kind) {
+    __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
+    __shared__ uint32_t used[MAX_EXPERTS / 32];
+    pdl_wait();
+    pdl_trigger();
+    int e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
+    if (e < 0) return;
+    int warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
+    int o0 = (blockIdx.x * 8 + warp) * (UP && gated ? 2 : 4); // the warp's first output index
+    if (o0 >= (UP ? I : N)) return;
+    int64_t wrow[4];
+    bool valid[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        int o = UP && gated ? o0 + (q & 1) : o0 + q;
+        valid[q] = o < (UP ? I : N);
+        int64_t row = UP && gated ? (q < 2 ? o : I + o) : o;
+        wrow[q] = ((int64_t)e * (UP ? U : N) + (valid[q] ? row : 0)) * K;
+    }
+    for (int r0 = 0; r0 < cnt; r0 += NB)
+        moe_gemv_pass<WT, UP, NB>(w, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K, I, N, gated, kind);
 }
 
 // ---- 16-bit weights, prefill sizes: a grouped GEMM on tensor cores ----
@@ -645,8 +656,8 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
     LAUNCH_CHECK();
 }
 
-// NB >= the rows any expert gets (<= n): accumulators sized to the batch.
-// h and y rows are assignments.
+// Accumulators for NB rows: the batch's n up to 8 (an expert gets at most
+// n), passes of 8 above. h and y rows are assignments.
 template <typename T, int NB>
 static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
                             const int32_t *ids, int n, int top_k) {
@@ -664,8 +675,7 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, ids, n, top_k);
     else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, ids, n, top_k);
     else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, ids, n, top_k);
-    else if (n <= 8) gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k);
-    else gemv_experts_nb<T, MOE_GEMV_MAXR>(st, w, x, h, y, ids, n, top_k);
+    else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
@@ -681,7 +691,7 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 // active experts up to MOE_GEMV_MAXR tokens, the tensor-core grouped GEMM
 // above (K % 8 == 0 for 16-byte loads; else the SIMT path).
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                      const float *weights, int n, int top_k) {
+                      const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     size_t ints = 2 * (size_t)(E + 1) + 2 * (size_t)nk;
@@ -714,5 +724,6 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
             experts_fmt(st, &w->down, h, y, offsets, perm, top_k, E, L, I, false);
         }
     }
-    launch_pdl(k_moe_combine, dim3(n, cdiv(L, 256)), 256, 0, st, out, (const float *)y, ids, weights, rows, top_k, L);
+    launch_pdl(k_moe_combine, dim3(n, cdiv(L, 256)), 256, 0, st, out, (const float *)y, ids, weights, rows, add, top_k,
+               L);
 }
