@@ -357,8 +357,8 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     cpu->ops->download(cpu, ids, pids.c, sizeof(int32_t) * T * k);
     for (int t = 0; t < T * k; t++) same[t] = ids[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
-    // the GEMV at 1, 4 and 8 rows and in passes of 8, the grouped GEMM (> 64); then shared routing
-    int ns[8] = {1, 3, 7, 40, T, 3, 12, 40};
+    // the GEMV at 1, 4 and 8 rows and in passes of 8, the grouped GEMM (> 32); then shared routing
+    int ns[8] = {1, 3, 7, 20, T, 3, 12, 20};
     for (int i = 0; i < 8; i++) {
         char name[96];
         struct pair pi = i < 5 ? pids : psame;

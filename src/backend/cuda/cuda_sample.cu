@@ -46,8 +46,61 @@ __device__ float count_above(const float *p, int V, float x, bool strict, bool m
     return block_sum(c, red);
 }
 
+// The sampled id's log-probs when asked (log-sum-exp and the top-n of the
+// raw logits), then the id into out and the token table.
+__device__ void sample_finish(const float *l, int V, int id, int r, const sample_params &p, int32_t *table,
+                              sample_out out, float *red, vi *vred) {
+    if (p.num_logprobs >= 0) {
+        vi m = {-INFINITY, 0x7fffffff};
+        for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
+        m = block_argmax(m, vred);
+        float s = 0;
+        for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
+        float lse = m.v + logf(block_sum(s, red));
+        int nt = min(p.num_logprobs, out.max_top);
+        int32_t *ti = out.top_ids + (int64_t)r * out.max_top;
+        float *tl = out.top_logprobs + (int64_t)r * out.max_top;
+        for (int j = 0; j < out.max_top; j++) { // top-n by repeated argmax, skipping the ones taken
+            vi x = {-INFINITY, 0x7fffffff};
+            if (j < nt)
+                for (int i = threadIdx.x; i < V; i += blockDim.x) {
+                    bool taken = false;
+                    for (int q = 0; q < j; q++) taken |= ti[q] == i;
+                    if (!taken) x = better(x, vi{l[i], i});
+                }
+            x = block_argmax(x, vred);
+            if (threadIdx.x == 0) {
+                ti[j] = j < nt ? x.i : -1;
+                tl[j] = j < nt ? x.v - lse : -INFINITY;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) out.logprobs[r] = l[id] - lse;
+    }
+    if (threadIdx.x == 0) {
+        out.ids[r] = id;
+        table[p.row_base + p.num_tokens] = id; // the next step's input
+    }
+}
+
+// Greedy rows' arg-max in SAMPLE_PARTS slices of the row, a block each
+// (one block streaming a 131k vocabulary alone is ~10x slower): part [n,
+// SAMPLE_PARTS] of (value, index), reduced by k_sample.
+#define SAMPLE_PARTS 64
+__global__ void k_argmax_parts(const float *logits, int V, vi *part) {
+    __shared__ vi vred[32];
+    pdl_wait();
+    pdl_trigger();
+    int r = blockIdx.y, per = (V + SAMPLE_PARTS - 1) / SAMPLE_PARTS, lo = blockIdx.x * per, hi = min(V, lo + per);
+    const float *l = logits + (int64_t)r * V;
+    vi best = {-INFINITY, 0x7fffffff};
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) best = better(best, vi{l[i], i});
+    best = block_argmax(best, vred);
+    if (threadIdx.x == 0) part[r * SAMPLE_PARTS + blockIdx.x] = best;
+}
+
 __global__ void k_sample(const float *logits, int V, int32_t *table, const sample_params *params, float *work,
-                         int32_t *cnt, sample_out out) {
+                         int32_t *cnt, const vi *part, sample_out out) {
     __shared__ float red[32];
     __shared__ vi vred[32];
     pdl_wait();
@@ -58,6 +111,11 @@ __global__ void k_sample(const float *logits, int V, int32_t *table, const sampl
     float *b = work + (int64_t)r * V;
     const int32_t *toks = table + p.row_base;
     int rep = p.repetition_penalty != 1.0f, pf = p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+    if (p.temperature <= 0.0f && !rep && !pf) { // greedy on the raw logits: the parts' best
+        vi best = threadIdx.x < SAMPLE_PARTS ? part[r * SAMPLE_PARTS + threadIdx.x] : vi{-INFINITY, 0x7fffffff};
+        sample_finish(l, V, block_argmax(best, vred).i, r, p, table, out, red, vred);
+        return;
+    }
     for (int i = threadIdx.x; i < V; i += blockDim.x) b[i] = l[i];
     if (rep || pf) {
         int32_t *all = cnt + (int64_t)r * 2 * V, *outc = all + V;
@@ -138,37 +196,7 @@ __global__ void k_sample(const float *logits, int V, int32_t *table, const sampl
         }
         id = block_argmax(race, vred).i;
     }
-    if (p.num_logprobs >= 0) {
-        vi m = {-INFINITY, 0x7fffffff};
-        for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
-        m = block_argmax(m, vred);
-        float s = 0;
-        for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
-        float lse = m.v + logf(block_sum(s, red));
-        int nt = min(p.num_logprobs, out.max_top);
-        int32_t *ti = out.top_ids + (int64_t)r * out.max_top;
-        float *tl = out.top_logprobs + (int64_t)r * out.max_top;
-        for (int j = 0; j < out.max_top; j++) { // top-n by repeated argmax, skipping the ones taken
-            vi x = {-INFINITY, 0x7fffffff};
-            if (j < nt)
-                for (int i = threadIdx.x; i < V; i += blockDim.x) {
-                    bool taken = false;
-                    for (int q = 0; q < j; q++) taken |= ti[q] == i;
-                    if (!taken) x = better(x, vi{l[i], i});
-                }
-            x = block_argmax(x, vred);
-            if (threadIdx.x == 0) {
-                ti[j] = j < nt ? x.i : -1;
-                tl[j] = j < nt ? x.v - lse : -INFINITY;
-            }
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) out.logprobs[r] = l[id] - lse;
-    }
-    if (threadIdx.x == 0) {
-        out.ids[r] = id;
-        table[p.row_base + p.num_tokens] = id; // the next step's input
-    }
+    sample_finish(l, V, id, r, p, table, out, red, vred);
 }
 
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
@@ -181,10 +209,12 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
         need_cnt |= p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     }
     size_t wbytes = sizeof(float) * (size_t)n * vocab, cbytes = need_cnt ? sizeof(int32_t) * 2 * (size_t)n * vocab : 0;
-    char *s = (char *)cuda_scratch(be, wbytes + cbytes);
-    launch_pdl(k_sample, n, NT, 0, cu(be)->stream, logits, vocab, token_table, b->sample_params, (float *)s,
-                                           (int32_t *)(s + wbytes), *out);
-    LAUNCH_CHECK();
+    char *s = (char *)cuda_scratch(be, wbytes + cbytes + sizeof(vi) * SAMPLE_PARTS * n);
+    vi *part = (vi *)(s + wbytes + cbytes);
+    cudaStream_t st = cu(be)->stream;
+    launch_pdl(k_argmax_parts, dim3(SAMPLE_PARTS, n), 256, 0, st, logits, vocab, part);
+    launch_pdl(k_sample, n, NT, 0, st, logits, vocab, token_table, (const sample_params *)b->sample_params, (float *)s,
+               (int32_t *)(s + wbytes), (const vi *)part, *out);
 }
 
 // Prompt log-probs, a block per row: the log-sum-exp, the target's rank
