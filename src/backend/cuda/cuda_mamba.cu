@@ -327,16 +327,19 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     LAUNCH_CHECK();
 }
 
-// One block per (decode sequence, head): the state [P, N] is read and
-// written once, in place. A warp owns two rows at a time; lanes cover n
-// (coalesced 128-byte rows), and all of a row's loads are issued before use.
+// One block per (decode sequence, head, slice of SSD_SPLIT of the P rows):
+// the state [P, N] is read and written once, in place; the slices give a
+// one-sequence step 4x the blocks of its heads. A warp owns two rows at a
+// time; lanes cover n (coalesced 128-byte rows), and all of a row's loads
+// are issued before use.
 #define SSD_NMAX (CUDA_MAX_STATE / 32) // N <= 256, checked at load
+#define SSD_SPLIT 4
 __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
     pdl_wait();
     pdl_trigger();
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int P = a.P, N = a.N, g = h / (a.H / a.G), nq = (N + 31) / 32;
-    int t = a.qsl[s];
+    int t = a.qsl[s], rpb = (P + gridDim.z - 1) / gridDim.z, p_lo = blockIdx.z * rpb, p_hi = min(P, p_lo + rpb);
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
@@ -348,11 +351,11 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
         b[q] = q < nq && n < N ? B[n] : 0.0f;
         c[q] = q < nq && n < N ? C[n] : 0.0f;
     }
-    for (int p0 = 2 * warp; p0 < P; p0 += 2 * nw) {
+    for (int p0 = p_lo + 2 * warp; p0 < p_hi; p0 += 2 * nw) {
         float v[2][SSD_NMAX], xv[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            int p = min(p0 + r, P - 1);
+            int p = min(p0 + r, p_hi - 1);
             xv[r] = row[a.I + h * P + p];
 #pragma unroll
             for (int q = 0; q < SSD_NMAX; q++) {
@@ -369,12 +372,12 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
                 int n = lane + 32 * q;
                 if (q < nq && n < N) {
                     float nv = v[r][q] * dA + dx * b[q];
-                    if (p < P) st[(int64_t)p * N + n] = nv;
+                    if (p < p_hi) st[(int64_t)p * N + n] = nv;
                     acc += nv * c[q];
                 }
             }
             acc = warp_sum(acc);
-            if (lane == 0 && p < P) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv[r];
+            if (lane == 0 && p < p_hi) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv[r];
         }
     }
 }
@@ -385,8 +388,8 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   NULL, NULL, NULL, NULL, 0, d->dt_min, d->dt_max}; // a decode continues its own slot
-    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads), 256, 0, cu(be)->stream, a);
-    LAUNCH_CHECK();
+    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads, d->head_dim >= 64 ? SSD_SPLIT : 1), 256, 0,
+               cu(be)->stream, a);
 }
 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
