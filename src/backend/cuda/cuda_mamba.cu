@@ -329,7 +329,7 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
 
 // One block per (decode sequence, head, slice of SSD_SPLIT of the P rows):
 // the state [P, N] is read and written once, in place; the slices give a
-// one-sequence step 4x the blocks of its heads. A warp owns two rows at a
+// step of few sequences 4x the blocks of its heads. A warp owns two rows at a
 // time; lanes cover n (coalesced 128-byte rows), and all of a row's loads
 // are issued before use.
 #define SSD_NMAX (CUDA_MAX_STATE / 32) // N <= 256, checked at load
@@ -388,8 +388,9 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   NULL, NULL, NULL, NULL, 0, d->dt_min, d->dt_max}; // a decode continues its own slot
-    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads, d->head_dim >= 64 ? SSD_SPLIT : 1), 256, 0,
-               cu(be)->stream, a);
+    // slices only while (sequence, head) blocks are too few to fill the SMs: at 64 sequences they cost more
+    int split = d->head_dim >= 64 && (int64_t)b->num_decodes * d->heads < 2 * cu(be)->num_sms ? SSD_SPLIT : 1;
+    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads, split), 256, 0, cu(be)->stream, a);
 }
 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
