@@ -35,6 +35,28 @@ __device__ __forceinline__ void block_best(float &v, int &i, float *sv, int *si)
     v = sv[32], i = si[32];
 }
 
+// The top-k of token blockIdx.x by score (thread e = expert e, avail: may
+// be picked), k block reductions; weights: the picks' w (in pick order),
+// divided by their sum (+ eps) when norm_topk_prob, times the scaling.
+__device__ __forceinline__ void route_topk(float score, float w, bool avail, float eps, int32_t *ids, float *weights,
+                                           const moe_route_cfg &c, float *sv, int *si, float *s_w) {
+    int t = blockIdx.x, e = threadIdx.x;
+    for (int j = 0; j < c.top_k; j++) {
+        float v = avail ? score : -INFINITY;
+        int ie = avail ? e : 0x7fffffff;
+        block_best(v, ie, sv, si);
+        if (e == ie) avail = false, s_w[j] = w, ids[(int64_t)t * c.top_k + j] = ie;
+    }
+    __syncthreads();
+    if (e < c.top_k) {
+        float sum = 0;
+        for (int j = 0; j < c.top_k; j++) sum += s_w[j];
+        float x = s_w[e];
+        if (c.norm_topk_prob) x /= sum + eps;
+        weights[(int64_t)t * c.top_k + e] = x * c.routed_scaling_factor;
+    }
+}
+
 // Sigmoid + correction bias; experts chosen among the topk_group groups
 // whose two best choice scores sum highest (each group scanned in order by
 // one thread, as the reference does).
@@ -76,20 +98,7 @@ __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, c
         __syncthreads();
         avail = in && (s_groups >> (e / per) & 1);
     }
-    for (int j = 0; j < c.top_k; j++) {
-        float v = avail ? ch : -INFINITY;
-        int ie = avail ? e : 0x7fffffff;
-        block_best(v, ie, sv, si);
-        if (e == ie) avail = false, s_w[j] = sig, ids[(int64_t)t * c.top_k + j] = ie;
-    }
-    __syncthreads();
-    if (e < c.top_k) {
-        float sum = 0;
-        for (int j = 0; j < c.top_k; j++) sum += s_w[j];
-        float w = s_w[e];
-        if (c.norm_topk_prob) w /= sum + 1e-20f;
-        weights[(int64_t)t * c.top_k + e] = w * c.routed_scaling_factor;
-    }
+    route_topk(ch, sig, avail, 1e-20f, ids, weights, c, sv, si, s_w);
 }
 
 // Softmax top-k: probabilities as the reference (max subtracted, expf,
@@ -106,20 +115,7 @@ __global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *l
     block_best(mx, im, sv, si);
     float p = in ? expf(lg - mx) : 0.0f;
     p /= block_sum(p, red);
-    for (int j = 0; j < c.top_k; j++) {
-        float v = avail ? p : -INFINITY;
-        int ie = avail ? e : 0x7fffffff;
-        block_best(v, ie, sv, si);
-        if (e == ie) avail = false, s_w[j] = p, ids[(int64_t)t * c.top_k + j] = ie;
-    }
-    __syncthreads();
-    if (e < c.top_k) {
-        float tot = 0;
-        for (int j = 0; j < c.top_k; j++) tot += s_w[j];
-        float w = s_w[e];
-        if (c.norm_topk_prob) w /= tot;
-        weights[(int64_t)t * c.top_k + e] = w * c.routed_scaling_factor;
-    }
+    route_topk(p, p, avail, 0.0f, ids, weights, c, sv, si, s_w);
 }
 
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
