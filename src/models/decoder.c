@@ -148,7 +148,14 @@ static int load_layer(struct lm *m, struct loader *l, const struct dec_family *f
     return lm_load_norm(m, l, n, &b->norm_w);
 }
 
-static int load_weights(struct lm *m, struct loader *l, const struct dec_family *f, const struct dec_config *c) {
+struct dec_load_arg {
+    const struct dec_family *f;
+    const struct dec_config *c;
+};
+
+static int load_weights(struct lm *m, struct loader *l, const void *arg) {
+    const struct dec_family *f = ((const struct dec_load_arg *)arg)->f;
+    const struct dec_config *c = ((const struct dec_load_arg *)arg)->c;
     TRY(lm_load_embed_head(m, l, "model.embed_tokens.weight", "lm_head.weight", c->tie));
     TRY(lm_load_norm(m, l, "model.norm.weight", &m->norm_f));
     TRY(rope_upload(&m->rope, l, m->max_seq_len));
@@ -176,26 +183,11 @@ int dec_load(const struct dec_family *f, const struct model_ops *ops, const char
         dec_config_free(c);
         return rc;
     }
-    struct lm *m = lm_create(be, o, ops);
-    m->family = c;
-    m->family_free = dec_config_free;
-    m->hidden = c->hidden;
-    m->vocab = c->vocab;
-    m->eps = c->eps;
-    m->rope = rope;
-    if (!m->max_seq_len) m->max_seq_len = c->max_position ? c->max_position : 4096;
-    struct loader l;
-    rc = loader_open_opts(&l, dir, o, be);
-    if (!rc) rc = load_weights(m, &l, f, c);
-    int64_t bytes = l.device_bytes;
-    loader_close(&l);
     const char *named = json_string_value(json_array_get(json_object_get(config, "architectures"), 0));
     const char *arch = named ? model_arch_name(named) : NULL;
-    if (!rc) rc = lm_finish(m, arch ? arch : f->arch, c->max_position, c->eos, c->num_eos, bytes);
-    if (rc) {
-        lm_free(&m->base);
-        return rc;
-    }
-    *out = &m->base;
-    return VLLM_OK;
+    struct dec_load_arg a = {f, c};
+    struct lm_spec s = {.ops = ops, .arch = arch ? arch : f->arch, .config = c, .config_free = dec_config_free,
+                        .hidden = c->hidden, .vocab = c->vocab, .max_position = c->max_position, .eps = c->eps,
+                        .eos = c->eos, .num_eos = c->num_eos, .rope = rope, .load_weights = load_weights, .arg = &a};
+    return lm_load(be, dir, o, &s, out);
 }

@@ -303,7 +303,8 @@ static int load_layer(struct lm *m, struct loader *l, const struct kl_config *c,
     return lm_load_norm(m, l, n, &b->norm_w);
 }
 
-static int load_weights(struct lm *m, struct loader *l, const struct kl_config *c) {
+static int load_weights(struct lm *m, struct loader *l, const void *arg) {
+    const struct kl_config *c = arg;
     TRY(lm_load_embed_head(m, l, "model.embed_tokens.weight", "lm_head.weight", c->tie));
     TRY(lm_load_norm(m, l, "model.norm.weight", &m->norm_f));
     for (int i = 0; i < c->layers; i++) {
@@ -353,26 +354,12 @@ static int kl_load(const char *dir, const json_t *config, const struct model_loa
         kl_config_free(c);
         return rc;
     }
-    struct lm *m = lm_create(be, o, &kimi_linear_ops);
-    m->family = c;
-    m->family_free = kl_config_free;
-    m->hidden = c->hidden;
-    m->vocab = c->vocab;
-    m->eps = c->eps;
-    if (!m->max_seq_len) m->max_seq_len = c->max_position ? c->max_position : 4096;
-    struct loader l;
-    rc = loader_open_opts(&l, dir, o, be);
-    l.keep_fp32 = "e_score_correction_bias"; // fp32 in a bf16 model, as transformers keeps it
-    if (!rc) rc = load_weights(m, &l, c);
-    int64_t bytes = l.device_bytes;
-    loader_close(&l);
-    if (!rc) rc = lm_finish(m, "KimiLinearForCausalLM", c->max_position, c->eos, c->num_eos, bytes);
-    if (rc) {
-        lm_free(&m->base);
-        return rc;
-    }
-    *out = &m->base;
-    return VLLM_OK;
+    struct lm_spec s = {.ops = &kimi_linear_ops, .arch = "KimiLinearForCausalLM", .config = c,
+                        .config_free = kl_config_free, .hidden = c->hidden, .vocab = c->vocab,
+                        .max_position = c->max_position, .eps = c->eps, .eos = c->eos, .num_eos = c->num_eos,
+                        .keep_fp32 = "e_score_correction_bias", // fp32 in a bf16 model, as transformers keeps it
+                        .load_weights = load_weights, .arg = c};
+    return lm_load(be, dir, o, &s, out);
 }
 
 const struct model_ops kimi_linear_ops = {

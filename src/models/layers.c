@@ -6,7 +6,7 @@
 #include "core/common.h"
 #include "models/layers.h"
 
-struct lm *lm_create(struct backend *be, const struct model_load_opts *o, const struct model_ops *ops) {
+static struct lm *lm_create(struct backend *be, const struct model_load_opts *o, const struct model_ops *ops) {
     struct lm *m = xcalloc(1, sizeof *m);
     m->base.ops = ops;
     m->be = be;
@@ -232,7 +232,7 @@ static void fill_cost(struct lm *m) {
     c->dense_flops = flops;
 }
 
-int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *eos, int num_eos, int64_t weight_bytes) {
+static int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *eos, int num_eos, int64_t weight_bytes) {
     struct model_spec *s = &m->base.spec;
     s->arch = arch;
     s->vocab_size = m->vocab;
@@ -248,6 +248,31 @@ int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *e
     fill_cost(m);
     plan_ws(m);
     return alloc_ws(m);
+}
+
+int lm_load(struct backend *be, const char *dir, const struct model_load_opts *o, const struct lm_spec *s,
+            struct model **out) {
+    struct lm *m = lm_create(be, o, s->ops);
+    m->family = s->config;
+    m->family_free = s->config_free;
+    m->hidden = s->hidden;
+    m->vocab = s->vocab;
+    m->eps = s->eps;
+    m->rope = s->rope;
+    if (!m->max_seq_len) m->max_seq_len = s->max_position ? s->max_position : 4096;
+    struct loader l;
+    int rc = loader_open_opts(&l, dir, o, be);
+    l.keep_fp32 = s->keep_fp32;
+    if (!rc) rc = s->load_weights(m, &l, s->arg);
+    int64_t bytes = l.device_bytes;
+    loader_close(&l);
+    if (!rc) rc = lm_finish(m, s->arch, s->max_position, s->eos, s->num_eos, bytes);
+    if (rc) {
+        lm_free(&m->base);
+        return rc;
+    }
+    *out = &m->base;
+    return VLLM_OK;
 }
 
 // ------------------------------------------------------------------ free --

@@ -179,13 +179,29 @@ struct lm {
     double tlast, tsum[T_N];
 };
 
-// Starts a model on be with o's sizes; ops is the family's model_ops.
-struct lm *lm_create(struct backend *be, const struct model_load_opts *o, const struct model_ops *ops);
+// What a family's load hands lm_load once its config is parsed.
+struct lm_spec {
+    const struct model_ops *ops;
+    const char *arch;                  // the architecture the model reports
+    void *config;                      // the family's config: the model owns it (also when lm_load fails)
+    void (*config_free)(void *);
+    int hidden, vocab, max_position;   // max_position 0: none (sequences default to 4096)
+    float eps;
+    const int32_t *eos;                // num_eos ids, in config (lives as long as the model)
+    int num_eos;
+    struct rope rope;                  // the attention blocks' positions (rope.table NULL: none)
+    const char *keep_fp32;             // a tensor name kept fp32 in a 16-bit model, or NULL
+    // Loads the embedding, norms and blocks (lm_add_block); arg: s->arg.
+    int (*load_weights)(struct lm *m, struct loader *l, const void *arg);
+    const void *arg;
+};
+// Starts the model on be with o's sizes, loads dir's weights through
+// s->load_weights, then fills the model spec (sizes, cache layers) and
+// allocates the workspace: the tail every family's load shares.
+int lm_load(struct backend *be, const char *dir, const struct model_load_opts *o, const struct lm_spec *s,
+            struct model **out);
 // Adds a block (its cache layer assigned for attention and Mamba2).
 struct block *lm_add_block(struct lm *m, enum blk_kind kind);
-// Fills the model spec (arch, sizes, cache layers) and plans + allocates
-// the workspace; after every block is loaded.
-int lm_finish(struct lm *m, const char *arch, int max_position, const int32_t *eos, int num_eos, int64_t weight_bytes);
 // The generic forward and free (model_ops.forward / .free).
 void lm_forward(struct model *base, const struct batch *b, struct caches *c, float *logits, int all_rows);
 void lm_free(struct model *base);

@@ -62,7 +62,8 @@ static int parse(const struct cfg_reader *r, struct m2_config *c) {
     return cfg_eos(r, c->vocab, 8, c->eos, &c->num_eos);
 }
 
-static int load_weights(struct lm *m, struct loader *l, const struct m2_config *c) {
+static int load_weights(struct lm *m, struct loader *l, const void *arg) {
+    const struct m2_config *c = arg;
     TRY(lm_load_embed_head(m, l, "backbone.embeddings.weight", "lm_head.weight", c->tie));
     TRY(lm_load_norm(m, l, "backbone.norm_f.weight", &m->norm_f));
     for (int i = 0; i < c->layers; i++) {
@@ -92,25 +93,10 @@ static int m2_load(const char *dir, const json_t *config, const struct model_loa
         free(c);
         return rc;
     }
-    struct lm *m = lm_create(be, o, &mamba2_ops);
-    m->family = c;
-    m->family_free = free;
-    m->hidden = c->hidden;
-    m->vocab = c->vocab;
-    m->eps = c->eps;
-    if (!m->max_seq_len) m->max_seq_len = 4096;
-    struct loader l;
-    rc = loader_open_opts(&l, dir, o, be);
-    if (!rc) rc = load_weights(m, &l, c);
-    int64_t bytes = l.device_bytes;
-    loader_close(&l);
-    if (!rc) rc = lm_finish(m, "Mamba2ForCausalLM", 0, c->eos, c->num_eos, bytes);
-    if (rc) {
-        lm_free(&m->base);
-        return rc;
-    }
-    *out = &m->base;
-    return VLLM_OK;
+    struct lm_spec s = {.ops = &mamba2_ops, .arch = "Mamba2ForCausalLM", .config = c, .config_free = free,
+                        .hidden = c->hidden, .vocab = c->vocab, .eps = c->eps, .eos = c->eos, .num_eos = c->num_eos,
+                        .load_weights = load_weights, .arg = c};
+    return lm_load(be, dir, o, &s, out);
 }
 
 const struct model_ops mamba2_ops = {.load = m2_load, .free = lm_free, .forward = lm_forward};

@@ -59,7 +59,8 @@ static int load_layer(struct lm *m, struct loader *l, const struct nh_config *c,
     return rc ? vllm_err_prefix(rc, "layer %d", i) : VLLM_OK;
 }
 
-static int load_weights(struct lm *m, struct loader *l, const struct nh_config *c) {
+static int load_weights(struct lm *m, struct loader *l, const void *arg) {
+    const struct nh_config *c = arg;
     const char *root = loader_prefix(l, "backbone.", "model.", "embeddings.weight");
     char n[256];
     snprintf(n, sizeof n, "%sembeddings.weight", root);
@@ -89,27 +90,12 @@ static int nh_load(const char *dir, const json_t *config, const struct model_loa
         return vllm_err(VLLM_ERR_UNSUPPORTED, "backend %s has no collectives: it cannot run tensor_parallel_size %d",
                         be->ops->name, be->tp_size);
     }
-    struct lm *m = lm_create(be, o, &nemotron_h_ops);
-    m->family = c;
-    m->family_free = family_free;
-    m->hidden = c->hidden;
-    m->vocab = c->vocab;
-    m->eps = c->eps;
-    if (!m->max_seq_len) m->max_seq_len = c->max_position ? c->max_position : 4096;
-    struct loader l;
-    rc = loader_open_opts(&l, dir, o, be);
-    // the MoE correction bias stays fp32 in a bf16 model, as transformers and vLLM keep it
-    l.keep_fp32 = "e_score_correction_bias";
-    if (!rc) rc = load_weights(m, &l, c);
-    int64_t bytes = l.device_bytes;
-    loader_close(&l);
-    if (!rc) rc = lm_finish(m, "NemotronHForCausalLM", c->max_position, c->eos, c->num_eos, bytes);
-    if (rc) {
-        lm_free(&m->base);
-        return rc;
-    }
-    *out = &m->base;
-    return VLLM_OK;
+    struct lm_spec s = {.ops = &nemotron_h_ops, .arch = "NemotronHForCausalLM", .config = c, .config_free = family_free,
+                        .hidden = c->hidden, .vocab = c->vocab, .max_position = c->max_position, .eps = c->eps,
+                        .eos = c->eos, .num_eos = c->num_eos,
+                        // the MoE correction bias stays fp32 in a bf16 model, as transformers and vLLM keep it
+                        .keep_fp32 = "e_score_correction_bias", .load_weights = load_weights, .arg = c};
+    return lm_load(be, dir, o, &s, out);
 }
 
 const struct model_ops nemotron_h_ops = {
