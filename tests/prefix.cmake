@@ -34,6 +34,14 @@ foreach(fx ${VLLM_PREFIX_FIXTURES})
                          FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
   endforeach()
 endforeach()
+# Attention alone: prompts submitted at once start from the blocks the first
+# one computes in the same step (committed as scheduled); hybrid models also
+# need a checkpoint, which exists only after the step.
+set(VLLM_SAME_STEP_ARGS --golden ${VLLM_FIXTURES}/qwen3/prefix/golden.json --enable-prefix-caching --batch --require-hits)
+add_test(NAME gate_prefix_qwen3_same_step
+         COMMAND vllm_cli generate --model ${VLLM_FIXTURES}/qwen3 --threads 1 ${VLLM_SAME_STEP_ARGS})
+set_tests_properties(gate_prefix_qwen3_same_step PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
+                     FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
 # the checkpoints of every rank's shards: two CPU ranks
 foreach(fx ${VLLM_PREFIX_FIXTURES})
   add_test(NAME tp2_gate_prefix_${fx}
@@ -53,6 +61,9 @@ if(VLLM_CUDA)
                        --device cuda --dtype float32 --enable-prefix-caching ${parts})
     endforeach()
   endforeach()
+  add_test(NAME gpu_gate_prefix_fp32_qwen3_same_step
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh $<TARGET_FILE:vllm_cli> generate
+                   --model ${VLLM_FIXTURES}/qwen3 --device cuda --dtype float32 ${VLLM_SAME_STEP_ARGS})
   foreach(fx ${VLLM_PREFIX_FIXTURES})
     foreach(mode ${VLLM_GATE_MODES})
       vllm_gate_mode("${mode}" mname parts)

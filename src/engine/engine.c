@@ -615,7 +615,7 @@ static void step(struct vllm_engine *e) {
     int launched = -1;
     if (so->num_entries) {
         int rc = runner_launch(e->runner, so, &launched);
-        if (rc) fail_step(e, so, rc), launched = -1;
+        if (rc) sched_launch_failed(&e->sched, so), fail_step(e, so, rc), launched = -1;
         else account_launch(e, so);
         if (!rc && runner_plp_failed(e->runner)) fail_prompt_logprobs(e, so);
     }

@@ -102,6 +102,10 @@ void kv_pool_put(struct kv_pool *p, int id) {
     else p->free_ids[p->num_free++] = id;
 }
 
+void kv_pool_forget(struct kv_pool *p, int id) {
+    if (p->committed[id]) uncommit(p, id);
+}
+
 int kv_pool_find(const struct kv_pool *p, uint64_t h) {
     for (int id = *bucket_of(p, h); id >= 0; id = p->chain[id])
         if (p->hash[id] == h) return id;

@@ -6,8 +6,8 @@
 // by a 64-bit hash of the token chain it was computed from: block j's hash is
 // kv_hash_block(hash of block j-1, its block_size token ids), block 0's parent
 // the request's salt root, so equal hashes mean equal prefixes (up to a 2^-64
-// collision per pair). A held id is committed under its hash once the launched
-// steps have computed its content. At reference count 0 a committed id joins
+// collision per pair). A held id is committed under its hash when the step
+// that computes its content is scheduled (forgotten if that step never runs). At reference count 0 a committed id joins
 // an LRU list and keeps its content until the pool needs an id: allocation
 // takes ids without content first, then evicts the least recently freed. A
 // hit takes the id back off the list.
@@ -54,6 +54,9 @@ int kv_pool_find(const struct kv_pool *p, uint64_t h);
 // The held id now holds the content h. Returns 0 and changes nothing where
 // id is committed already, or another id holds h (the first one stays).
 int kv_pool_commit(struct kv_pool *p, int id, uint64_t h);
+// The held id holds no content after all (its step never ran): uncommitted,
+// so that no lookup finds it; nothing where it is not committed.
+void kv_pool_forget(struct kv_pool *p, int id);
 
 // The chain's root: 0 without a salt; a request's cache_salt gives another.
 uint64_t kv_hash_salt(const char *salt);

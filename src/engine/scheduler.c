@@ -149,17 +149,28 @@ static void hash_blocks(struct scheduler *s, struct request *r, int n) {
     }
 }
 
-// Commits what r's launched steps computed: its full blocks of known tokens
-// (their KV is written, or will be before any later step runs), and the
+// Commits r's full blocks of known tokens inside its first upto tokens. At
+// schedule time upto counts the tokens this step computes: a request admitted
+// later in the same step may start from those blocks, because every layer
+// writes the whole step's KV before any of its attention reads (vLLM caches
+// blocks when it allocates them, too). Checkpoints wait for the launch
+// (commit_cached): a state is gathered at the start of the step that writes it.
+static void commit_blocks(struct scheduler *s, struct request *r, int upto) {
+    if (!s->cfg.prefix_caching || !s->cfg.num_blocks) return;
+    int bs = s->cfg.block_size;
+    hash_blocks(s, r, upto);
+    int nb = MIN(MIN(r->num_hashed, upto / bs), r->num_blocks);
+    for (int j = r->num_committed; j < nb; j++) kv_pool_commit(&s->blocks, r->blocks[j], r->hashes[j]);
+    r->num_committed = MAX(r->num_committed, nb);
+}
+
+// Commits what r's launched steps computed: its full blocks, and the
 // checkpoints written at positions it has computed past. Checkpoints of a
 // step that never launched are just dropped.
 static void commit_cached(struct scheduler *s, struct request *r) {
     if (!s->cfg.prefix_caching) return;
-    int bs = s->cfg.block_size, nb = 0;
-    hash_blocks(s, r, r->num_computed);
-    if (s->cfg.num_blocks) nb = MIN(MIN(r->num_hashed, r->num_computed / bs), r->num_blocks);
-    for (int j = r->num_committed; j < nb; j++) kv_pool_commit(&s->blocks, r->blocks[j], r->hashes[j]);
-    r->num_committed = MAX(r->num_committed, nb);
+    int bs = s->cfg.block_size;
+    commit_blocks(s, r, r->num_computed);
     int keep = 0;
     for (int k = 0; k < r->num_pend; k++) {
         int pos = r->pend[2 * k], id = r->pend[2 * k + 1];
@@ -240,7 +251,18 @@ static void add_entry(struct scheduler *s, struct request *r, int n, int new_row
     e->restore = r->restore ? r->ckpt_hit : -1;
     r->restore = 0;
     plan_ckpts(s, r, e, n);
+    e->commit0 = r->num_committed;
+    if (!e->is_decode) commit_blocks(s, r, r->num_computed + n);
+    e->commit1 = r->num_committed;
     s->out.num_tokens += n;
+}
+
+void sched_launch_failed(struct scheduler *s, const struct sched_output *o) {
+    for (int i = 0; i < o->num_entries; i++) {
+        const struct sched_entry *e = &o->entries[i];
+        for (int j = e->commit0; j < e->commit1; j++) kv_pool_forget(&s->blocks, e->req->blocks[j]);
+        e->req->num_committed = MIN(e->req->num_committed, e->commit0);
+    }
 }
 
 // The longest cached prefix r can start from, in tokens: whole blocks found

@@ -15,6 +15,7 @@ struct sched_entry {
     int new_row;    // the request got its token-table row this step: its tokens go there first
     int restore;    // state checkpoint the step copies into the slot first (a prefix hit); -1: none
     int ckpt0, num_ckpt; // its checkpoint writes: sched_output.ckpt_pos / ckpt_id [ckpt0, ckpt0 + num_ckpt)
+    int commit0, commit1; // its blocks [commit0, commit1) committed when scheduled (for sched_launch_failed)
 };
 
 struct sched_output {
@@ -67,7 +68,13 @@ int sched_init(struct scheduler *s, const struct sched_config *cfg);
 void sched_release(struct scheduler *s);
 void sched_add(struct scheduler *s, struct request *r); // to the back of the waiting queue
 // Builds the next step. Preempted requests go back to the front of the queue.
+// A prefill's full blocks are committed to the prefix cache as it is
+// scheduled, so that a request admitted later in the same step starts from
+// them (every layer writes the step's KV before its attention reads).
 const struct sched_output *sched_schedule(struct scheduler *s);
+// The step o never ran (its launch failed): the blocks it committed when
+// scheduled hold nothing, so they are forgotten. Before its requests are freed.
+void sched_launch_failed(struct scheduler *s, const struct sched_output *o);
 // Takes a finished or aborted request out of the running set or the queue.
 void sched_unschedule(struct scheduler *s, struct request *r);
 // Returns its KV blocks, state slot, token-table row and checkpoints to the

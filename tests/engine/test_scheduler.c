@@ -1,7 +1,8 @@
 // test_scheduler.c - the scheduler alone, with requests whose model steps we
 // play by hand: budget, FCFS, max_num_seqs, chunked prefill, decode
 // classification from request state, preemption by recompute, and prefix
-// caching (hits at admission, commits after launch, checkpoints).
+// caching (hits at admission, blocks committed as scheduled and forgotten
+// when the launch fails, checkpoints committed after launch).
 #include "core/common.h"
 #include "engine/kv_cache.h"
 #include "engine/scheduler.h"
@@ -93,8 +94,29 @@ static void test_prefix_attention(void) {
     advance(o);
     sched_remove(&s, e);
     CHECK(kv_pool_used(&s.blocks) == 0);
+    // two new prompts alike in one step: y starts from the 4 blocks x computes in it
+    int cached = kv_pool_occupied(&s.blocks);
+    struct request *x = mkp(6, 20, 500), *y = mkp(7, 20, 500);
+    sched_add(&s, x);
+    sched_add(&s, y);
+    o = sched_schedule(&s);
+    CHECK(find(o, x) && find(o, x)->num_tokens == 20 && find(o, y) && find(o, y)->num_tokens == 4 && y->num_cached == 16);
+    CHECK(!memcmp(x->blocks, y->blocks, sizeof(int) * 4) && s.blocks.ref[x->blocks[0]] == 2);
+    // a launch that failed: what the step committed is forgotten, so no later prompt reads it
+    sched_launch_failed(&s, o);
+    sched_remove(&s, x);
+    sched_remove(&s, y);
+    CHECK(kv_pool_used(&s.blocks) == 0 && kv_pool_occupied(&s.blocks) == cached);
+    CHECK(kv_pool_find(&s.blocks, x->hashes[0]) < 0 && kv_pool_find(&s.blocks, x->hashes[3]) < 0);
+    struct request *z = mkp(8, 20, 500);
+    sched_add(&s, z);
+    o = sched_schedule(&s);
+    CHECK(find(o, z) && find(o, z)->num_tokens == 20 && z->num_cached == 0);
+    advance(o);
+    sched_remove(&s, z);
+    CHECK(kv_pool_find(&s.blocks, z->hashes[3]) >= 0); // launched: cached
     sched_release(&s);
-    rfree(a), rfree(b), rfree(c), rfree(d), rfree(e);
+    rfree(a), rfree(b), rfree(c), rfree(d), rfree(e), rfree(x), rfree(y), rfree(z);
 }
 
 // Hybrid: checkpoints every 8 tokens (blocks of 4), a budget of 10 tokens.
@@ -130,12 +152,15 @@ static void test_prefix_hybrid(void) {
     CHECK(find(o, b) && find(o, b)->is_decode && find(o, b)->restore == -1 && find(o, b)->num_ckpt == 0);
     sched_remove(&s, b);
     sched_remove(&s, c);
-    // a step that never launched commits nothing: f's checkpoint at 8 is dropped
+    // a step that never launched commits nothing: f's checkpoint at 8 is dropped, its blocks forgotten
+    int cached = kv_pool_occupied(&s.blocks);
     sched_add(&s, f);
     o = sched_schedule(&s);
     CHECK(find(o, f) && find(o, f)->num_ckpt == 1);
+    sched_launch_failed(&s, o);
     sched_remove(&s, f); // as after a failed launch: num_computed did not advance
     CHECK(kv_pool_used(&s.ckpts) == 0 && kv_pool_occupied(&s.ckpts) == 2 && kv_pool_used(&s.blocks) == 0);
+    CHECK(kv_pool_occupied(&s.blocks) == cached);
     sched_release(&s);
     rfree(a), rfree(b), rfree(c), rfree(f);
 }
