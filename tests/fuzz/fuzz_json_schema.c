@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "fuzz_walk.h"
 #include "structured/sg_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -16,29 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!s) return 0;
     struct sg_grammar *g;
     if (sg_compile_json_schema(s, &g) == VLLM_OK) {
-        char text[96];
-        size_t n = 0;
-        unsigned start = size ? data[size / 2] : 0;
-        for (int step = 0; step < 64 && n < sizeof text; step++) {
-            int found = 0;
-            for (unsigned k = 0; k < 256 && !found; k++) {
-                text[n] = (char)((start + k * 7) & 255);
-                found = sg_grammar_viable(g, text, n + 1, NULL);
-            }
-            if (!found) {
-                int acc;
-                // a dead end must be a complete text (pruning keeps only viable states)
-                if (!sg_grammar_viable(g, text, n, &acc) || !acc) abort();
-                break;
-            }
-            n++;
-            start = start * 31 + 17;
-        }
-        struct sg_matcher *m = sg_matcher_create(g, NULL);
-        int acc;
-        if (!sg_matcher_accept_bytes(m, text, n)) abort();
-        if (!sg_grammar_viable(g, text, n, &acc) || acc != sg_matcher_is_accepting(m)) abort();
-        sg_matcher_free(m);
+        fuzz_walk(g, size ? data[size / 2] : 0, &(struct fuzz_walk_cfg){64, 7, 31, 17});
         sg_grammar_free(g);
     }
     json_decref(s);

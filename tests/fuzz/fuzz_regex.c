@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/common.h"
+#include "fuzz_walk.h"
 #include "structured/sg_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -18,28 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc = data[0] & 1 ? sg_compile_gbnf(src, &g) : sg_compile_regex(src, &g);
     if (rc == VLLM_OK) {
         sg_grammar_viable(g, src, strlen(src), NULL);
-        char text[64];
-        size_t n = 0;
-        unsigned start = data[0];
-        for (int step = 0; step < 48 && n < sizeof text; step++) {
-            int found = 0;
-            for (unsigned k = 0; k < 256 && !found; k++) {
-                text[n] = (char)((start + k * 13) & 255);
-                found = sg_grammar_viable(g, text, n + 1, NULL);
-            }
-            if (!found) {
-                int acc;
-                if (!sg_grammar_viable(g, text, n, &acc) || !acc) abort();
-                break;
-            }
-            n++;
-            start = start * 29 + 5;
-        }
-        struct sg_matcher *m = sg_matcher_create(g, NULL);
-        int acc;
-        if (!sg_matcher_accept_bytes(m, text, n)) abort();
-        if (!sg_grammar_viable(g, text, n, &acc) || acc != sg_matcher_is_accepting(m)) abort();
-        sg_matcher_free(m);
+        fuzz_walk(g, data[0], &(struct fuzz_walk_cfg){48, 13, 29, 5});
         sg_grammar_free(g);
     }
     free(src);
