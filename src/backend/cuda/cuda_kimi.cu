@@ -77,12 +77,13 @@ static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 *
 //   y = Qg S0 + Mqk U,  S = diag(P_n-1) S0 + Kend^T U       Kend_j = k_j o a_j+1 ... a_n-1
 // The pairwise decays are running products of exp(g) (never exp(-G)).
 // Value columns of the state are independent in the delta rule, so a block
-// takes KDA_BV of them: grid (sequence, head, K / KDA_BV), 128 blocks for one
+// takes KDA_BV of them: grid (sequence, head, K / KDA_BV rounded up), 128 blocks for one
 // sequence of Kimi-Linear-48B (32 heads of 128), each with its [K, KDA_BV]
 // slice of the state in shared memory. Each block recomputes the piece's
 // [n, n] products (n^2 K / 2 a block, against 3 n K KDA_BV for its GEMMs).
-// Takes K a multiple of 32 up to KDA_KMAX (lanes own channels lane + 32 m);
-// other head sizes run k_kda.
+// Takes K a multiple of 16 up to KDA_KMAX (lanes own channels lane + 32 m;
+// a block's columns past K are zeros it never stores); other head sizes run
+// k_kda.
 #ifndef VLLM_KDA_CS
 #define VLLM_KDA_CS 16
 #endif
@@ -95,7 +96,7 @@ static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 *
 #define KDA_RS (KDA_KMAX / KDA_WARPS)   // state rows per thread at most: i = warp * K / KDA_WARPS + m
 static_assert(KDA_CS % KDA_WARPS == 0 && KDA_CS >= KDA_WARPS, "KDA_CS: a multiple of the block's warps");
 
-static int kda_chunked(int K) { return K % 32 == 0 && K >= 32 && K <= KDA_KMAX; }
+static int kda_chunked(int K) { return K % 16 == 0 && K >= 16 && K <= KDA_KMAX; }
 
 static size_t kda_chunk_smem(int K) {
     size_t C = KDA_CS, BV = KDA_BV;
@@ -123,7 +124,7 @@ __device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, i
         float qv[KDA_KMAX / 32], kv[KDA_KMAX / 32], sq = 0, sk = 0;
 #pragma unroll
         for (int c = 0; c < KDA_KMAX / 32; c++)
-            if (c < K / 32) {
+            if (lane + 32 * c < K) {
                 qv[c] = row[h * K + lane + 32 * c], kv[c] = row[HK + h * K + lane + 32 * c];
                 sq += qv[c] * qv[c], sk += kv[c] * kv[c];
             }
@@ -131,14 +132,14 @@ __device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, i
         float rq = (1.0f / sqrtf((float)K)) / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
 #pragma unroll
         for (int c = 0; c < KDA_KMAX / 32; c++)
-            if (c < K / 32) {
+            if (lane + 32 * c < K) {
                 int i = r * K + lane + 32 * c;
                 m.qn[i] = qv[c] * rq, m.kn[i] = kv[c] * rk, m.av[i] = expf(gr[lane + 32 * c]);
             }
         if (lane == 0) m.beta[r] = 1.0f / (1.0f + expf(-row[3 * HK + h]));
     }
     for (int i = threadIdx.x; i < n * KDA_BV; i += KDA_THREADS)
-        m.bw[i] = a.proj[(t0 + i / KDA_BV) * a.ld + 2 * HK + h * K + j0 + i % KDA_BV];
+        m.bw[i] = j0 + i % KDA_BV < K ? a.proj[(t0 + i / KDA_BV) * a.ld + 2 * HK + h * K + j0 + i % KDA_BV] : 0.0f;
 }
 
 // Phase 2: a warp per column j runs e = k_j o a_j+1 ... a_t down the rows t
@@ -150,7 +151,7 @@ __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
         float e[KDA_KMAX / 32], dq = 0;
 #pragma unroll
         for (int c = 0; c < KDA_KMAX / 32; c++)
-            if (c < K / 32) e[c] = m.kn[j * K + lane + 32 * c], dq += m.qn[j * K + lane + 32 * c] * e[c];
+            if (lane + 32 * c < K) e[c] = m.kn[j * K + lane + 32 * c], dq += m.qn[j * K + lane + 32 * c] * e[c];
         dq = warp_sum(dq);
         if (lane == 0) m.mqk[j * KDA_CS + j] = dq;
         for (int t = j + 1; t < n; t++) {
@@ -158,7 +159,7 @@ __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
             dq = 0;
 #pragma unroll
             for (int c = 0; c < KDA_KMAX / 32; c++)
-                if (c < K / 32) {
+                if (lane + 32 * c < K) {
                     int i = t * K + lane + 32 * c;
                     e[c] *= m.av[i];
                     dk += m.kn[i] * e[c], dq += m.qn[i] * e[c];
@@ -168,7 +169,7 @@ __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
         }
 #pragma unroll
         for (int c = 0; c < KDA_KMAX / 32; c++)
-            if (c < K / 32) m.ke[j * K + lane + 32 * c] = e[c];
+            if (lane + 32 * c < K) m.ke[j * K + lane + 32 * c] = e[c];
     }
     __syncthreads(); // phase 3 overwrites qn, kn
     int i = threadIdx.x;
@@ -223,7 +224,7 @@ __device__ void kda_piece_apply(const kda_args &a, const kda_sm &m, int64_t t0, 
         if (r >= n) break;
         float y = ya[x];
         for (int j = 0; j <= r; j++) y += m.mqk[r * KDA_CS + j] * m.u[j * KDA_BV + c];
-        a.y[(t0 + r) * HK + h * K + j0 + c] = y;
+        if (j0 + c < K) a.y[(t0 + r) * HK + h * K + j0 + c] = y;
     }
     float st[KDA_RS];
     int i0 = w * rs;
@@ -232,12 +233,18 @@ __device__ void kda_piece_apply(const kda_args &a, const kda_sm &m, int64_t t0, 
         if (x < rs) st[x] = m.S[(i0 + x) * KDA_BV + c] * m.p[i0 + x];
     for (int t = 0; t < n; t++) {
         float ut = m.u[t * KDA_BV + c];
+        if (rs % 4 == 0) { // K a multiple of 32: the rows in float4 reads
 #pragma unroll
-        for (int x = 0; x < KDA_RS; x += 4)
-            if (x < rs) {
-                float4 k4 = *(const float4 *)&m.ke[t * K + i0 + x];
-                st[x] += k4.x * ut, st[x + 1] += k4.y * ut, st[x + 2] += k4.z * ut, st[x + 3] += k4.w * ut;
-            }
+            for (int x = 0; x < KDA_RS; x += 4)
+                if (x < rs) {
+                    float4 k4 = *(const float4 *)&m.ke[t * K + i0 + x];
+                    st[x] += k4.x * ut, st[x + 1] += k4.y * ut, st[x + 2] += k4.z * ut, st[x + 3] += k4.w * ut;
+                }
+        } else {
+#pragma unroll
+            for (int x = 0; x < KDA_RS; x++)
+                if (x < rs) st[x] += m.ke[t * K + i0 + x] * ut;
+        }
     }
 #pragma unroll
     for (int x = 0; x < KDA_RS; x++)
@@ -256,8 +263,10 @@ __global__ void __launch_bounds__(KDA_THREADS) k_kda_chunk(kda_args a) {
     m.p = m.beta + KDA_CS;
     int t0 = a.qsl[s], L = a.qsl[s + 1] - t0, p0 = a.ctx[s], src = a.src[s];
     int64_t hs = (int64_t)K * K;
+    bool col = j0 + c < K;
     for (int x = 0; x < rs; x++) // a thread's own rows, as phase 6 writes them
-        m.S[(i0 + x) * KDA_BV + c] = src < 0 ? 0.0f : a.state[((int64_t)src * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c];
+        m.S[(i0 + x) * KDA_BV + c] =
+            src < 0 || !col ? 0.0f : a.state[((int64_t)src * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c];
     int kc = a.ck_start[s], k1 = a.ck_start[s + 1];
     for (; kc < k1 && a.ck_pos[kc] <= p0; kc++) {} // the state before the prefill: never written (as the reference)
     for (int i = 0; i < L;) {
@@ -271,12 +280,12 @@ __global__ void __launch_bounds__(KDA_THREADS) k_kda_chunk(kda_args a) {
         kda_piece_apply(a, m, t0 + i, n, h, j0);
         i += n;
         for (; kc < k1 && a.ck_pos[kc] <= p0 + i; kc++) // the state after position ckpt_pos - 1
-            if (a.ck_pos[kc] == p0 + i)
+            if (a.ck_pos[kc] == p0 + i && col)
                 for (int x = 0; x < rs; x++)
                     a.state[((int64_t)a.ck_slot[kc] * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c] = m.S[(i0 + x) * KDA_BV + c];
     }
     int own = a.slots[s];
-    for (int x = 0; x < rs; x++)
+    for (int x = 0; x < rs && col; x++)
         a.state[((int64_t)own * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c] = m.S[(i0 + x) * KDA_BV + c];
 }
 
@@ -301,7 +310,7 @@ void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, c
     }
     size_t sm = kda_chunk_smem(d->head_dim);
     CUDA_CHECK(cudaFuncSetAttribute(k_kda_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_kda_chunk<<<dim3(seq1 - seq0, d->heads, d->head_dim / KDA_BV), KDA_THREADS, sm, cu(be)->stream>>>(a);
+    k_kda_chunk<<<dim3(seq1 - seq0, d->heads, (d->head_dim + KDA_BV - 1) / KDA_BV), KDA_THREADS, sm, cu(be)->stream>>>(a);
     LAUNCH_CHECK();
 }
 
