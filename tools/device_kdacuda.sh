@@ -14,6 +14,7 @@
 # (this script makes it itself when git and main are at hand).
 #   PHASE=all|test|bench  (default all)  LENS="1024 8192 32768"
 #   E2E=0 skips the end-to-end runs; E2E_ARGS adds flags to them.
+#   CS="32 64" also builds, tests and times the op at those piece lengths.
 # One call may run 10 minutes and each end-to-end run loads 96 GB of dummy
 # weights, so on the lent H200 run it as (the builds stay on a warm machine):
 #   PHASE=test tools/device_kdacuda.sh            (builds, tests, ~5 min)
@@ -44,7 +45,8 @@ fi
 
 if [ "$PHASE" != bench ]; then
     TESTS='gpu_.*kimi|gpu_ops' BENCH= tools/device_run.sh
-    grep -E "kda" "$OUT/ctest.log" | head -40
+    # ctest keeps a passing test's output to itself: the errors, from the test itself
+    build-cuda/tests/test_cuda_ops 2>&1 | tee "$OUT/test_cuda_ops.log" | grep -E "kda|KDA|checks"
 else
     cmake --build build-cuda -j "$(nproc)" --target vllm_cli cuda_kda >"$OUT/build.log" 2>&1 ||
         { grep error "$OUT/build.log" | head; exit 1; }
@@ -57,6 +59,17 @@ for b in build-base build-cuda; do
     echo "-- $b"
     timeout 300 $b/cuda_kda $LENS
 done 2>&1 | tee "$OUT/kda_op.log"
+
+# CS="32 64": the chunk kernel at other piece lengths (VLLM_KDA_CS), each
+# built into build-cuda-csN, tested against the reference and timed alone.
+for cs in ${CS:-}; do
+    cmake -S . -B build-cuda-cs$cs -DVLLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release         -DCMAKE_CUDA_FLAGS=-DVLLM_KDA_CS=$cs >"$OUT/cs$cs.log" 2>&1 &&
+        cmake --build build-cuda-cs$cs -j "$(nproc)" --target cuda_kda test_cuda_ops >>"$OUT/cs$cs.log" 2>&1 ||
+        { grep error "$OUT/cs$cs.log" | head; continue; }
+    echo "-- chunks of $cs"
+    build-cuda-cs$cs/tests/test_cuda_ops 2>&1 | grep -E "kda chunks|checks"
+    timeout 300 build-cuda-cs$cs/cuda_kda $LENS
+done 2>&1 | tee "$OUT/kda_cs.log"
 
 [ "${E2E:-1}" = 0 ] && exit 0
 for len in $LENS; do

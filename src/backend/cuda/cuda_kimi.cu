@@ -1,7 +1,8 @@
 // cuda_kimi.cu - Kimi-Linear's ops on the GPU, each the CPU reference op of
-// the same name (cpu_kimi.c) on the device: the KDA gated delta rule (one
-// recurrence for prefill and decode), its forget gate and gated output norm,
-// and multi-head latent attention over a cache of latents (fp32 or bf16).
+// the same name (cpu_kimi.c) on the device: the KDA gated delta rule (decode
+// token by token, prefill in chunks as fast_kimi.c's), its forget gate and
+// gated output norm, and multi-head latent attention over a cache of latents
+// (fp32 or bf16).
 #include <float.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -280,9 +281,10 @@ __global__ void __launch_bounds__(KDA_THREADS) k_kda_chunk(kda_args a) {
         kda_piece_apply(a, m, t0 + i, n, h, j0);
         i += n;
         for (; kc < k1 && a.ck_pos[kc] <= p0 + i; kc++) // the state after position ckpt_pos - 1
-            if (a.ck_pos[kc] == p0 + i && col)
-                for (int x = 0; x < rs; x++)
-                    a.state[((int64_t)a.ck_slot[kc] * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c] = m.S[(i0 + x) * KDA_BV + c];
+            if (a.ck_pos[kc] == p0 + i && col) {
+                float *ck = a.state + ((int64_t)a.ck_slot[kc] * H + h) * hs + j0 + c;
+                for (int x = 0; x < rs; x++) ck[(int64_t)(i0 + x) * K] = m.S[(i0 + x) * KDA_BV + c];
+            }
     }
     int own = a.slots[s];
     for (int x = 0; x < rs && col; x++)
@@ -310,7 +312,8 @@ void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, c
     }
     size_t sm = kda_chunk_smem(d->head_dim);
     CUDA_CHECK(cudaFuncSetAttribute(k_kda_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_kda_chunk<<<dim3(seq1 - seq0, d->heads, (d->head_dim + KDA_BV - 1) / KDA_BV), KDA_THREADS, sm, cu(be)->stream>>>(a);
+    dim3 grid(seq1 - seq0, d->heads, (d->head_dim + KDA_BV - 1) / KDA_BV);
+    k_kda_chunk<<<grid, KDA_THREADS, sm, cu(be)->stream>>>(a);
     LAUNCH_CHECK();
 }
 
