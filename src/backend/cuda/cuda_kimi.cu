@@ -116,31 +116,49 @@ struct kda_sm {
     float *beta, *p;        // [KDA_CS], [K] P_n-1
 };
 
-// Phase 1: a warp per token normalizes q and k and takes exp(g) and beta;
-// the block loads the piece's v columns.
+// Phase 1: warp w takes the piece's rows r = w + KDA_WARPS x, two at a time:
+// it loads their q, k, g, b and the block's v columns (every load before
+// any use: one trip to memory for the two), then normalizes q and k and
+// takes exp(g) and beta.
+#define KDA_NC (KDA_KMAX / 32) // channels a lane owns at most: lane + 32 c
 __device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, int n, int h, int j0) {
     int K = a.K, HK = a.H * K, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int r = w; r < n; r += KDA_WARPS) {
-        const float *row = a.proj + (t0 + r) * a.ld, *gr = a.g + (t0 + r) * HK + h * K;
-        float qv[KDA_KMAX / 32], kv[KDA_KMAX / 32], sq = 0, sk = 0;
+    for (int x0 = 0; x0 < KDA_RC; x0 += 2) {
+        float qv[2][KDA_NC], kv[2][KDA_NC], gv[2][KDA_NC], vv[2], bl[2];
 #pragma unroll
-        for (int c = 0; c < KDA_KMAX / 32; c++)
-            if (lane + 32 * c < K) {
-                qv[c] = row[h * K + lane + 32 * c], kv[c] = row[HK + h * K + lane + 32 * c];
-                sq += qv[c] * qv[c], sk += kv[c] * kv[c];
-            }
-        sq = warp_sum(sq), sk = warp_sum(sk);
-        float rq = (1.0f / sqrtf((float)K)) / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        for (int x = 0; x < 2; x++) {
+            int r = w + KDA_WARPS * (x0 + x);
+            if (r >= n) break;
+            const float *row = a.proj + (t0 + r) * a.ld, *gr = a.g + (t0 + r) * HK + h * K;
 #pragma unroll
-        for (int c = 0; c < KDA_KMAX / 32; c++)
-            if (lane + 32 * c < K) {
-                int i = r * K + lane + 32 * c;
-                m.qn[i] = qv[c] * rq, m.kn[i] = kv[c] * rk, m.av[i] = expf(gr[lane + 32 * c]);
-            }
-        if (lane == 0) m.beta[r] = 1.0f / (1.0f + expf(-row[3 * HK + h]));
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) {
+                    qv[x][c] = row[h * K + lane + 32 * c], kv[x][c] = row[HK + h * K + lane + 32 * c];
+                    gv[x][c] = gr[lane + 32 * c];
+                }
+            vv[x] = j0 + lane < K ? row[2 * HK + h * K + j0 + lane] : 0.0f;
+            bl[x] = row[3 * HK + h];
+        }
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            int r = w + KDA_WARPS * (x0 + x);
+            if (r >= n) break;
+            float sq = 0, sk = 0;
+#pragma unroll
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) sq += qv[x][c] * qv[x][c], sk += kv[x][c] * kv[x][c];
+            sq = warp_sum(sq), sk = warp_sum(sk);
+            float rq = (1.0f / sqrtf((float)K)) / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+#pragma unroll
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) {
+                    int i = r * K + lane + 32 * c;
+                    m.qn[i] = qv[x][c] * rq, m.kn[i] = kv[x][c] * rk, m.av[i] = expf(gv[x][c]);
+                }
+            m.bw[r * KDA_BV + lane] = vv[x];
+            if (lane == 0) m.beta[r] = 1.0f / (1.0f + expf(-bl[x]));
+        }
     }
-    for (int i = threadIdx.x; i < n * KDA_BV; i += KDA_THREADS)
-        m.bw[i] = j0 + i % KDA_BV < K ? a.proj[(t0 + i / KDA_BV) * a.ld + 2 * HK + h * K + j0 + i % KDA_BV] : 0.0f;
 }
 
 // Phase 2: a warp per column j runs e = k_j o a_j+1 ... a_t down the rows t
@@ -149,9 +167,9 @@ __device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, i
 __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
     int K = a.K, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int j = w; j < n; j += KDA_WARPS) {
-        float e[KDA_KMAX / 32], dq = 0;
+        float e[KDA_NC], dq = 0;
 #pragma unroll
-        for (int c = 0; c < KDA_KMAX / 32; c++)
+        for (int c = 0; c < KDA_NC; c++)
             if (lane + 32 * c < K) e[c] = m.kn[j * K + lane + 32 * c], dq += m.qn[j * K + lane + 32 * c] * e[c];
         dq = warp_sum(dq);
         if (lane == 0) m.mqk[j * KDA_CS + j] = dq;
@@ -159,7 +177,7 @@ __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
             float dk = 0;
             dq = 0;
 #pragma unroll
-            for (int c = 0; c < KDA_KMAX / 32; c++)
+            for (int c = 0; c < KDA_NC; c++)
                 if (lane + 32 * c < K) {
                     int i = t * K + lane + 32 * c;
                     e[c] *= m.av[i];
@@ -169,7 +187,7 @@ __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
             if (lane == 0) m.mkk[t * KDA_CS + j] = dk, m.mqk[t * KDA_CS + j] = dq;
         }
 #pragma unroll
-        for (int c = 0; c < KDA_KMAX / 32; c++)
+        for (int c = 0; c < KDA_NC; c++)
             if (lane + 32 * c < K) m.ke[j * K + lane + 32 * c] = e[c];
     }
     __syncthreads(); // phase 3 overwrites qn, kn
