@@ -166,7 +166,10 @@ __device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, i
 // Phase 3: a thread per channel scales q, k by the prefix decays P.
 __device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
     int K = a.K, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int j = w; j < n; j += KDA_WARPS) {
+    for (int x = w; x < n; x += KDA_WARPS) {
+        // column j runs n - 1 - j rows: odd rounds of the warps take the
+        // columns in reverse, so warp w takes about n - 1 rows in all
+        int b = x / KDA_WARPS * KDA_WARPS, j = (x / KDA_WARPS) % 2 ? b + min(KDA_WARPS, n - b) - 1 - (x - b) : x;
         float e[KDA_NC], dq = 0;
 #pragma unroll
         for (int c = 0; c < KDA_NC; c++)
