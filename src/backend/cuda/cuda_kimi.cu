@@ -233,12 +233,18 @@ __device__ void kda_piece_apply(const kda_args &a, const kda_sm &m, int64_t t0, 
         if (r < n) m.bw[r * KDA_BV + c] -= wa[x];
     }
     __syncthreads();
-    if (w == 0)
-        for (int r = 0; r < n; r++) {
+    if (w == 0) { // U's column in registers: only the FMAs' chain is serial
+        float uc[KDA_CS];
+#pragma unroll
+        for (int r = 0; r < KDA_CS; r++) {
+            if (r >= n) break;
             float v = m.bw[r * KDA_BV + c];
-            for (int j = 0; j < r; j++) v -= m.mkk[r * KDA_CS + j] * m.u[j * KDA_BV + c];
-            m.u[r * KDA_BV + c] = m.beta[r] * v;
+#pragma unroll
+            for (int j = 0; j < r; j++) v -= m.mkk[r * KDA_CS + j] * uc[j];
+            uc[r] = m.beta[r] * v;
+            m.u[r * KDA_BV + c] = uc[r];
         }
+    }
     __syncthreads();
 #pragma unroll
     for (int x = 0; x < KDA_RC; x++) {
