@@ -78,9 +78,9 @@ static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 *
 //   y = Qg S0 + Mqk U,  S = diag(P_n-1) S0 + Kend^T U       Kend_j = k_j o a_j+1 ... a_n-1
 // The pairwise decays are running products of exp(g) (never exp(-G)).
 // Value columns of the state are independent in the delta rule, so a block
-// takes KDA_BV of them: grid (sequence, head, K / KDA_BV rounded up), 128 blocks for one
-// sequence of Kimi-Linear-48B (32 heads of 128), each with its [K, KDA_BV]
-// slice of the state in shared memory. Each block recomputes the piece's
+// takes KDA_BV of them: grid (sequence, head, K / KDA_BV rounded up), 128
+// blocks for one sequence of Kimi-Linear-48B (32 heads of 128), each with
+// its [K, KDA_BV] slice of the state in shared memory. Each block recomputes the piece's
 // [n, n] products (n^2 K / 2 a block, against 3 n K KDA_BV for its GEMMs).
 // Takes K a multiple of 16 up to KDA_KMAX (lanes own channels lane + 32 m;
 // a block's columns past K are zeros it never stores); other head sizes run
