@@ -831,9 +831,13 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         if (d->conv_kernel < CUDA_CONV_KMIN || d->conv_kernel > CUDA_CONV_KMAX)
             snprintf(buf, sizeof buf, "Kimi Delta Attention: short_conv_kernel_size %d outside [%d, %d]",
                      d->conv_kernel, CUDA_CONV_KMIN, CUDA_CONV_KMAX), why = buf;
-        else if (d->head_dim > 1024 || cuda_kda_smem(d->head_dim) > cu(be)->smem_optin)
-            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d (its [%d, %d] state per head exceeds the "
-                     "%zu bytes of shared memory)", d->head_dim, d->head_dim, d->head_dim, cu(be)->smem_optin), why = buf;
+        else if (d->head_dim > 1024)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d over 1024 (a thread per value column)",
+                     d->head_dim), why = buf;
+        else if (cuda_kda_smem(d->head_dim) > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d: the state per head and prefill chunks "
+                     "take %zu bytes of shared memory (%zu a block)", d->head_dim, cuda_kda_smem(d->head_dim),
+                     cu(be)->smem_optin), why = buf;
         break;
     }
     case OP_MLA: {
