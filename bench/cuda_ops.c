@@ -250,7 +250,7 @@ static void bench_small(int n, int calls) {
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1, calls = argc > 2 ? atoi(argv[2]) : 64;
-    if (n < 1 || n > 64 || calls < 1) die("usage: cuda_ops [ROWS 1..64] [CALLS]");
+    if (n < 1 || n > 512 || calls < 1) die("usage: cuda_ops [ROWS 1..512] [CALLS]");
     if (backend_cuda_create(DT_BF16, &be)) {
         printf("cuda_ops: no GPU (%s)\n", vllm_last_error());
         return 0;

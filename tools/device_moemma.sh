@@ -1,0 +1,94 @@
+#!/bin/bash
+# Issue 11: the thin-tile MoE grouped GEMM (MOE_GEMV_MAXR < n <= MOE_DEC_MAXN
+# tokens, src/backend/cuda/cuda_moe.cu) against the merge-base, in steps
+# that each fit one 10-minute device call (builds stay in build-cuda and
+# build-base between calls on a warm machine; a step rebuilds what is missing).
+#
+# Here, before the first call (base.tar.gz is git-ignored, so carry it):
+#   git archive -o base.tar.gz $(git merge-base main HEAD) src include CMakeLists.txt tests bench
+# then, with run(carry=["base.tar.gz"]), in order:
+#   tools/device_moemma.sh test    both builds; TESTS (default 'gpu_ops|gpu_gate') on the branch
+#   tools/device_moemma.sh ops     cuda_ops 64 and 32 (moe_experts line), base then branch
+#   tools/device_moemma.sh bench nano30b          vllm bench at 32, 64, 128 sequences, base then branch
+#   tools/device_moemma.sh bench qwen3_30b_a3b
+#   tools/device_moemma.sh sweep   (optional) cuda_ops moe_experts per path at ROWS (default
+#                                  8..512): GEMV, thin tiles, 128-row tiles, to set the thresholds
+# `all` runs test, ops and both benches (longer than one call: by hand only).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the lent machines
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+[ -f .devdeps/unpack.sh ] && source .devdeps/unpack.sh >/dev/null
+CM="-DVLLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release"
+
+# build-base: the merge-base's vllm and cuda_ops (none without base.tar.gz)
+build_base() {
+    [ -f base.tar.gz ] || { echo "no base.tar.gz: branch only"; return 0; }
+    if [ ! -f build-base/src/CMakeLists.txt ]; then
+        mkdir -p build-base/src && tar -xzf base.tar.gz -C build-base/src
+    fi
+    cmake -S build-base/src -B build-base/build $CM >"$OUT/base_cmake.log" 2>&1 &&
+        cmake --build build-base/build -j 8 --target vllm_cli cuda_ops >"$OUT/base_build.log" 2>&1 ||
+        { echo "base build failed"; tail -20 "$OUT/base_build.log"; return 1; }
+}
+build_branch() {
+    cmake -S . -B build-cuda $CM >"$OUT/cmake.log" 2>&1 &&
+        cmake --build build-cuda -j "$(nproc)" >"$OUT/build.log" 2>&1 ||
+        { grep -E "error" "$OUT/build.log" | head -30; return 1; }
+}
+bins() { for b in build-base/build build-cuda; do [ -x $b/vllm ] && echo $b; done; }
+
+step_test() {
+    build_base & local bp=$!
+    TESTS=${TESTS:-'gpu_ops|gpu_gate'} BENCH= tools/device_run.sh # builds build-cuda, runs the tests
+    grep -E "moe_experts" "$OUT/ctest.log" | head -60
+    wait $bp
+}
+step_ops() {
+    build_branch || return 1
+    build_base || return 1
+    for n in 64 32; do
+        for b in $(bins); do
+            echo "== cuda_ops $n $b"
+            timeout 120 $b/cuda_ops $n | grep -E "copy [0-9]|moe_experts"
+        done
+    done 2>&1 | tee "$OUT/cuda_ops.log"
+}
+step_bench() {
+    build_branch || return 1
+    build_base || return 1
+    for b in $(bins); do
+        echo "== $1 $b"
+        timeout 280 $b/vllm bench --model bench/configs/$1 --load-format dummy --device cuda --batch-sizes 32,64,128 \
+            --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 2>&1 | tail -6
+    done 2>&1 | tee -a "$OUT/bench_$1.log"
+}
+# One build per path: -D overrides of the thresholds (cuda_moe.cu) force it
+# for every n: GEMV (MAXR 512 is past cuda_ops' rows... the GEMV is written
+# for n <= 32, so it sweeps only to 32), thin tiles (MAXR 0), 128-row (MAXR 0, DEC_MAXN 0).
+step_sweep() {
+    local rows=${ROWS:-"8 16 24 32 48 64 96 128 192 256 384 512"}
+    for v in "thin:-DMOE_GEMV_MAXR=0" "wide:-DMOE_GEMV_MAXR=0 -DMOE_DEC_MAXN=0"; do
+        local name=${v%%:*} flags=${v#*:}
+        cmake -S . -B build-sweep-$name $CM -DCMAKE_CUDA_FLAGS="$flags" >"$OUT/sweep_$name.log" 2>&1 &&
+            cmake --build build-sweep-$name -j "$(nproc)" --target cuda_ops >>"$OUT/sweep_$name.log" 2>&1 ||
+            { echo "sweep build $name failed"; tail -20 "$OUT/sweep_$name.log"; return 1; }
+    done
+    build_branch || return 1
+    for n in $rows; do
+        for b in build-cuda build-sweep-thin build-sweep-wide; do
+            [ $b = build-cuda ] && [ $n -gt 32 ] && continue # the default build: the GEMV to 32
+            printf "%4d %-18s" $n $b
+            timeout 60 $b/cuda_ops $n 16 | grep -E "moe_experts"
+        done
+    done 2>&1 | tee "$OUT/sweep.log"
+}
+
+case "${1:-all}" in
+test) step_test ;;
+ops) step_ops ;;
+bench) step_bench "${2:?bench CONFIG}" ;;
+sweep) step_sweep ;;
+all) step_test && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
+*) echo "usage: $0 test|ops|bench CONFIG|sweep|all"; exit 2 ;;
+esac
