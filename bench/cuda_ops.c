@@ -7,7 +7,7 @@
 // from HBM. Prints per op the microseconds per call, the bytes it must read
 // and that as a fraction of the device's measured copy bandwidth.
 //
-// Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)]
+// Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)] [moe: the routed experts only]
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +258,11 @@ int main(int argc, char **argv) {
     double fl;
     be->ops->peaks(be, &bw_peak, &fl);
     printf("cuda_ops: %d rows, %d calls per graph; copy %.0f GB/s\n", n, calls, bw_peak / 1e9);
+    if (argc > 3 && !strcmp(argv[3], "moe")) { // the routed experts only (threshold sweeps)
+        bench_moe(n, calls);
+        backend_free(be);
+        return 0;
+    }
     bench_matmul("matmul mamba in_proj", WF_BF16, 2 * H * P + 2 * G * N + H, D, n, calls);
     bench_matmul("matmul mamba out_proj", WF_BF16, D, H * P, n, calls);
     bench_matmul("matmul shared up", WF_BF16, SI, D, n, calls);

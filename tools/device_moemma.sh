@@ -7,12 +7,14 @@
 # Here, before the first call (base.tar.gz is git-ignored, so carry it):
 #   git archive -o base.tar.gz $(git merge-base main HEAD) src include CMakeLists.txt tests bench
 # then, with run(carry=["base.tar.gz"]), in order:
-#   tools/device_moemma.sh test    both builds; TESTS (default 'gpu_ops|gpu_gate') on the branch
+#   tools/device_moemma.sh build   the branch (build-cuda) and the base (build-base), side by side
+#   tools/device_moemma.sh test    TESTS (default 'gpu_ops|gpu_gate') on the branch
 #   tools/device_moemma.sh ops     cuda_ops 64 and 32 (moe_experts line), base then branch
 #   tools/device_moemma.sh bench nano30b          vllm bench at 32, 64, 128 sequences, base then branch
 #   tools/device_moemma.sh bench qwen3_30b_a3b
-#   tools/device_moemma.sh sweep   (optional) cuda_ops moe_experts per path at ROWS (default
-#                                  8..512): GEMV, thin tiles, 128-row tiles, to set the thresholds
+#   tools/device_moemma.sh sweepbuild   (optional, one call) two more builds of cuda_ops, then
+#   tools/device_moemma.sh sweep   cuda_ops' moe_experts on each path at ROWS (default 8..512):
+#                                  GEMV (<= 32), thin tiles, 128-row tiles: where the thresholds go
 # `all` runs test, ops and both benches (longer than one call: by hand only).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the lent machines
@@ -38,11 +40,15 @@ build_branch() {
 }
 bins() { for b in build-base/build build-cuda; do [ -x $b/vllm ] && echo $b; done; }
 
-step_test() {
+step_build() {
     build_base & local bp=$!
-    TESTS=${TESTS:-'gpu_ops|gpu_gate'} BENCH= tools/device_run.sh # builds build-cuda, runs the tests
-    grep -E "moe_experts" "$OUT/ctest.log" | head -60
-    wait $bp
+    build_branch; local rc=$?
+    wait $bp && return $rc
+}
+step_test() {
+    TESTS=${TESTS:-'gpu_ops|gpu_gate'} BENCH= tools/device_run.sh # (re)builds build-cuda, runs the tests
+    # ctest shows a passing test's output not at all: the experts' errors per n, from the binary itself
+    timeout 300 build-cuda/tests/test_cuda_ops 2>&1 | grep -E "moe_experts|FAIL|passed|failed" | tee "$OUT/moe_errs.log"
 }
 step_ops() {
     build_branch || return 1
@@ -63,32 +69,41 @@ step_bench() {
             --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 2>&1 | tail -6
     done 2>&1 | tee -a "$OUT/bench_$1.log"
 }
-# One build per path: -D overrides of the thresholds (cuda_moe.cu) force it
-# for every n: GEMV (MAXR 512 is past cuda_ops' rows... the GEMV is written
-# for n <= 32, so it sweeps only to 32), thin tiles (MAXR 0), 128-row (MAXR 0, DEC_MAXN 0).
-step_sweep() {
-    local rows=${ROWS:-"8 16 24 32 48 64 96 128 192 256 384 512"}
-    for v in "thin:-DMOE_GEMV_MAXR=0" "wide:-DMOE_GEMV_MAXR=0 -DMOE_DEC_MAXN=0"; do
+# One build per path, the thresholds (cuda_moe.cu) forced by -D overrides:
+# thin (MOE_GEMV_MAXR=0: the thin tiles at every n <= MOE_DEC_MAXN) and
+# wide (both 0: the 128-row tiles at every n); build-cuda gives the GEMV
+# (written for n <= 32 only). VARIANTS="name:flags;..." replaces the list,
+# e.g. "thin4:-DMOE_GEMV_MAXR=0 -DDSTAGES=4;thin32:-DMOE_GEMV_MAXR=0 -DDBM=32"
+# (4 stages: 46 KB, 4 blocks per SM; 32-row tiles).
+IFS=';' read -r -a SWEEPS <<<"${VARIANTS:-thin:-DMOE_GEMV_MAXR=0;wide:-DMOE_GEMV_MAXR=0 -DMOE_DEC_MAXN=0}"
+step_sweepbuild() {
+    for v in "${SWEEPS[@]}"; do
         local name=${v%%:*} flags=${v#*:}
         cmake -S . -B build-sweep-$name $CM -DCMAKE_CUDA_FLAGS="$flags" >"$OUT/sweep_$name.log" 2>&1 &&
             cmake --build build-sweep-$name -j "$(nproc)" --target cuda_ops >>"$OUT/sweep_$name.log" 2>&1 ||
             { echo "sweep build $name failed"; tail -20 "$OUT/sweep_$name.log"; return 1; }
     done
-    build_branch || return 1
-    for n in $rows; do
-        for b in build-cuda build-sweep-thin build-sweep-wide; do
-            [ $b = build-cuda ] && [ $n -gt 32 ] && continue # the default build: the GEMV to 32
-            printf "%4d %-18s" $n $b
-            timeout 60 $b/cuda_ops $n 16 | grep -E "moe_experts"
+    build_branch
+}
+step_sweep() {
+    step_sweepbuild || return 1
+    for n in ${ROWS:-8 16 24 32 48 64 96 128 192 256 384 512}; do
+        for b in build-cuda "${SWEEPS[@]%%:*}"; do
+            [ $b = build-cuda ] || b=build-sweep-$b
+            [ $b = build-cuda ] && [ $n -gt 32 ] && continue
+            printf "%4d %-17s" $n $b
+            timeout 60 $b/cuda_ops $n 16 moe | grep -E "moe_experts"
         done
     done 2>&1 | tee "$OUT/sweep.log"
 }
 
 case "${1:-all}" in
+build) step_build ;;
 test) step_test ;;
 ops) step_ops ;;
 bench) step_bench "${2:?bench CONFIG}" ;;
+sweepbuild) step_sweepbuild ;;
 sweep) step_sweep ;;
-all) step_test && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
-*) echo "usage: $0 test|ops|bench CONFIG|sweep|all"; exit 2 ;;
+all) step_build && step_test && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
+*) echo "usage: $0 build|test|ops|bench CONFIG|sweepbuild|sweep|all"; exit 2 ;;
 esac
