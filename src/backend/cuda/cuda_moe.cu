@@ -137,6 +137,7 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
 // every row is computed on its own, and tokens combine by expert order.
 __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *offsets, int32_t *mtile_off,
                            int32_t *perm, int32_t *slot_of) {
+    pdl_wait();
     pdl_trigger();
     __shared__ int cnt[MAX_EXPERTS + 1], fill[MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0, fill[e] = 0;
@@ -501,6 +502,8 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
 // B = W_e's rows, fp32 out.
 template <typename T>
 __global__ void k_to_16_moe(T *y, const float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = (T)x[i];
 }
@@ -776,8 +779,7 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
                        int top_k, bool dec) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int64_t nx = (int64_t)n * L;
-    k_to_16_moe<<<(int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st>>>(xb, x, nx);
-    LAUNCH_CHECK();
+    launch_pdl(k_to_16_moe<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
     if (dec) { // the thin tiles (schedule sorted with bm = DBM)
         int mtiles = cdiv(nk, DBM) + (nk < E ? nk : E);
         size_t sm = mma_dec_smem();
@@ -856,8 +858,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     } else {
         int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
         bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && n <= MOE_DEC_MAXN;
-        k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, dec ? DBM : TBM, offsets, mtile_off, perm, slot_of);
-        LAUNCH_CHECK();
+        launch_pdl(k_moe_sort, 1, sort_threads, 0, st, ids, nk, E, dec ? DBM : TBM, offsets, mtile_off, perm, slot_of);
         rows = slot_of;
         if (tc) {
             if (f == WF_BF16)
