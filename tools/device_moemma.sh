@@ -9,6 +9,7 @@
 # then, with run(carry=["base.tar.gz"]), in order:
 #   tools/device_moemma.sh build   the branch (build-cuda) and the base (build-base), side by side
 #   tools/device_moemma.sh test    TESTS (default 'gpu_ops|gpu_gate') on the branch
+#   tools/device_moemma.sh mutate  the thin-tile kernel broken on purpose: its test cases go red
 #   tools/device_moemma.sh ops     cuda_ops 64 and 32 (moe_experts line), base then branch
 #   tools/device_moemma.sh bench nano30b          vllm bench at 32, 64, 128 sequences, base then branch
 #   tools/device_moemma.sh bench qwen3_30b_a3b
@@ -48,7 +49,7 @@ step_build() {
 step_test() {
     TESTS=${TESTS:-'gpu_ops|gpu_gate'} BENCH= tools/device_run.sh # (re)builds build-cuda, runs the tests
     # ctest shows a passing test's output not at all: the experts' errors per n, from the binary itself
-    timeout 300 build-cuda/tests/test_cuda_ops 2>&1 | grep -E "moe_experts|FAIL|passed|failed" | tee "$OUT/moe_errs.log"
+    timeout 300 build-cuda/tests/test_cuda_ops 2>&1 | grep -E "moe_experts|CHECK failed|checks" | tee "$OUT/moe_errs.log"
 }
 step_ops() {
     build_branch || return 1
@@ -69,6 +70,22 @@ step_bench() {
             --input-len 1024 --output-len 128 --max-num-batched-tokens 8192 2>&1 | tail -6
     done 2>&1 | tee -a "$OUT/bench_$1.log"
 }
+# Lesson 5: the new cases must see the thin-tile kernel break. The last
+# half of K dropped in k_moe_mma_dec alone: the bf16 cases at n = 33..200,
+# shared 64 and 64 + add must go red, n <= 20 and 600 stay green. The source is
+# restored (and rebuilt) after.
+step_mutate() {
+    local f=src/backend/cuda/cuda_moe.cu
+    grep -q 'bool kin = k0 + c < K; // K % 8 == 0: a chunk' $f || { echo "mutation site not found"; return 1; }
+    cp $f /tmp/cuda_moe.cu.orig
+    sed -i 's|bool kin = k0 + c < K; // K % 8 == 0: a chunk|bool kin = k0 + c < K / 2; // MUTATION|' $f
+    cmake --build build-cuda -j "$(nproc)" --target test_cuda_ops >"$OUT/mutate_build.log" 2>&1 &&
+        timeout 300 build-cuda/tests/test_cuda_ops 2>&1 | grep -E "moe_experts.*bf16|CHECK failed" | tee "$OUT/mutate.log"
+    cp /tmp/cuda_moe.cu.orig $f
+    cmake --build build-cuda -j "$(nproc)" --target test_cuda_ops >/dev/null 2>&1
+    echo "mutation: $(grep -c "CHECK failed" "$OUT/mutate.log") checks failed (expect 12: bf16 n = 33, 64, 96, 200, shared 64 and 64 + add, both shapes)"
+}
+
 # One build per path, the thresholds (cuda_moe.cu) forced by -D overrides:
 # thin (MOE_GEMV_MAXR=0: the thin tiles at every n <= MOE_DEC_MAXN) and
 # wide (both 0: the 128-row tiles at every n); build-cuda gives the GEMV
@@ -99,11 +116,12 @@ step_sweep() {
 
 case "${1:-all}" in
 build) step_build ;;
+mutate) step_mutate ;;
 test) step_test ;;
 ops) step_ops ;;
 bench) step_bench "${2:?bench CONFIG}" ;;
 sweepbuild) step_sweepbuild ;;
 sweep) step_sweep ;;
 all) step_build && step_test && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
-*) echo "usage: $0 build|test|ops|bench CONFIG|sweepbuild|sweep|all"; exit 2 ;;
+*) echo "usage: $0 build|test|mutate|ops|bench CONFIG|sweepbuild|sweep|all"; exit 2 ;;
 esac
