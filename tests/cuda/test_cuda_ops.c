@@ -358,7 +358,7 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     for (int t = 0; t < T * k; t++) same[t] = ids[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
     // the GEMV at 1, 4 and 8 rows and in passes of 8 (<= 32), the thin-tile
-    // grouped GEMM (33..512: ~1 row per expert at 33, ~9 at 200), the
+    // grouped GEMM (33..512: ~2 rows per expert at 33, ~9 at 200), the
     // 128-row one (T = 600); then shared routing (64: 4 thin tiles per expert)
     enum { NR = 9, NS = 13 };
     int ns[NS] = {1, 3, 7, 20, 33, 64, 96, 200, T, 3, 12, 20, 64};
