@@ -89,10 +89,13 @@ step_mutate() {
 # One build per path, the thresholds (cuda_moe.cu) forced by -D overrides:
 # thin (MOE_GEMV_MAXR=0: the thin tiles at every n <= MOE_DEC_MAXN) and
 # wide (both 0: the 128-row tiles at every n); build-cuda gives the GEMV
-# (written for n <= 32 only). VARIANTS="name:flags;..." replaces the list,
-# e.g. "thin4:-DMOE_GEMV_MAXR=0 -DDSTAGES=4;thin32:-DMOE_GEMV_MAXR=0 -DDBM=32"
-# (4 stages: 46 KB, 4 blocks per SM; 32-row tiles).
-IFS=';' read -r -a SWEEPS <<<"${VARIANTS:-thin:-DMOE_GEMV_MAXR=0;wide:-DMOE_GEMV_MAXR=0 -DMOE_DEC_MAXN=0}"
+# (written for n <= 32 only); thin64: the thin tiles with K steps of 64 (a
+# 128-byte line of each weight row per stage), 4 stages (83 KB, 2 blocks per
+# SM). VARIANTS="name:flags;..." replaces the list, e.g.
+# "thin4:-DMOE_GEMV_MAXR=0 -DDSTAGES=4;thin32:-DMOE_GEMV_MAXR=0 -DDBM=32"
+# (4 stages: 46 KB, 4 blocks per SM; 32-row tiles). Each is a build of
+# vllm_static: should sweepbuild run out of time, call it again (it resumes).
+IFS=';' read -r -a SWEEPS <<<"${VARIANTS:-thin:-DMOE_GEMV_MAXR=0;thin64:-DMOE_GEMV_MAXR=0 -DDBK=64 -DDSTAGES=4;wide:-DMOE_GEMV_MAXR=0 -DMOE_DEC_MAXN=0}"
 step_sweepbuild() {
     for v in "${SWEEPS[@]}"; do
         local name=${v%%:*} flags=${v#*:}

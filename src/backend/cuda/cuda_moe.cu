@@ -654,51 +654,64 @@ static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
 // Between the GEMV and prefill sizes nearly every expert is used by a few
 // rows (nano30b at 64 tokens: ~122 of 128 experts, ~3 rows each), so a step
 // is the experts' weights streamed once: k_moe_mma's 128-row tiles are ~98%
-// padding, and its 3 stages of 8 KB of weights per block leave the HBM
-// half idle (~52%). Here a tile is DBM (16) rows of an expert's segment
-// (zero-padded) x DBN (128) weight rows, K in TBK steps over DSTAGES (6)
-// cp.async stages: 5 x 8 KB of weights in flight per block, 3 blocks (69 KB
-// of shared memory each) per SM. 4 warps, each all DBM rows x 32 columns
-// (DBM / 16 A fragments, 4 n8 B fragments, 4 x DBM / 16 mma per k16). An
-// expert with more than DBM rows takes several tiles; the later ones read
-// its weight tile again, from L2 (its tiles are neighbours in the grid).
-// Operands, the schedule (k_moe_sort with bm = DBM) and the epilogue are
-// k_moe_mma's. The thresholds take -D overrides so that a device build can
-// sweep them.
+// padding (their mma work rivals the weights' streaming time), and its 3
+// stages of 8 KB of weights per block leave the HBM half idle (~52%). Here a
+// tile is DBM (16) rows of an expert's segment (zero-padded) x DBN (128)
+// weight rows, K in DBK (32) steps over DSTAGES (6) cp.async stages: 5 x 8
+// KB of weights in flight per block, 3 blocks (69 KB of shared memory each)
+// per SM. 4 warps, each all DBM rows x 32 columns (DBM / 16 A fragments, 4
+// n8 B fragments, 4 x DBM / 16 mma per k16). An expert with more than DBM
+// rows takes several tiles; the later ones read its weight tile again, from
+// L2 (its tiles are neighbours in the grid). Operands, the schedule
+// (k_moe_sort with bm = DBM) and the epilogue are k_moe_mma's. Thresholds
+// and tile sizes take -D overrides so that a device build can sweep them
+// (tools/device_moemma.sh).
 #ifndef MOE_DEC_MAXN
 #define MOE_DEC_MAXN 512 // tokens of the thin-tile GEMM (above: k_moe_mma)
 #endif
 #ifndef DBM
 #define DBM 16 // 16 or 32
 #endif
-#define DBN 128
+#ifndef DBK
+#define DBK 32 // 32 or 64 (64: a 128-byte line of each weight row per stage)
+#endif
 #ifndef DSTAGES
 #define DSTAGES 6
 #endif
+#define DBN 128
 #define DTHREADS 128
-static_assert(DBM % 16 == 0 && DBM * 4 <= DTHREADS && DTHREADS / 32 * 32 == DBN, "thin tile layout");
+#define DPAD (DBK + 8) // a row of 16 x an odd number of bytes: ldmatrix is conflict-free
+static_assert(DBM % 16 == 0 && DBK % 16 == 0 && DTHREADS / 32 * 32 == DBN && DTHREADS % (DBK / 8) == 0,
+              "thin tile layout");
 
 template <typename T, bool UP>
 __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W, void *out, const int32_t *offsets,
                                                           const int32_t *mtile_off, const int32_t *perm, int E, int k,
                                                           int K, int I, int N, int gated, enum act kind) {
     extern __shared__ __align__(16) unsigned char tsm[];
-    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * TPAD;
-    constexpr int MI = DBM / 16, BCH = DBN * 4 / DTHREADS; // B: rows tid / 4 + i * 32, 16-byte chunk tid % 4
+    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD;
+    // a thread's 16-byte chunks of a stage: chunk tid % CPR of rows tid / CPR + i * RPP
+    constexpr int CPR = DBK / 8, RPP = DTHREADS / CPR, MI = DBM / 16;
+    constexpr int ACH = (DBM + RPP - 1) / RPP, BCH = DBN / RPP;
     pdl_wait();
     pdl_trigger();
     int NT = (N + DBN - 1) / DBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
     if (mt >= mtile_off[E]) return;
     int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * DBM;
     int rows = min(DBM, offsets[e + 1] - r0), n0 = nt * DBN, U = gated ? 2 * I : I, tid = threadIdx.x;
-    int c = (tid % 4) * 8;
-    bool va = tid < DBM * 4 && tid / 4 < rows; // A: row tid / 4, chunk tid % 4
-    const T *ga = A + (int64_t)(UP ? perm[r0 + (va ? tid / 4 : 0)] / k : r0 + (va ? tid / 4 : 0)) * K + c;
-    const T *gb[BCH];
-    bool vb[BCH];
+    int c = (tid % CPR) * 8;
+    const T *ga[ACH], *gb[BCH];
+    bool va[ACH], vb[BCH];
+#pragma unroll
+    for (int i = 0; i < ACH; i++) { // A: the segment's rows (UP: their tokens' x), zero past rows
+        int row = tid / CPR + i * RPP;
+        va[i] = row < rows;
+        int r = r0 + (va[i] ? row : 0);
+        ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
+    }
 #pragma unroll
     for (int i = 0; i < BCH; i++) {
-        int row = tid / 4 + i * (DTHREADS / 4);
+        int row = tid / CPR + i * RPP;
         int64_t wr;
         if (UP && gated) { // B row 2j: gate j, 2j + 1: up j
             int j = n0 / 2 + row / 2;
@@ -710,15 +723,18 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
         }
         gb[i] = W + wr * K + c;
     }
-    int KT = (K + TBK - 1) / TBK;
+    int KT = (K + DBK - 1) / DBK;
     auto load = [&](int stage, int kt) {
-        int k0 = kt * TBK;
+        int k0 = kt * DBK;
         bool kin = k0 + c < K; // K % 8 == 0: a chunk is all in or all out
-        if (tid < DBM * 4) cp_async16(As + (stage * DBM + tid / 4) * TPAD + c, ga + (kin ? k0 : 0), va && kin);
+#pragma unroll
+        for (int i = 0; i < ACH; i++) {
+            int row = tid / CPR + i * RPP;
+            if (row < DBM) cp_async16(As + (stage * DBM + row) * DPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
+        }
 #pragma unroll
         for (int i = 0; i < BCH; i++)
-            cp_async16(Bs + (stage * DBN + tid / 4 + i * (DTHREADS / 4)) * TPAD + c, gb[i] + (kin ? k0 : 0),
-                       vb[i] && kin);
+            cp_async16(Bs + (stage * DBN + tid / CPR + i * RPP) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
     };
     int warp = tid >> 5, lane = tid & 31; // warp tile: all DBM rows, columns warp * 32
     float acc[MI][4][4];
@@ -739,16 +755,16 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
         int nx = kt + DSTAGES - 1; // refill the stage every warp finished with
         if (nx < KT) load(nx % DSTAGES, nx);
         asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % DSTAGES) * DBM * TPAD, *bs = Bs + (kt % DSTAGES) * DBN * TPAD;
+        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (kt % DSTAGES) * DBN * DPAD;
 #pragma unroll
-        for (int kk = 0; kk < TBK; kk += 16) {
+        for (int kk = 0; kk < DBK; kk += 16) {
             uint32_t af[MI][4], bf[4][2];
 #pragma unroll
-            for (int i = 0; i < MI; i++) ldsm_x4(af[i], as + (i * 16 + (lane & 15)) * TPAD + kk + (lane >> 4) * 8);
+            for (int i = 0; i < MI; i++) ldsm_x4(af[i], as + (i * 16 + (lane & 15)) * DPAD + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int j = 0; j < 4; j += 2) {
                 uint32_t r[4];
-                ldsm_x4(r, bs + (warp * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * TPAD + kk + ((lane >> 3) & 1) * 8);
+                ldsm_x4(r, bs + (warp * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * DPAD + kk + ((lane >> 3) & 1) * 8);
                 bf[j][0] = r[0], bf[j][1] = r[1], bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
             }
 #pragma unroll
@@ -771,7 +787,7 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
         }
 }
 
-static size_t mma_dec_smem(void) { return (size_t)DSTAGES * (DBM + DBN) * TPAD * 2; }
+static size_t mma_dec_smem(void) { return (size_t)DSTAGES * (DBM + DBN) * DPAD * 2; }
 
 template <typename T>
 static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, T *xb, T *h,
