@@ -13,10 +13,10 @@
 #   tools/device_moemma.sh ops     cuda_ops 64 and 32 (moe_experts line), base then branch
 #   tools/device_moemma.sh bench nano30b          vllm bench at 32, 64, 128 sequences, base then branch
 #   tools/device_moemma.sh bench qwen3_30b_a3b
-#   tools/device_moemma.sh sweepbuild   (optional, one call) two more builds of cuda_ops, then
+#   tools/device_moemma.sh sweepbuild   (optional, one call) three more builds of cuda_ops, then
 #   tools/device_moemma.sh sweep   cuda_ops' moe_experts on each path at ROWS (default 8..512):
 #                                  GEMV (<= 32), thin tiles, 128-row tiles: where the thresholds go
-# `all` runs test, ops and both benches (longer than one call: by hand only).
+# `all` runs build, test, mutate, ops and both benches (longer than one call: by hand only).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the lent machines
 OUT=${OUT:-/tmp/out}
@@ -125,6 +125,6 @@ ops) step_ops ;;
 bench) step_bench "${2:?bench CONFIG}" ;;
 sweepbuild) step_sweepbuild ;;
 sweep) step_sweep ;;
-all) step_build && step_test && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
+all) step_build && step_test && step_mutate && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
 *) echo "usage: $0 build|test|mutate|ops|bench CONFIG|sweepbuild|sweep|all"; exit 2 ;;
 esac
