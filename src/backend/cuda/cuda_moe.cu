@@ -842,6 +842,8 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
+size_t cuda_moe_smem(void) { return MAX(mma_smem(), mma_dec_smem()); }
+
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
 // slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
 // [nk, L] and x in 16 bits [n, L].
