@@ -358,12 +358,15 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     cpu->ops->download(cpu, ids, pids.c, sizeof(int32_t) * T * k);
     for (int t = 0; t < T * k; t++) same[t] = ids[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
-    // the GEMV at 1, 4 and 8 rows and in passes of 8, the grouped GEMM (> 32); then shared routing
-    int ns[8] = {1, 3, 7, 20, T, 3, 12, 20};
-    for (int i = 0; i < 8; i++) {
+    // the GEMV at 1, 4 and 8 rows and in passes of 8 (<= 32), the thin-tile
+    // grouped GEMM (33..512: ~2 rows per expert at 33, ~9 at 200), the
+    // 128-row one (T = 600); then shared routing (64: 4 thin tiles per expert)
+    enum { NR = 9, NS = 13 };
+    int ns[NS] = {1, 3, 7, 20, 33, 64, 96, 200, T, 3, 12, 20, 64};
+    for (int i = 0; i < NS; i++) {
         char name[96];
-        struct pair pi = i < 5 ? pids : psame;
-        const char *how = i < 5 ? "" : " shared";
+        struct pair pi = i < NR ? pids : psame;
+        const char *how = i < NR ? "" : " shared";
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pi.c, pw.c, ns[i], k, NULL);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, NULL);
         snprintf(name, sizeof name, "moe_experts %s fp32 n=%d%s", m->name, ns[i], how);
@@ -372,9 +375,9 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
-    for (int i = 0; i < 2; i++) { // + add (the shared expert's output), on both paths
+    for (int i = 0; i < 3; i++) { // + add (the shared expert's output), on the three paths
         char name[96];
-        int nn = i ? T : 3;
+        int nn = i == 2 ? T : i ? 64 : 3;
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, nn, k, px.c);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, nn, k, px.g);
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d + add", m->name, nn);
@@ -390,7 +393,7 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
 }
 
 static void test_moe(void) {
-    int T = 96, E = 128, kmax = 8;
+    int T = 600, E = 128, kmax = 8; // T > 512: the 128-row grouped GEMM
     struct moe_route_cfg cfgs[4] = {{ROUTE_SIGMOID_GROUPED, E, 6, 8, 4, 0, 1.5f},
                                     {ROUTE_SIGMOID_GROUPED, E, 6, 1, 1, 1, 2.5f},
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 1, 1.0f},

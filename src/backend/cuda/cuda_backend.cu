@@ -823,6 +823,9 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
                      wfmt_name(w->up.fmt)), why = buf;
         else if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
             snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
+        else if (w->up.fmt != WF_F32 && cuda_moe_smem() > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "MoE experts: the grouped GEMM's %zu bytes of shared memory per block (the "
+                     "device has %zu)", cuda_moe_smem(), cu(be)->smem_optin), why = buf;
         need = cuda_moe_scratch(w, T, q->route->top_k);
         break;
     }
