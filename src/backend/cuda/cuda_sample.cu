@@ -36,17 +36,6 @@ __device__ vi block_argmax(vi x, vi *red) {
     return x;
 }
 
-// The block's arg-max of l [V] over the ids not in taken[0, j).
-__device__ vi argmax_skipping(const float *l, int V, const int32_t *taken, int j, vi *vred) {
-    vi x = {-INFINITY, 0x7fffffff};
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        bool t = false;
-        for (int q = 0; q < j; q++) t |= taken[q] == i;
-        if (!t) x = better(x, vi{l[i], i});
-    }
-    return block_argmax(x, vred);
-}
-
 // Number of p[i] > x (strict) or >= x, and their mass.
 __device__ float count_above(const float *p, int V, float x, bool strict, bool mass, float *red) {
     float c = 0;
@@ -73,7 +62,13 @@ __device__ void sample_finish(const float *l, int V, int id, int r, const sample
         float *tl = out.top_logprobs + (int64_t)r * out.max_top;
         for (int j = 0; j < out.max_top; j++) { // top-n by repeated argmax, skipping the ones taken
             vi x = {-INFINITY, 0x7fffffff};
-            if (j < nt) x = argmax_skipping(l, V, ti, j, vred); // j < nt: the same in every thread
+            if (j < nt)
+                for (int i = threadIdx.x; i < V; i += blockDim.x) {
+                    bool taken = false;
+                    for (int q = 0; q < j; q++) taken |= ti[q] == i;
+                    if (!taken) x = better(x, vi{l[i], i});
+                }
+            x = block_argmax(x, vred);
             if (threadIdx.x == 0) {
                 ti[j] = j < nt ? x.i : -1;
                 tl[j] = j < nt ? x.v - lse : -INFINITY;
@@ -242,7 +237,13 @@ __global__ void k_token_logprobs(const float *logits, int V, const int32_t *rows
     int32_t *ti = top_ids + (int64_t)r * k;
     float *tl = top_lp + (int64_t)r * k;
     for (int j = 0; j < k; j++) {
-        vi x = argmax_skipping(l, V, ti, j, vred);
+        vi x = {-INFINITY, 0x7fffffff};
+        for (int i = threadIdx.x; i < V; i += blockDim.x) {
+            bool taken = false;
+            for (int q = 0; q < j; q++) taken |= ti[q] == i;
+            if (!taken) x = better(x, vi{l[i], i});
+        }
+        x = block_argmax(x, vred);
         if (threadIdx.x == 0) {
             ti[j] = x.i < V ? x.i : -1;
             tl[j] = x.i < V ? x.v - lse : -INFINITY;
