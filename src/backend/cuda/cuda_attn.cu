@@ -356,7 +356,6 @@ __global__ void k_attn_merge(attn_args a) {
 static void merge(struct backend *be, const attn_args *a, int ntok) {
     if (a->nsplit <= 1) return;
     launch_pdl(k_attn_merge, dim3(ntok, a->H), 128, 0, cu(be)->stream, *a);
-    LAUNCH_CHECK();
 }
 
 // The generic kernel: a warp per (token, head, split of `split` keys).

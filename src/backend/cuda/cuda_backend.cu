@@ -196,7 +196,6 @@ __global__ void k_gather_ids(int32_t *ids, const int32_t *table, const int32_t *
 static void cu_gather_ids(struct backend *be, int32_t *ids, const int32_t *table, const int32_t *src, int n) {
     if (n <= 0) return;
     launch_pdl(k_gather_ids, cdiv(n, 256), 256, 0, cu(be)->stream, ids, table, src, n);
-    LAUNCH_CHECK();
 }
 
 template <typename T>
@@ -220,7 +219,6 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
     case WF_FP8_B128:
     case WF_NVFP4: break; // refused by cu_weight_alloc
     }
-    LAUNCH_CHECK();
 }
 
 // One block per row: res += x (if x); out = rmsnorm(res) * w.
@@ -287,7 +285,6 @@ static void add_rmsnorm(cudaStream_t s, float *res, const float *x, float *out, 
     else if (v == 2) launch_pdl(k_add_rmsnorm4<2>, n, 1024, 0, s, res, x, out, w, d, eps);
     else if (v <= 4) launch_pdl(k_add_rmsnorm4<4>, n, 1024, 0, s, res, x, out, w, d, eps);
     else launch_pdl(k_add_rmsnorm4<8>, n, 1024, 0, s, res, x, out, w, d, eps);
-    LAUNCH_CHECK();
 }
 
 static void cu_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps) {
@@ -391,7 +388,6 @@ static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, int N, 
     case 3: launch_pdl(k_gemv16<T, 3>, g, 256, 0, s, y, x, W, N, K); break;
     default: launch_pdl(k_gemv16<T, 4>, g, 256, 0, s, y, x, W, N, K); break;
     }
-    LAUNCH_CHECK();
 }
 
 static cudaDataType_t cuda_type(enum wfmt f) {
@@ -554,7 +550,6 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     if (w->bias) {
         int64_t m = (int64_t)n * N;
         launch_pdl(k_bias, (int)(m < 4096LL * 256 ? cdiv(m, 256) : 4096), 256, 0, s, y, w->bias, n, N);
-        LAUNCH_CHECK();
     }
 }
 
@@ -569,7 +564,6 @@ __global__ void k_gather_rows(float *out, const float *x, const int32_t *rows, i
 static void cu_gather_rows(struct backend *be, float *out, const float *x, const int32_t *rows, int n, int dim) {
     if (n <= 0) return;
     launch_pdl(k_gather_rows, n, 256, 0, cu(be)->stream, out, x, rows, dim);
-    LAUNCH_CHECK();
 }
 
 __global__ void k_add(float *y, const float *x, int64_t n) {
@@ -601,19 +595,16 @@ static int grid_for(int64_t n) { return (int)(n < 4096LL * 256 ? cdiv(n, 256) : 
 static void cu_add(struct backend *be, float *y, const float *x, int64_t n) {
     if (n <= 0) return;
     launch_pdl(k_add, grid_for(n), 256, 0, cu(be)->stream, y, x, n);
-    LAUNCH_CHECK();
 }
 
 static void cu_act(struct backend *be, enum act kind, float *x, int64_t n) {
     if (n <= 0) return;
     launch_pdl(k_act, grid_for(n), 256, 0, cu(be)->stream, kind, x, n);
-    LAUNCH_CHECK();
 }
 
 static void cu_act_mul(struct backend *be, enum act kind, float *out, const float *x, int n, int inter) {
     if (n <= 0) return;
     launch_pdl(k_act_mul, grid_for((int64_t)n * inter), 256, 0, cu(be)->stream, kind, out, x, n, inter);
-    LAUNCH_CHECK();
 }
 
 // One block per token: its heads' pairs (i, i + d/2) rotated by its position.
@@ -635,7 +626,6 @@ static void cu_rope(struct backend *be, float *x, int ld, int n, int heads, int 
                     const int32_t *positions) {
     if (n <= 0) return;
     launch_pdl(k_rope, n, 128, 0, cu(be)->stream, x, ld, heads, head_dim, table, positions);
-    LAUNCH_CHECK();
 }
 
 // One warp per (token, head): RMSNorm over head_dim.
@@ -656,7 +646,6 @@ static void cu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int hea
                             float eps) {
     if (n <= 0) return;
     launch_pdl(k_head_rmsnorm, cdiv((int64_t)n * heads, 4), 128, 0, cu(be)->stream, x, ld, n, heads, head_dim, w, eps);
-    LAUNCH_CHECK();
 }
 
 __global__ void k_sum_sq(const float *x, int64_t n, double *out) {

@@ -677,10 +677,11 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
 // slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
 // [nk, L] and x in 16 bits [n, L].
+static size_t moe_ints_bytes(int E, size_t nk) { return ((2 * (size_t)(E + 1) + 2 * nk) * 4 + 255) & ~(size_t)255; }
+
 size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
     size_t nk = (size_t)n * top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
-    size_t ints = 2 * (size_t)(w->num_experts + 1) + 2 * nk;
-    return ((ints * 4 + 255) & ~(size_t)255) + 4 * (nk * (U + w->inter + w->dim) + (size_t)n * w->dim);
+    return moe_ints_bytes(w->num_experts, nk) + 4 * (nk * (U + w->inter + w->dim) + (size_t)n * w->dim);
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
@@ -690,10 +691,9 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
                       const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
-    size_t ints = 2 * (size_t)(E + 1) + 2 * (size_t)nk;
     char *s = (char *)cuda_scratch(be, cuda_moe_scratch(w, n, top_k));
     int32_t *offsets = (int32_t *)s, *mtile_off = offsets + E + 1, *perm = mtile_off + E + 1, *slot_of = perm + nk;
-    float *gu = (float *)(s + ((ints * 4 + 255) & ~(size_t)255)), *h = gu + (size_t)nk * U, *y = h + (size_t)nk * I;
+    float *gu = (float *)(s + moe_ints_bytes(E, (size_t)nk)), *h = gu + (size_t)nk * U, *y = h + (size_t)nk * I;
     void *xb = y + (size_t)nk * L; // x in 16 bits (the grouped GEMM's A)
     cudaStream_t st = cu(be)->stream;
     bool k8 = L % 8 == 0 && I % 8 == 0;
