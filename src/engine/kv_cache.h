@@ -7,10 +7,10 @@
 // kv_hash_block(hash of block j-1, its block_size token ids), block 0's parent
 // the request's salt root, so equal hashes mean equal prefixes (up to a 2^-64
 // collision per pair). A held id is committed under its hash when the step
-// that computes its content is scheduled (forgotten if that step never runs). At reference count 0 a committed id joins
-// an LRU list and keeps its content until the pool needs an id: allocation
-// takes ids without content first, then evicts the least recently freed. A
-// hit takes the id back off the list.
+// that computes its content is scheduled (forgotten if that step never runs).
+// At reference count 0 a committed id joins an LRU list and keeps its content
+// until the pool needs an id: allocation takes ids without content first,
+// then evicts the least recently freed. A hit takes the id back off the list.
 #ifndef VLLM_ENGINE_KV_CACHE_H
 #define VLLM_ENGINE_KV_CACHE_H
 

@@ -122,6 +122,5 @@ void cpu_moe_experts(struct backend *be, float *out, const float *x, const struc
             for (int i = 0; i < L; i++) o[i] += wt * yr[i];
         }
     }
-    if (add)
-        for (size_t i = 0; i < (size_t)n * L; i++) out[i] += add[i];
+    if (add) be->ops->add(be, out, add, (int64_t)n * L); // the shared expert's output, last
 }

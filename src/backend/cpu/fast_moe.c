@@ -212,6 +212,5 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
         c.down_per = group_block(L, 4 * nt);
         cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
     }
-    if (add)
-        for (size_t i = 0; i < (size_t)n * L; i++) out[i] += add[i];
+    if (add) be->ops->add(be, out, add, (int64_t)n * L); // the shared expert's output, last
 }
