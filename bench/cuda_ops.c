@@ -7,7 +7,7 @@
 // from HBM. Prints per op the microseconds per call, the bytes it must read
 // and that as a fraction of the device's measured copy bandwidth.
 //
-// Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)]
+// Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)] [moe: the routed experts only]
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,7 +250,7 @@ static void bench_small(int n, int calls) {
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1, calls = argc > 2 ? atoi(argv[2]) : 64;
-    if (n < 1 || n > 64 || calls < 1) die("usage: cuda_ops [ROWS 1..64] [CALLS]");
+    if (n < 1 || n > 512 || calls < 1) die("usage: cuda_ops [ROWS 1..512] [CALLS]");
     if (backend_cuda_create(DT_BF16, &be)) {
         printf("cuda_ops: no GPU (%s)\n", vllm_last_error());
         return 0;
@@ -258,6 +258,11 @@ int main(int argc, char **argv) {
     double fl;
     be->ops->peaks(be, &bw_peak, &fl);
     printf("cuda_ops: %d rows, %d calls per graph; copy %.0f GB/s\n", n, calls, bw_peak / 1e9);
+    if (argc > 3 && !strcmp(argv[3], "moe")) { // the routed experts only (threshold sweeps)
+        bench_moe(n, calls);
+        backend_free(be);
+        return 0;
+    }
     bench_matmul("matmul mamba in_proj", WF_BF16, 2 * H * P + 2 * G * N + H, D, n, calls);
     bench_matmul("matmul mamba out_proj", WF_BF16, D, H * P, n, calls);
     bench_matmul("matmul shared up", WF_BF16, SI, D, n, calls);

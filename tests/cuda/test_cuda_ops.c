@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu.h"
 #include "core/common.h"
 #include "op_util.h"
 #include "test.h"
@@ -56,7 +57,7 @@ enum { QSL, SEQ, CTX, POS, SLOT_MAP, BTAB, STATE, SRC, CK_START, CK_POS, CK_SLOT
 // Prefix caching's part of a batch: per sequence its state_src (-2: its own
 // slot when init, else -1) and checkpoint writes.
 struct tb_ckpt {
-    int src[8], num[8], pos[16], slot[16];
+    int src[16], num[16], pos[16], slot[16];
 };
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
@@ -357,12 +358,15 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     cpu->ops->download(cpu, ids, pids.c, sizeof(int32_t) * T * k);
     for (int t = 0; t < T * k; t++) same[t] = ids[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
-    // the GEMV at 1, 4 and 8 rows and in passes of 8, the grouped GEMM (> 32); then shared routing
-    int ns[8] = {1, 3, 7, 20, T, 3, 12, 20};
-    for (int i = 0; i < 8; i++) {
+    // the GEMV at 1, 4 and 8 rows and in passes of 8 (<= 32), the thin-tile
+    // grouped GEMM (33..512: ~2 rows per expert at 33, ~9 at 200), the
+    // 128-row one (T = 600); then shared routing (64: 4 thin tiles per expert)
+    enum { NR = 9, NS = 13 };
+    int ns[NS] = {1, 3, 7, 20, 33, 64, 96, 200, T, 3, 12, 20, 64};
+    for (int i = 0; i < NS; i++) {
         char name[96];
-        struct pair pi = i < 5 ? pids : psame;
-        const char *how = i < 5 ? "" : " shared";
+        struct pair pi = i < NR ? pids : psame;
+        const char *how = i < NR ? "" : " shared";
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pi.c, pw.c, ns[i], k, NULL);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, NULL);
         snprintf(name, sizeof name, "moe_experts %s fp32 n=%d%s", m->name, ns[i], how);
@@ -371,9 +375,9 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
-    for (int i = 0; i < 2; i++) { // + add (the shared expert's output), on both paths
+    for (int i = 0; i < 3; i++) { // + add (the shared expert's output), on the three paths
         char name[96];
-        int nn = i ? T : 3;
+        int nn = i == 2 ? T : i ? 64 : 3;
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, nn, k, px.c);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, nn, k, px.g);
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d + add", m->name, nn);
@@ -389,7 +393,7 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
 }
 
 static void test_moe(void) {
-    int T = 96, E = 128, kmax = 8;
+    int T = 600, E = 128, kmax = 8; // T > 512: the 128-row grouped GEMM
     struct moe_route_cfg cfgs[4] = {{ROUTE_SIGMOID_GROUPED, E, 6, 8, 4, 0, 1.5f},
                                     {ROUTE_SIGMOID_GROUPED, E, 6, 1, 1, 1, 2.5f},
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 1, 1.0f},
@@ -472,6 +476,48 @@ static void test_sample(void) {
     struct pair all[] = {pl, pt, pp, pi, plp, pti, ptl};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free(lg), free(table);
+}
+
+// The chunked KDA prefill (k_kda_chunk: pieces of 16 tokens at absolute
+// positions, cut at checkpoints) against the CPU reference's recurrence
+// (token by token), every sequence a prefill: from zeros 1, 15, 16, 17, 63,
+// 64, 65, 197 and 1000 tokens (one piece, chunk ends, many chunks); 100
+// continuing its own slot from position 37 with checkpoints at 64, 100 and
+// 128 (100 cuts a chunk); 150 from position 64 off a checkpoint's copy
+// (slot 23) with checkpoints at 128 and 192; 123 from position 5 with
+// checkpoints at 64 and at its end (128). Log-decays near zero ([-1e-3, 0])
+// and strong ([-20, 0] per token: exp(-G) of a chunk would overflow). At
+// Kimi-Linear-48B's heads (32 of 128), at 4 of 64, 2 of 48 (a block's
+// value columns past K) and 4 of 16 (the kimi_linear fixtures' heads, which
+// the fp32 gates run), and 3 of 20 (no chunks: k_kda).
+static void test_kda_chunks(struct backend *ref, struct kda_dims d) {
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 1, slots = 24, S = 12;
+    int qlen[] = {1, 15, 16, 17, 63, 64, 65, 197, 1000, 100, 150, 123}, ctx[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 37, 64, 5};
+    int init[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1};
+    struct tb_ckpt ck = {{-2, -2, -2, -2, -2, -2, -2, -2, -2, -2, 23, -2}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 2, 2},
+                         {64, 100, 128, 128, 192, 64, 128}, {16, 17, 18, 19, 20, 21, 22}};
+    struct tb t;
+    make_tb(&t, S, qlen, ctx, init, 0, 16, 64, &ck);
+    int T = t.c.num_tokens;
+    size_t sn = (size_t)slots * HK * K;
+    for (int v = 0; v < 2; v++) {
+        float depth = v ? 10.0f : 5e-4f;
+        float *x = test_rnd((size_t)T * ld, 1), *g = test_rnd((size_t)T * HK, depth), *st = test_rnd(sn, 0.3f);
+        float *y = test_rnd((size_t)T * HK, 1);
+        for (size_t i = 0; i < (size_t)T * HK; i++) g[i] -= depth; // [-2 depth, 0]
+        struct pair px = up(x, sizeof(float) * T * ld), pg = up(g, sizeof(float) * T * HK);
+        struct pair pst = up(st, sizeof(float) * sn), py = up(y, sizeof(float) * T * HK);
+        ref->ops->kda_prefill(ref, py.c, px.c, ld, pg.c, pst.c, &t.c, 0, S, &d);
+        gpu->ops->kda_prefill(gpu, py.g, px.g, ld, pg.g, pst.g, &t.g, 0, S, &d);
+        char what[2][64];
+        snprintf(what[0], sizeof what[0], "kda chunks %dx%d %s: y", H, K, v ? "strong" : "weak");
+        snprintf(what[1], sizeof what[1], "kda chunks %dx%d %s: states", H, K, v ? "strong" : "weak");
+        cmp(what[0], py, (size_t)T * HK, 1e-5);
+        cmp(what[1], pst, sn, 1e-5);
+        pfree(px), pfree(pg), pfree(pst), pfree(py);
+        free(x), free(g), free(st), free(y);
+    }
+    free_tb(&t);
 }
 
 // Kimi-Linear at Kimi-Linear-48B-A3B's shapes: KDA of 32 heads of 128 (the
@@ -646,6 +692,12 @@ int main(void) {
     }
     test_moe();
     test_kimi_kda();
+    struct backend *ref;
+    if (cpu_backend_create(0, 1, -1, &ref)) return 1;
+    static const struct kda_dims kda[] = {{32, 128, 4, 64}, {4, 64, 4, 64}, {2, 48, 4, 64}, {4, 16, 4, 64},
+                                          {3, 20, 4, 64}};
+    for (size_t i = 0; i < sizeof kda / sizeof kda[0]; i++) test_kda_chunks(ref, kda[i]);
+    backend_free(ref);
     test_kimi_mla(DT_F32, 1e-5);
     test_kimi_mla(DT_BF16, 1e-4);
     test_sample();

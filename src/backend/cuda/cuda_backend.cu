@@ -812,6 +812,9 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
                      wfmt_name(w->up.fmt)), why = buf;
         else if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
             snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
+        else if (w->up.fmt != WF_F32 && cuda_moe_smem() > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "MoE experts: the grouped GEMM's %zu bytes of shared memory per block (the "
+                     "device has %zu)", cuda_moe_smem(), cu(be)->smem_optin), why = buf;
         need = cuda_moe_scratch(w, T, q->route->top_k);
         break;
     }
@@ -820,9 +823,13 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         if (d->conv_kernel < CUDA_CONV_KMIN || d->conv_kernel > CUDA_CONV_KMAX)
             snprintf(buf, sizeof buf, "Kimi Delta Attention: short_conv_kernel_size %d outside [%d, %d]",
                      d->conv_kernel, CUDA_CONV_KMIN, CUDA_CONV_KMAX), why = buf;
-        else if (d->head_dim > 1024 || cuda_kda_smem(d->head_dim) > cu(be)->smem_optin)
-            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d (its [%d, %d] state per head exceeds the "
-                     "%zu bytes of shared memory)", d->head_dim, d->head_dim, d->head_dim, cu(be)->smem_optin), why = buf;
+        else if (d->head_dim > 1024)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d over 1024 (a thread per value column)",
+                     d->head_dim), why = buf;
+        else if (cuda_kda_smem(d->head_dim) > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d: the state per head and prefill chunks "
+                     "take %zu bytes of shared memory (%zu a block)", d->head_dim, cuda_kda_smem(d->head_dim),
+                     cu(be)->smem_optin), why = buf;
         break;
     }
     case OP_MLA: {

@@ -1,7 +1,8 @@
 // cuda_kimi.cu - Kimi-Linear's ops on the GPU, each the CPU reference op of
-// the same name (cpu_kimi.c) on the device: the KDA gated delta rule (one
-// recurrence for prefill and decode), its forget gate and gated output norm,
-// and multi-head latent attention over a cache of latents (fp32 or bf16).
+// the same name (cpu_kimi.c) on the device: the KDA gated delta rule (decode
+// token by token, prefill in chunks as fast_kimi.c's), its forget gate and
+// gated output norm, and multi-head latent attention over a cache of latents
+// (fp32 or bf16).
 #include <float.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -65,21 +66,282 @@ __global__ void k_kda(kda_args a) {
     for (int i = 0; i < K && j < K; i++) a.state[((int64_t)own * H + h) * hs + i * K + j] = S[i * K + j];
 }
 
-size_t cuda_kda_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 * K); }
+static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 * K); }
+
+// ------------------------------------------------------- KDA in chunks --
+// The prefill in chunks, as the CPU fast path's (fast_kimi.c, whose comment
+// derives it): pieces of n <= KDA_CS tokens end at absolute multiples of
+// KDA_CS and at each checkpoint position; per piece entering with S0,
+//   Qg = q o P, Kg = k o P, P_t = a_0 o ... o a_t        [n, K]
+//   Mkk[t][j] = k_t . (k_j o a_j+1 ... a_t) (j < t), Mqk the same with q_t (j <= t)
+//   u_t = beta_t (v_t - (Kg S0)_t - sum_j<t Mkk[t][j] u_j)  (forward substitution)
+//   y = Qg S0 + Mqk U,  S = diag(P_n-1) S0 + Kend^T U       Kend_j = k_j o a_j+1 ... a_n-1
+// The pairwise decays are running products of exp(g) (never exp(-G)).
+// Value columns of the state are independent in the delta rule, so a block
+// takes KDA_BV of them: grid (sequence, head, K / KDA_BV rounded up), 128
+// blocks for one sequence of Kimi-Linear-48B (32 heads of 128), each with
+// its [K, KDA_BV] slice of the state in shared memory. Each block recomputes the piece's
+// [n, n] products (n^2 K / 2 a block, against 3 n K KDA_BV for its GEMMs).
+// Takes K a multiple of 16 up to KDA_KMAX (lanes own channels lane + 32 m;
+// a block's columns past K are zeros it never stores); other head sizes run
+// k_kda.
+#ifndef VLLM_KDA_CS
+#define VLLM_KDA_CS 16
+#endif
+#define KDA_CS VLLM_KDA_CS // tokens per chunk (a multiple of KDA_WARPS)
+#define KDA_BV 32          // value columns per block: a warp's lanes
+#define KDA_THREADS 256
+#define KDA_WARPS (KDA_THREADS / 32)
+#define KDA_KMAX 128
+#define KDA_RC (KDA_CS / KDA_WARPS)     // piece rows per thread: r = warp + KDA_WARPS m
+#define KDA_RS (KDA_KMAX / KDA_WARPS)   // state rows per thread at most: i = warp * K / KDA_WARPS + m
+static_assert(KDA_CS % KDA_WARPS == 0 && KDA_CS >= KDA_WARPS, "KDA_CS: a multiple of the block's warps");
+
+static int kda_chunked(int K) { return K % 16 == 0 && K >= 16 && K <= KDA_KMAX; }
+
+static size_t kda_chunk_smem(int K) {
+    size_t C = KDA_CS, BV = KDA_BV;
+    return sizeof(float) * ((size_t)K * BV + 4 * C * K + 2 * C * C + 2 * C * BV + C + K);
+}
+
+size_t cuda_kda_smem(int K) { return kda_chunked(K) ? MAX(kda_step_smem(K), kda_chunk_smem(K)) : kda_step_smem(K); }
+
+// The chunk kernel's shared memory: the block's state slice and one piece.
+struct kda_sm {
+    float *S;               // [K, KDA_BV] state slice (key i, value column c)
+    float *qn, *kn, *av;    // [KDA_CS, K] normalized q, k (then Qg, Kg), exp(g)
+    float *ke;              // [KDA_CS, K] Kend
+    float *mkk, *mqk;       // [KDA_CS, KDA_CS] row t, column j
+    float *bw, *u;          // [KDA_CS, KDA_BV] v, then v - Kg S0; U
+    float *beta, *p;        // [KDA_CS], [K] P_n-1
+};
+
+// Phase 1: warp w takes the piece's rows r = w + KDA_WARPS x, two at a time:
+// it loads their q, k, g, b and the block's v columns (every load before
+// any use: one trip to memory for the two), then normalizes q and k and
+// takes exp(g) and beta.
+#define KDA_NC (KDA_KMAX / 32) // channels a lane owns at most: lane + 32 c
+__device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, int n, int h, int j0) {
+    int K = a.K, HK = a.H * K, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int x0 = 0; x0 < KDA_RC; x0 += 2) {
+        float qv[2][KDA_NC], kv[2][KDA_NC], gv[2][KDA_NC], vv[2], bl[2];
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            int r = w + KDA_WARPS * (x0 + x);
+            if (r >= n) break;
+            const float *row = a.proj + (t0 + r) * a.ld, *gr = a.g + (t0 + r) * HK + h * K;
+#pragma unroll
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) {
+                    qv[x][c] = row[h * K + lane + 32 * c], kv[x][c] = row[HK + h * K + lane + 32 * c];
+                    gv[x][c] = gr[lane + 32 * c];
+                }
+            vv[x] = j0 + lane < K ? row[2 * HK + h * K + j0 + lane] : 0.0f;
+            bl[x] = row[3 * HK + h];
+        }
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            int r = w + KDA_WARPS * (x0 + x);
+            if (r >= n) break;
+            float sq = 0, sk = 0;
+#pragma unroll
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) sq += qv[x][c] * qv[x][c], sk += kv[x][c] * kv[x][c];
+            sq = warp_sum(sq), sk = warp_sum(sk);
+            float rq = (1.0f / sqrtf((float)K)) / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+#pragma unroll
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) {
+                    int i = r * K + lane + 32 * c;
+                    m.qn[i] = qv[x][c] * rq, m.kn[i] = kv[x][c] * rk, m.av[i] = expf(gv[x][c]);
+                }
+            m.bw[r * KDA_BV + lane] = vv[x];
+            if (lane == 0) m.beta[r] = 1.0f / (1.0f + expf(-bl[x]));
+        }
+    }
+}
+
+// Phase 2: a warp per column j runs e = k_j o a_j+1 ... a_t down the rows t
+// (lanes own channels lane + 32 c) for Mkk, Mqk and, at the last row, Kend.
+// Phase 3: a thread per channel scales q, k by the prefix decays P.
+__device__ void kda_piece_pairs(const kda_args &a, const kda_sm &m, int n) {
+    int K = a.K, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int x = w; x < n; x += KDA_WARPS) {
+        // column j runs n - 1 - j rows: odd rounds of the warps take the
+        // columns in reverse, so warp w takes about n - 1 rows in all
+        int b = x / KDA_WARPS * KDA_WARPS, j = (x / KDA_WARPS) % 2 ? b + min(KDA_WARPS, n - b) - 1 - (x - b) : x;
+        float e[KDA_NC], dq = 0;
+#pragma unroll
+        for (int c = 0; c < KDA_NC; c++)
+            if (lane + 32 * c < K) e[c] = m.kn[j * K + lane + 32 * c], dq += m.qn[j * K + lane + 32 * c] * e[c];
+        dq = warp_sum(dq);
+        if (lane == 0) m.mqk[j * KDA_CS + j] = dq;
+        for (int t = j + 1; t < n; t++) {
+            float dk = 0;
+            dq = 0;
+#pragma unroll
+            for (int c = 0; c < KDA_NC; c++)
+                if (lane + 32 * c < K) {
+                    int i = t * K + lane + 32 * c;
+                    e[c] *= m.av[i];
+                    dk += m.kn[i] * e[c], dq += m.qn[i] * e[c];
+                }
+            dk = warp_sum(dk), dq = warp_sum(dq);
+            if (lane == 0) m.mkk[t * KDA_CS + j] = dk, m.mqk[t * KDA_CS + j] = dq;
+        }
+#pragma unroll
+        for (int c = 0; c < KDA_NC; c++)
+            if (lane + 32 * c < K) m.ke[j * K + lane + 32 * c] = e[c];
+    }
+    __syncthreads(); // phase 3 overwrites qn, kn
+    int i = threadIdx.x;
+    if (i < K) {
+        float p = 1.0f;
+        for (int t = 0; t < n; t++) {
+            p *= m.av[t * K + i];
+            m.qn[t * K + i] *= p, m.kn[t * K + i] *= p;
+        }
+        m.p[i] = p;
+    }
+}
+
+// Phases 4 to 6 of a piece (after phase 3's barrier): W = Kg S0 and Qg S0
+// (a thread per value column and KDA_RC rows), U by forward substitution
+// (warp 0, a lane per column), then y = Qg S0 + Mqk U and the state slice
+// S = diag(P) S0 + Kend^T U (a thread per column and K / KDA_WARPS rows:
+// the rows the checkpoint and final writes take from it).
+__device__ void kda_piece_apply(const kda_args &a, const kda_sm &m, int64_t t0, int n, int h, int j0) {
+    int K = a.K, HK = a.H * K, c = threadIdx.x & 31, w = threadIdx.x >> 5, rs = K / KDA_WARPS;
+    float wa[KDA_RC], ya[KDA_RC];
+#pragma unroll
+    for (int x = 0; x < KDA_RC; x++) wa[x] = ya[x] = 0.0f;
+    for (int i = 0; i < K; i += 4) {
+        float s0 = m.S[i * KDA_BV + c], s1 = m.S[(i + 1) * KDA_BV + c];
+        float s2 = m.S[(i + 2) * KDA_BV + c], s3 = m.S[(i + 3) * KDA_BV + c];
+#pragma unroll
+        for (int x = 0; x < KDA_RC; x++) {
+            int r = w + KDA_WARPS * x;
+            if (r >= n) break;
+            float4 kg = *(const float4 *)&m.kn[r * K + i], qg = *(const float4 *)&m.qn[r * K + i];
+            wa[x] += kg.x * s0 + kg.y * s1 + kg.z * s2 + kg.w * s3;
+            ya[x] += qg.x * s0 + qg.y * s1 + qg.z * s2 + qg.w * s3;
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < KDA_RC; x++) {
+        int r = w + KDA_WARPS * x;
+        if (r < n) m.bw[r * KDA_BV + c] -= wa[x];
+    }
+    __syncthreads();
+    if (w == 0) { // U's column in registers: only the FMAs' chain is serial
+        float uc[KDA_CS];
+#pragma unroll
+        for (int r = 0; r < KDA_CS; r++) {
+            if (r >= n) break;
+            float v = m.bw[r * KDA_BV + c];
+#pragma unroll
+            for (int j = 0; j < r; j++) v -= m.mkk[r * KDA_CS + j] * uc[j];
+            uc[r] = m.beta[r] * v;
+            m.u[r * KDA_BV + c] = uc[r];
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int x = 0; x < KDA_RC; x++) {
+        int r = w + KDA_WARPS * x;
+        if (r >= n) break;
+        float y = ya[x];
+        for (int j = 0; j <= r; j++) y += m.mqk[r * KDA_CS + j] * m.u[j * KDA_BV + c];
+        if (j0 + c < K) a.y[(t0 + r) * HK + h * K + j0 + c] = y;
+    }
+    float st[KDA_RS];
+    int i0 = w * rs;
+#pragma unroll
+    for (int x = 0; x < KDA_RS; x++)
+        if (x < rs) st[x] = m.S[(i0 + x) * KDA_BV + c] * m.p[i0 + x];
+    for (int t = 0; t < n; t++) {
+        float ut = m.u[t * KDA_BV + c];
+        if (rs % 4 == 0) { // K a multiple of 32: the rows in float4 reads
+#pragma unroll
+            for (int x = 0; x < KDA_RS; x += 4)
+                if (x < rs) {
+                    float4 k4 = *(const float4 *)&m.ke[t * K + i0 + x];
+                    st[x] += k4.x * ut, st[x + 1] += k4.y * ut, st[x + 2] += k4.z * ut, st[x + 3] += k4.w * ut;
+                }
+        } else {
+#pragma unroll
+            for (int x = 0; x < KDA_RS; x++)
+                if (x < rs) st[x] += m.ke[t * K + i0 + x] * ut;
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < KDA_RS; x++)
+        if (x < rs) m.S[(i0 + x) * KDA_BV + c] = st[x];
+}
+
+// One block per (sequence, head, KDA_BV value columns); pieces as fast_kimi.c's.
+__global__ void __launch_bounds__(KDA_THREADS) k_kda_chunk(kda_args a) {
+    extern __shared__ __align__(16) float smem[]; // float4 reads of the [*, K] rows
+    int K = a.K, H = a.H, s = a.seq0 + blockIdx.x, h = blockIdx.y, j0 = blockIdx.z * KDA_BV;
+    int c = threadIdx.x & 31, i0 = (threadIdx.x >> 5) * (K / KDA_WARPS), rs = K / KDA_WARPS;
+    kda_sm m;
+    m.S = smem, m.qn = m.S + K * KDA_BV, m.kn = m.qn + KDA_CS * K, m.av = m.kn + KDA_CS * K;
+    m.ke = m.av + KDA_CS * K, m.mkk = m.ke + KDA_CS * K, m.mqk = m.mkk + KDA_CS * KDA_CS;
+    m.bw = m.mqk + KDA_CS * KDA_CS, m.u = m.bw + KDA_CS * KDA_BV, m.beta = m.u + KDA_CS * KDA_BV;
+    m.p = m.beta + KDA_CS;
+    int t0 = a.qsl[s], L = a.qsl[s + 1] - t0, p0 = a.ctx[s], src = a.src[s];
+    int64_t hs = (int64_t)K * K;
+    bool col = j0 + c < K;
+    for (int x = 0; x < rs; x++) // a thread's own rows, as phase 6 writes them
+        m.S[(i0 + x) * KDA_BV + c] =
+            src < 0 || !col ? 0.0f : a.state[((int64_t)src * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c];
+    int kc = a.ck_start[s], k1 = a.ck_start[s + 1];
+    for (; kc < k1 && a.ck_pos[kc] <= p0; kc++) {} // the state before the prefill: never written (as the reference)
+    for (int i = 0; i < L;) {
+        int n = min(L - i, KDA_CS - (p0 + i) % KDA_CS);
+        if (kc < k1) n = min(n, a.ck_pos[kc] - (p0 + i));
+        __syncthreads(); // the last piece's readers of qn, kn, mqk, u and the slice are done
+        kda_piece_load(a, m, t0 + i, n, h, j0);
+        __syncthreads();
+        kda_piece_pairs(a, m, n);
+        __syncthreads();
+        kda_piece_apply(a, m, t0 + i, n, h, j0);
+        i += n;
+        for (; kc < k1 && a.ck_pos[kc] <= p0 + i; kc++) // the state after position ckpt_pos - 1
+            if (a.ck_pos[kc] == p0 + i && col) {
+                float *ck = a.state + ((int64_t)a.ck_slot[kc] * H + h) * hs + j0 + c;
+                for (int x = 0; x < rs; x++) ck[(int64_t)(i0 + x) * K] = m.S[(i0 + x) * KDA_BV + c];
+            }
+    }
+    int own = a.slots[s];
+    for (int x = 0; x < rs && col; x++)
+        a.state[((int64_t)own * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c] = m.S[(i0 + x) * KDA_BV + c];
+}
 
 static void kda_launch(struct backend *be, kda_args a, int nseq) {
     if (nseq <= 0) return;
-    size_t sm = cuda_kda_smem(a.K);
+    size_t sm = kda_step_smem(a.K);
     CUDA_CHECK(cudaFuncSetAttribute(k_kda, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     k_kda<<<dim3(nseq, a.H), (a.K + 31) / 32 * 32, sm, cu(be)->stream>>>(a);
     LAUNCH_CHECK();
 }
 
+// Prefill in chunks where the head size allows (cu_supports checked both
+// kernels' shared memory), else token by token.
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
     kda_args a = {y, proj, g, state, ld, d->heads, d->head_dim, seq0, 0, b->query_start_loc, b->context_lens,
                   b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot};
-    kda_launch(be, a, seq1 - seq0);
+    if (seq1 <= seq0) return;
+    if (!kda_chunked(d->head_dim)) {
+        kda_launch(be, a, seq1 - seq0);
+        return;
+    }
+    size_t sm = kda_chunk_smem(d->head_dim);
+    CUDA_CHECK(cudaFuncSetAttribute(k_kda_chunk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    dim3 grid(seq1 - seq0, d->heads, (d->head_dim + KDA_BV - 1) / KDA_BV);
+    k_kda_chunk<<<grid, KDA_THREADS, sm, cu(be)->stream>>>(a);
+    LAUNCH_CHECK();
 }
 
 void cuda_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,

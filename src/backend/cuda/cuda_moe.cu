@@ -137,6 +137,7 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
 // every row is computed on its own, and tokens combine by expert order.
 __global__ void k_moe_sort(const int32_t *ids, int nk, int E, int bm, int32_t *offsets, int32_t *mtile_off,
                            int32_t *perm, int32_t *slot_of) {
+    pdl_wait();
     pdl_trigger();
     __shared__ int cnt[MAX_EXPERTS + 1], fill[MAX_EXPERTS];
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0, fill[e] = 0;
@@ -319,8 +320,11 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
 
 // ---- 16-bit weights, decode sizes: GEMV over the active experts ----
 
-#define MOE_GEMV_MAXR 32 // tokens of the GEMV path (measured: faster than the grouped GEMM up to 32, slower at 64)
-#define MOE_GEMV_MAXA (MOE_GEMV_MAXR * CUDA_MAX_TOPK)
+#ifndef MOE_GEMV_MAXR // -D override: device builds sweep it against the thin-tile GEMM
+#define MOE_GEMV_MAXR 32 // tokens of the GEMV path (measured: faster than the 128-row grouped GEMM up to 32, slower at 64)
+#endif
+#define MOE_GEMV_MAXA (32 * CUDA_MAX_TOPK) // an expert's assignments a GEMV block holds (n <= 32 tokens)
+static_assert(MOE_GEMV_MAXR <= 32, "the GEMV holds the assignments of at most 32 tokens per expert");
 
 __device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, float f[8]) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
@@ -498,6 +502,8 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
 // B = W_e's rows, fp32 out.
 template <typename T>
 __global__ void k_to_16_moe(T *y, const float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         y[i] = (T)x[i];
 }
@@ -515,6 +521,38 @@ template <> __device__ __forceinline__ void store2(__nv_bfloat16 *p, float a, fl
 }
 template <> __device__ __forceinline__ void store2(__half *p, float a, float b) { *(__half2 *)p = __floats2half2_rn(a, b); }
 
+// The expert whose row tiles (the prefix mtile_off [E + 1]) hold tile mt.
+__device__ __forceinline__ int tile_expert(const int32_t *mtile_off, int E, int mt) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (mtile_off[mid] <= mt) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+// The grouped GEMMs' epilogue for one accumulator pair (v0, v1) at segment
+// row r, output columns col, col + 1 (col even). UP gated: the columns are
+// (gate, up) of hidden unit col / 2, h[r, col / 2] = act(gate) * up; UP:
+// h[r, col..] = act(v); both 16-bit h [rows, I]. Down: y [rows, N] fp32.
+template <typename T, bool UP>
+__device__ __forceinline__ void mma_store(void *out, int64_t r, int col, float v0, float v1, int I, int N, int gated,
+                                          enum act kind) {
+    if (!UP) {
+        float *y = (float *)out + r * N + col;
+        if (col + 1 < N) *(float2 *)y = make_float2(v0, v1);
+        else if (col < N) y[0] = v0;
+    } else if (gated) {
+        int hj = col / 2;
+        if (hj < I) ((T *)out)[r * I + hj] = (T)(act_dev(kind, v0) * v1);
+    } else {
+        T *hp = (T *)out + r * I + col;
+        if (col + 1 < I) store2(hp, act_dev(kind, v0), act_dev(kind, v1));
+        else if (col < I) hp[0] = (T)act_dev(kind, v0);
+    }
+}
+
 template <typename T, bool UP>
 __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *out, const int32_t *offsets,
                                                  const int32_t *mtile_off, const int32_t *perm, int E, int k, int K,
@@ -523,13 +561,7 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
     T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD;
     int NT = (N + TBN - 1) / TBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
     if (mt >= mtile_off[E]) return;
-    int lo = 0, hi = E - 1; // the expert whose row tiles hold mt
-    while (lo < hi) {
-        int mid = (lo + hi + 1) >> 1;
-        if (mtile_off[mid] <= mt) lo = mid;
-        else hi = mid - 1;
-    }
-    int e = lo, r0 = offsets[e] + (mt - mtile_off[e]) * TBM, rows = min(TBM, offsets[e + 1] - r0);
+    int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * TBM, rows = min(TBM, offsets[e + 1] - r0);
     int n0 = nt * TBN, U = gated ? 2 * I : I, tid = threadIdx.x;
     // this thread's two 16-byte chunks of each tile: rows tid/4 and tid/4 + 64, chunk tid % 4
     const T *ga[2], *gb[2];
@@ -608,37 +640,173 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
         for (int h8 = 0; h8 < 2; h8++) {
             int row = wm * 64 + i * 16 + (lane >> 2) + h8 * 8;
             if (row >= rows) continue;
-            int64_t r = r0 + row;
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int col = n0 + wn * 32 + j * 8 + (lane & 3) * 2;
-                float v0 = acc[i][j][h8 * 2], v1 = acc[i][j][h8 * 2 + 1];
-                if (!UP) {
-                    float *y = (float *)out + r * N + col;
-                    if (col + 1 < N) *(float2 *)y = make_float2(v0, v1);
-                    else if (col < N) y[0] = v0;
-                } else if (gated) {
-                    int hj = col / 2;
-                    if (hj < I) ((T *)out)[r * I + hj] = (T)(act_dev(kind, v0) * v1);
-                } else {
-                    T *hp = (T *)out + r * I + col;
-                    if (col + 1 < I) store2(hp, act_dev(kind, v0), act_dev(kind, v1));
-                    else if (col < I) hp[0] = (T)act_dev(kind, v0);
-                }
-            }
+            for (int j = 0; j < 4; j++)
+                mma_store<T, UP>(out, r0 + row, n0 + wn * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
+                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind);
         }
 }
 
 static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
 
+// ---- 16-bit weights, decode sizes above the GEMV: a grouped GEMM of thin row tiles ----
+//
+// Between the GEMV and prefill sizes nearly every expert is used by a few
+// rows (nano30b at 64 tokens: ~122 of 128 experts, ~3 rows each), so a step
+// is the experts' weights streamed once: k_moe_mma's 128-row tiles are ~98%
+// padding (their mma work rivals the weights' streaming time), and its 3
+// stages of 8 KB of weights per block leave the HBM half idle (~52%). Here a
+// tile is DBM (16) rows of an expert's segment (zero-padded) x DBN (128)
+// weight rows, K in DBK (32) steps over DSTAGES (6) cp.async stages: 5 x 8
+// KB of weights in flight per block, 3 blocks (69 KB of shared memory each)
+// per SM. 4 warps, each all DBM rows x 32 columns (DBM / 16 A fragments, 4
+// n8 B fragments, 4 x DBM / 16 mma per k16). An expert with more than DBM
+// rows takes several tiles; the later ones read its weight tile again, from
+// L2 (its tiles are neighbours in the grid). Operands, the schedule
+// (k_moe_sort with bm = DBM) and the epilogue are k_moe_mma's. Thresholds
+// and tile sizes take -D overrides so that a device build can sweep them
+// (tools/device_moemma.sh).
+#ifndef MOE_DEC_MAXN
+#define MOE_DEC_MAXN 512 // tokens of the thin-tile GEMM (above: k_moe_mma)
+#endif
+#ifndef DBM
+#define DBM 16 // 16 or 32
+#endif
+#ifndef DBK
+#define DBK 32 // 32 or 64 (64: a 128-byte line of each weight row per stage)
+#endif
+#ifndef DSTAGES
+#define DSTAGES 6
+#endif
+#define DBN 128
+#define DTHREADS 128
+#define DPAD (DBK + 8) // a row of 16 x an odd number of bytes: ldmatrix is conflict-free
+static_assert(DBM % 16 == 0 && DBK % 16 == 0 && DTHREADS / 32 * 32 == DBN && DTHREADS % (DBK / 8) == 0,
+              "thin tile layout");
+
+template <typename T, bool UP>
+__global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W, void *out, const int32_t *offsets,
+                                                          const int32_t *mtile_off, const int32_t *perm, int E, int k,
+                                                          int K, int I, int N, int gated, enum act kind) {
+    extern __shared__ __align__(16) unsigned char tsm[];
+    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD;
+    // a thread's 16-byte chunks of a stage: chunk tid % CPR of rows tid / CPR + i * RPP
+    constexpr int CPR = DBK / 8, RPP = DTHREADS / CPR, MI = DBM / 16;
+    constexpr int ACH = (DBM + RPP - 1) / RPP, BCH = DBN / RPP;
+    pdl_wait();
+    pdl_trigger();
+    int NT = (N + DBN - 1) / DBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
+    if (mt >= mtile_off[E]) return;
+    int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * DBM;
+    int rows = min(DBM, offsets[e + 1] - r0), n0 = nt * DBN, U = gated ? 2 * I : I, tid = threadIdx.x;
+    int c = (tid % CPR) * 8;
+    const T *ga[ACH], *gb[BCH];
+    bool va[ACH], vb[BCH];
+#pragma unroll
+    for (int i = 0; i < ACH; i++) { // A: the segment's rows (UP: their tokens' x), zero past rows
+        int row = tid / CPR + i * RPP;
+        va[i] = row < rows;
+        int r = r0 + (va[i] ? row : 0);
+        ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
+    }
+#pragma unroll
+    for (int i = 0; i < BCH; i++) {
+        int row = tid / CPR + i * RPP;
+        int64_t wr;
+        if (UP && gated) { // B row 2j: gate j, 2j + 1: up j
+            int j = n0 / 2 + row / 2;
+            vb[i] = j < I;
+            wr = (int64_t)e * U + (row & 1 ? I : 0) + (vb[i] ? j : 0);
+        } else {
+            vb[i] = n0 + row < N;
+            wr = (int64_t)e * (UP ? U : N) + (vb[i] ? n0 + row : 0);
+        }
+        gb[i] = W + wr * K + c;
+    }
+    int KT = (K + DBK - 1) / DBK;
+    auto load = [&](int stage, int kt) {
+        int k0 = kt * DBK;
+        bool kin = k0 + c < K; // K % 8 == 0: a chunk is all in or all out
+#pragma unroll
+        for (int i = 0; i < ACH; i++) {
+            int row = tid / CPR + i * RPP;
+            if (row < DBM) cp_async16(As + (stage * DBM + row) * DPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
+        }
+#pragma unroll
+        for (int i = 0; i < BCH; i++)
+            cp_async16(Bs + (stage * DBN + tid / CPR + i * RPP) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+    };
+    int warp = tid >> 5, lane = tid & 31; // warp tile: all DBM rows, columns warp * 32
+    float acc[MI][4][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0;
+#pragma unroll
+    for (int s = 0; s < DSTAGES - 1; s++) {
+        if (s < KT) load(s, s);
+        asm volatile("cp.async.commit_group;\n");
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(DSTAGES - 2));
+        __syncthreads();
+        int nx = kt + DSTAGES - 1; // refill the stage every warp finished with
+        if (nx < KT) load(nx % DSTAGES, nx);
+        asm volatile("cp.async.commit_group;\n");
+        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (kt % DSTAGES) * DBN * DPAD;
+#pragma unroll
+        for (int kk = 0; kk < DBK; kk += 16) {
+            uint32_t af[MI][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < MI; i++) ldsm_x4(af[i], as + (i * 16 + (lane & 15)) * DPAD + kk + (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < 4; j += 2) {
+                uint32_t r[4];
+                ldsm_x4(r, bs + (warp * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * DPAD + kk + ((lane >> 3) & 1) * 8);
+                bf[j][0] = r[0], bf[j][1] = r[1], bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) mma16<T>::run(acc[i][j], af[i], bf[j]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n");
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int h8 = 0; h8 < 2; h8++) {
+            int row = i * 16 + (lane >> 2) + h8 * 8;
+            if (row >= rows) continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                mma_store<T, UP>(out, r0 + row, n0 + warp * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
+                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind);
+        }
+}
+
+static size_t mma_dec_smem(void) { return (size_t)DSTAGES * (DBM + DBN) * DPAD * 2; }
+
 template <typename T>
 static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, T *xb, T *h,
                        float *y, const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n,
-                       int top_k) {
+                       int top_k, bool dec) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int64_t nx = (int64_t)n * L;
-    k_to_16_moe<<<(int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st>>>(xb, x, nx);
-    LAUNCH_CHECK();
+    launch_pdl(k_to_16_moe<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
+    if (dec) { // the thin tiles (schedule sorted with bm = DBM)
+        int mtiles = cdiv(nk, DBM) + (nk < E ? nk : E);
+        size_t sm = mma_dec_smem();
+        CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        launch_pdl(k_moe_mma_dec<T, true>, mtiles * cdiv(U, DBN), DTHREADS, sm, st, (const T *)xb,
+                   (const T *)w->up.data, (void *)h, offsets, mtile_off, perm, E, top_k, L, I, U, w->gated, w->act);
+        launch_pdl(k_moe_mma_dec<T, false>, mtiles * cdiv(L, DBN), DTHREADS, sm, st, (const T *)h,
+                   (const T *)w->down.data, (void *)y, offsets, mtile_off, perm, E, top_k, I, I, L, 0, w->act);
+        return;
+    }
     int mtiles = cdiv(nk, TBM) + (nk < E ? nk : E); // at most: each active expert adds one partial tile
     size_t sm = mma_smem(); // over the 48 KB default: opt in (per call: cheap, and right on every device)
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
@@ -674,6 +842,8 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
+size_t cuda_moe_smem(void) { return MAX(mma_smem(), mma_dec_smem()); }
+
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
 // slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
 // [nk, L] and x in 16 bits [n, L].
@@ -685,8 +855,9 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
-// active experts up to MOE_GEMV_MAXR tokens, the tensor-core grouped GEMM
-// above (K % 8 == 0 for 16-byte loads; else the SIMT path).
+// active experts up to MOE_GEMV_MAXR tokens, the thin-tile grouped GEMM up
+// to MOE_DEC_MAXN, the 128 x 128 tensor-core grouped GEMM above (K % 8 == 0
+// for 16-byte loads; else the SIMT path).
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
@@ -704,14 +875,14 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
         else gemv_experts<__half>(st, w, x, h, y, ids, n, top_k);
     } else {
         int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
-        k_moe_sort<<<1, sort_threads, 0, st>>>(ids, nk, E, TBM, offsets, mtile_off, perm, slot_of);
-        LAUNCH_CHECK();
+        bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && n <= MOE_DEC_MAXN;
+        launch_pdl(k_moe_sort, 1, sort_threads, 0, st, ids, nk, E, dec ? DBM : TBM, offsets, mtile_off, perm, slot_of);
         rows = slot_of;
-        if (f != WF_F32 && f == w->down.fmt && k8) {
+        if (tc) {
             if (f == WF_BF16)
                 tc_experts<__nv_bfloat16>(be, st, w, x, (__nv_bfloat16 *)xb, (__nv_bfloat16 *)h, y, offsets, mtile_off,
-                                          perm, n, top_k);
-            else tc_experts<__half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k);
+                                          perm, n, top_k, dec);
+            else tc_experts<__half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k, dec);
         } else {
             experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
             int64_t nh = (int64_t)nk * I;

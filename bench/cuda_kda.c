@@ -1,0 +1,94 @@
+// cuda_kda.c - device time of the KDA prefill op alone (kda_prefill) at
+// Kimi-Linear-48B's shapes: 32 heads of 128, a [128, 128] fp32 state per
+// head, one sequence of N tokens from a zero state, log-decays in [-0.2, 0]
+// or [-20, 0] (depth 10: decay products underflow), no checkpoints. The op
+// reads only what the recurrence needs (proj rows q | k | v | b, g), so the
+// program builds against any tree with the op: tools/device_kdacuda.sh
+// copies it into the baseline's tree to time the old kernel the same way.
+//
+// Usage: build-cuda/cuda_kda [TOKENS... (1024 8192 32768)]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/common.h"
+
+#ifdef VLLM_HAVE_CUDA
+static struct backend *be;
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = be->ops->alloc(be, bytes);
+    be->ops->upload(be, d, h, bytes);
+    return d;
+}
+
+static float *dev_random(size_t n, float scale, float shift, unsigned seed) {
+    float *h = xmalloc(n * sizeof(float));
+    srand(seed);
+    for (size_t i = 0; i < n; i++) h[i] = scale * ((float)rand() / RAND_MAX) + shift;
+    float *d = dev_upload(h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+// One sequence of T tokens in slot 0; median of 5 timed calls after a warm one.
+static void bench_prefill(int T, float depth) {
+    const int H = 32, K = 128, HK = H * K, ld = 3 * HK + H;
+    struct kda_dims d = {H, K, 4, 64};
+    int32_t arr[8] = {0, T, 0, 0, -1, 0, 0, 0}; // qsl[2], ctx, slot, src, ckpt_start[2], ckpt_pos
+    int32_t *da = dev_upload(arr, sizeof arr);
+    struct batch b;
+    memset(&b, 0, sizeof b);
+    b.num_tokens = T, b.num_seqs = 1, b.num_prefills = 1;
+    b.query_start_loc = da, b.context_lens = da + 2, b.state_slots = da + 3, b.state_src = da + 4;
+    b.ckpt_start = da + 5, b.ckpt_pos = da + 7, b.ckpt_slot = da + 7;
+    b.h_query_start_loc = arr, b.h_context_lens = arr + 2, b.h_state_slots = arr + 3, b.h_state_src = arr + 4;
+    float *proj = dev_random((size_t)T * ld, 2.0f, -1.0f, 1), *g = dev_random((size_t)T * HK, -2 * depth, 0.0f, 2);
+    float *st = dev_random((size_t)HK * K, 0.0f, 0.0f, 3), *y = dev_random((size_t)T * HK, 0.0f, 0.0f, 4);
+    double t[5];
+    be->ops->kda_prefill(be, y, proj, ld, g, st, &b, 0, 1, &d);
+    for (int r = 0; r < 5; r++) {
+        be->ops->sync(be);
+        double t0 = now_s();
+        be->ops->kda_prefill(be, y, proj, ld, g, st, &b, 0, 1, &d);
+        be->ops->sync(be);
+        t[r] = now_s() - t0;
+    }
+    for (int i = 0; i < 5; i++) // median
+        for (int j = i + 1; j < 5; j++)
+            if (t[j] < t[i]) {
+                double x = t[i];
+                t[i] = t[j], t[j] = x;
+            }
+    printf("  kda_prefill g>=%-5g %6d tokens  %10.3f ms  %8.3f us/token  %10.0f tok/s\n", -2 * depth, T, t[2] * 1e3,
+           t[2] * 1e6 / T, T / t[2]);
+    void *all[] = {da, proj, g, st, y};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->free(be, all[i]);
+}
+
+int main(int argc, char **argv) {
+    if (backend_cuda_create(DT_F32, &be)) {
+        printf("cuda_kda: no GPU (%s)\n", vllm_last_error());
+        return 0;
+    }
+    static const int def[] = {1024, 8192, 32768};
+    int n = argc > 1 ? argc - 1 : 3;
+    for (int depth = 0; depth < 2; depth++)
+        for (int i = 0; i < n; i++) {
+            int T = argc > 1 ? atoi(argv[i + 1]) : def[i];
+            if (T < 1 || T > (1 << 20)) {
+                fprintf(stderr, "cuda_kda: tokens %s outside [1, 2^20]\n", argv[i + 1]);
+                return 1;
+            }
+            bench_prefill(T, depth ? 10.0f : 0.1f);
+        }
+    backend_free(be);
+    return 0;
+}
+#else
+int main(void) {
+    printf("cuda_kda: built without CUDA\n");
+    return 0;
+}
+#endif
