@@ -25,7 +25,7 @@ const char *const cli_engine_help =
     "  --kv-cache-gb X              KV pool budget in GiB (default 2)\n"
     "  --gpu-memory-utilization X   the fraction of the device's memory (RAM on cpu) to hold;\n"
     "                               the KV pool gets what the weights and state leave of it\n"
-    "                               (default: --kv-cache-gb; serve on cuda: 0.9)\n"
+    "                               (default: --kv-cache-gb; serve and bench on cuda: 0.9)\n"
     "  --threads N                  CPU threads (default: all cores)\n"
     "  --seed N                     seed of dummy weights and unseeded sampling\n"
     "  --tensor-parallel-size N     ranks the model is split over (default 1): GPUs with\n"
@@ -109,6 +109,12 @@ int cli_ids(const char *s, int32_t **ids) {
         }
     }
     return n;
+}
+
+void cli_device_memory_default(struct vllm_engine_params *p) {
+    if (p->device && !strncmp(p->device, "cuda", 4) && !p->gpu_memory_utilization && !p->kv_cache_bytes &&
+        !p->num_kv_blocks)
+        p->gpu_memory_utilization = 0.9f;
 }
 
 int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p) {

@@ -10,6 +10,10 @@
 // returns 0 if it is not one, -1 (after printing why) if its value is bad.
 int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p);
 extern const char *const cli_engine_help;
+// vLLM's default for the server and the benchmarks: on CUDA, with no KV size
+// given, the KV pool takes 0.9 of the device's memory (the library's own
+// default, 2 GiB, is for embedders and tests sharing one GPU).
+void cli_device_memory_default(struct vllm_engine_params *p);
 
 // The value of flag argv[*i] (advancing *i), or NULL after printing an error.
 const char *cli_value(int argc, char **argv, int *i);

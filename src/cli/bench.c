@@ -188,6 +188,7 @@ int cli_bench(int argc, char **argv) {
     }
     if (chat) {
         if (!ep.model) return usage(stderr), 2;
+        cli_device_memory_default(&ep);
         if (ep.max_num_seqs < co.conversations) ep.max_num_seqs = co.conversations;
         if (!ep.max_model_len) ep.max_model_len = co.system_len + co.turns * (co.user_len + co.reply_len) + 1;
         return bench_chat(&ep, &co, json);
@@ -208,6 +209,7 @@ int cli_bench(int argc, char **argv) {
     for (int i = 0; i < nb; i++) maxb = MAX(maxb, bs[i]);
     if (ep.max_num_seqs < maxb) ep.max_num_seqs = maxb;
     if (!ep.max_model_len) ep.max_model_len = in_len + out_len;
+    cli_device_memory_default(&ep);
     struct vllm_engine *e;
     double tl = now_s();
     if (vllm_engine_load(&ep, &e)) {

@@ -345,9 +345,7 @@ int cli_serve(int argc0, char **argv0) {
     char **argv = o.argv = split_equals(argc0, argv0, &argc);
     if (parse_args(argc, argv, &o, &code)) return code;
     struct vllm_engine_params ep = o.ep;
-    if (ep.device && !strncmp(ep.device, "cuda", 4) && !ep.gpu_memory_utilization && !ep.kv_cache_bytes &&
-        !ep.num_kv_blocks)
-        ep.gpu_memory_utilization = 0.9f; // vLLM's default: the KV pool from the device's free memory
+    cli_device_memory_default(&ep);
     struct server_config sc = o.sc;
     const char *key_file = o.key_file, *chat_template = o.chat_template;
     if (!ep.model) {
