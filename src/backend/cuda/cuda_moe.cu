@@ -3,6 +3,8 @@
 // per-expert up / activation (gated or not) / down over each expert's token
 // segment, and the weighted combine in expert order (the order of the CPU
 // reference).
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_common.cuh"
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
@@ -312,13 +314,13 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
     case WF_F32: experts_mm(st, (const float *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
     case WF_BF16: experts_mm(st, (const __nv_bfloat16 *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
     case WF_F16: experts_mm(st, (const __half *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
-    case WF_FP8:
+    case WF_FP8: break; // FP8 experts take the GEMV or the thin tiles (cu_supports: L, I % 16 == 0)
     case WF_FP8_B128:
     case WF_NVFP4: break; // refused by cu_weight_alloc
     }
 }
 
-// ---- 16-bit weights, decode sizes: GEMV over the active experts ----
+// ---- 16-bit and FP8 weights, decode sizes: GEMV over the active experts ----
 
 #ifndef MOE_GEMV_MAXR // -D override: device builds sweep it against the thin-tile GEMM
 #define MOE_GEMV_MAXR 32 // tokens of the GEMV path (measured: faster than the 128-row grouped GEMM up to 32, slower at 64)
@@ -326,7 +328,12 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
 #define MOE_GEMV_MAXA (32 * CUDA_MAX_TOPK) // an expert's assignments a GEMV block holds (n <= 32 tokens)
 static_assert(MOE_GEMV_MAXR <= 32, "the GEMV holds the assignments of at most 32 tokens per expert");
 
-__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, float f[8]) {
+// A 16-byte load of weights of type WT holds WVEC<WT> of them (8 of 16
+// bits, 16 e4m3 codes); unpack8 widens its 8 weights from 8 * half on, to
+// floats exactly (e4m3 -> half -> float, as cuda_quant.cu does).
+template <typename WT>
+constexpr int WVEC = 16 / (int)sizeof(WT);
+__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, int, float f[8]) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -334,7 +341,7 @@ __device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, f
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
-__device__ __forceinline__ void unpack8(const uint4 &u, const __half *, float f[8]) {
+__device__ __forceinline__ void unpack8(const uint4 &u, const __half *, int, float f[8]) {
     const __half2 *h = (const __half2 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -342,6 +349,18 @@ __device__ __forceinline__ void unpack8(const uint4 &u, const __half *, float f[
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
+__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_fp8_e4m3 *, int half, float f[8]) {
+    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u + 4 * half;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+// The scale of weight row r (WF_FP8: scale [rows], applied once to the
+// row's fp32 sum); 16-bit weights have none (s NULL).
+__device__ __forceinline__ float row_scale(const float *s, int64_t r) { return s ? s[r] : 1.0f; }
 
 // The decode schedule, computed by every GEMV block itself (no sort
 // kernel): the a-th expert used by the nk assignments, ascending, and its
@@ -382,12 +401,14 @@ __device__ __forceinline__ int moe_decode_expert(const int32_t *ids, int nk, int
     return *pick;
 }
 
-// One pass of a warp's 4 weight rows (wrow, valid) over cnt <= NB
-// assignments (rows): see k_moe_gemv.
+// One pass of a warp's 4 weight rows (wrow: row indices, valid) over cnt <=
+// NB assignments (rows): see k_moe_gemv. scale: the weight's row scales
+// (FP8) or NULL.
 template <typename WT, bool UP, int NB>
-__device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *in, float *out, const int *rows, int cnt,
-                                              const int64_t *wrow, const bool *valid, int o0, int k, int K, int I,
-                                              int N, int gated, enum act kind) {
+__device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, const float *in, float *out,
+                                              const int *rows, int cnt, const int64_t *wrow, const bool *valid, int o0,
+                                              int k, int K, int I, int N, int gated, enum act kind) {
+    constexpr int V = WVEC<WT>;
     int lane = threadIdx.x & 31;
     const float *src[NB];
 #pragma unroll
@@ -395,37 +416,43 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *in, floa
         int r = rows[b < cnt ? b : 0];
         src[b] = in + (int64_t)(UP ? r / k : r) * K;
     }
+    const uint4 *wp[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) wp[q] = (const uint4 *)(w + wrow[q] * K);
     float acc[4][NB];
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[q][b] = 0;
-    int K8 = K / 8;
-    for (int c = lane; c < K8; c += 64) {
-        bool two = c + 32 < K8;
+    int KV = K / V;
+    for (int c = lane; c < KV; c += 64) {
+        bool two = c + 32 < KV;
         uint4 u[2][4];
 #pragma unroll
         for (int q = 0; q < 4; q++) { // all loads in flight first
-            u[0][q] = __ldg((const uint4 *)(w + wrow[q]) + c);
-            if (two) u[1][q] = __ldg((const uint4 *)(w + wrow[q]) + c + 32);
+            u[0][q] = __ldg(wp[q] + c);
+            if (two) u[1][q] = __ldg(wp[q] + c + 32);
         }
 #pragma unroll
         for (int s = 0; s < 2; s++) {
             if (s && !two) break;
-            int cs = c + 32 * s;
-            float wf[4][8];
 #pragma unroll
-            for (int q = 0; q < 4; q++) unpack8(u[s][q], w, wf[q]);
+            for (int hf = 0; hf < V / 8; hf++) { // 8 weights of each row at a time (registers)
+                int c8 = (c + 32 * s) * V + hf * 8;
+                float wf[4][8];
 #pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (b >= cnt) break;
-                const float4 *xp = (const float4 *)(src[b] + cs * 8);
-                float4 x0 = xp[0], x1 = xp[1];
-                float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                for (int q = 0; q < 4; q++) unpack8(u[s][q], w, hf, wf[q]);
 #pragma unroll
-                for (int q = 0; q < 4; q++)
+                for (int b = 0; b < NB; b++) {
+                    if (b >= cnt) break;
+                    const float4 *xp = (const float4 *)(src[b] + c8);
+                    float4 x0 = xp[0], x1 = xp[1];
+                    float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc[q][b] += wf[q][i] * xs[i];
+                    for (int q = 0; q < 4; q++)
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[q][b] += wf[q][i] * xs[i];
+                }
             }
         }
     }
@@ -436,6 +463,8 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *in, floa
 #pragma unroll
         for (int q = 0; q < 4; q++) v[q] = warp_sum(acc[q][b]);
         if (lane) continue;
+#pragma unroll
+        for (int q = 0; q < 4; q++) v[q] *= row_scale(scale, wrow[q]);
         int64_t r = rows[b];
         if (!UP) { // down
 #pragma unroll
@@ -457,14 +486,17 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *in, floa
 // per warp) of the a-th expert used this step, applied to each of its
 // assignments, NB per pass (an expert with more reads its rows again, from
 // L2). Each warp streams its 4 rows whole, two 16-byte loads per row and
-// lane in flight, and reduces with shuffles. Up (UP): gated, a warp's rows
+// lane in flight (16-bit weights: 8 a load; FP8: 16 e4m3 codes, half the
+// bytes, widened in registers, fp32 sums, the row's scale applied once to
+// each sum), and reduces with shuffles. Up (UP): gated, a warp's rows
 // are gate o, o+1 and up o, o+1 and h[asg, o..o+1] = act(gate) * up; else
 // rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e, y[asg, l..l+3].
 // Rows of h and y are assignments (t * k + j); x rows are the tokens' (UP)
-// or h's; K % 8 == 0.
+// or h's; K % WVEC<WT> == 0 (8 or 16). scale: FP8's row scales, else NULL.
 template <typename WT, bool UP, int NB>
-__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, float *out, const int32_t *ids,
-                                                  int nk, int k, int E, int K, int I, int N, int gated, enum act kind) {
+__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scale, const float *in, float *out,
+                                                  const int32_t *ids, int nk, int k, int E, int K, int I, int N,
+                                                  int gated, enum act kind) {
     __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
     __shared__ uint32_t used[MAX_EXPERTS / 32];
     pdl_wait();
@@ -481,10 +513,11 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *in, 
         int o = UP && gated ? o0 + (q & 1) : o0 + q;
         valid[q] = o < (UP ? I : N);
         int64_t row = UP && gated ? (q < 2 ? o : I + o) : o;
-        wrow[q] = ((int64_t)e * (UP ? U : N) + (valid[q] ? row : 0)) * K;
+        wrow[q] = (int64_t)e * (UP ? U : N) + (valid[q] ? row : 0);
     }
     for (int r0 = 0; r0 < cnt; r0 += NB)
-        moe_gemv_pass<WT, UP, NB>(w, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K, I, N, gated, kind);
+        moe_gemv_pass<WT, UP, NB>(w, scale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K, I, N, gated,
+                                  kind);
 }
 
 // ---- 16-bit weights, prefill sizes: a grouped GEMM on tensor cores ----
@@ -536,20 +569,22 @@ __device__ __forceinline__ int tile_expert(const int32_t *mtile_off, int E, int 
 // row r, output columns col, col + 1 (col even). UP gated: the columns are
 // (gate, up) of hidden unit col / 2, h[r, col / 2] = act(gate) * up; UP:
 // h[r, col..] = act(v); both 16-bit h [rows, I]. Down: y [rows, N] fp32.
+// sc: the expert's weight row scales (FP8: up rows [U], down rows [N]),
+// each on its column's sum before the activation; NULL for 16-bit weights.
 template <typename T, bool UP>
 __device__ __forceinline__ void mma_store(void *out, int64_t r, int col, float v0, float v1, int I, int N, int gated,
-                                          enum act kind) {
+                                          enum act kind, const float *sc) {
     if (!UP) {
         float *y = (float *)out + r * N + col;
-        if (col + 1 < N) *(float2 *)y = make_float2(v0, v1);
-        else if (col < N) y[0] = v0;
+        if (col + 1 < N) *(float2 *)y = make_float2(v0 * row_scale(sc, col), v1 * row_scale(sc, col + 1));
+        else if (col < N) y[0] = v0 * row_scale(sc, col);
     } else if (gated) {
         int hj = col / 2;
-        if (hj < I) ((T *)out)[r * I + hj] = (T)(act_dev(kind, v0) * v1);
+        if (hj < I) ((T *)out)[r * I + hj] = (T)(act_dev(kind, v0 * row_scale(sc, hj)) * (v1 * row_scale(sc, I + hj)));
     } else {
         T *hp = (T *)out + r * I + col;
-        if (col + 1 < I) store2(hp, act_dev(kind, v0), act_dev(kind, v1));
-        else if (col < I) hp[0] = (T)act_dev(kind, v0);
+        if (col + 1 < I) store2(hp, act_dev(kind, v0 * row_scale(sc, col)), act_dev(kind, v1 * row_scale(sc, col + 1)));
+        else if (col < I) hp[0] = (T)act_dev(kind, v0 * row_scale(sc, col));
     }
 }
 
@@ -643,13 +678,13 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 mma_store<T, UP>(out, r0 + row, n0 + wn * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
-                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind);
+                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind, NULL);
         }
 }
 
 static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
 
-// ---- 16-bit weights, decode sizes above the GEMV: a grouped GEMM of thin row tiles ----
+// ---- 16-bit and FP8 weights, above the GEMV: a grouped GEMM of thin row tiles ----
 //
 // Between the GEMV and prefill sizes nearly every expert is used by a few
 // rows (nano30b at 64 tokens: ~122 of 128 experts, ~3 rows each), so a step
@@ -684,12 +719,62 @@ static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
 static_assert(DBM % 16 == 0 && DBK % 16 == 0 && DTHREADS / 32 * 32 == DBN && DTHREADS % (DBK / 8) == 0,
               "thin tile layout");
 
-template <typename T, bool UP>
-__global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W, void *out, const int32_t *offsets,
-                                                          const int32_t *mtile_off, const int32_t *perm, int E, int k,
-                                                          int K, int I, int N, int gated, enum act kind) {
+// FP8 weights (WT = __nv_fp8_e4m3, T = bf16): the same tiles and schedule;
+// the weights' cp.async stages hold the codes (8 bytes a chunk, half the
+// bytes in flight of bf16), and each thread widens the chunks it loaded
+// (e4m3 -> bf16, exact) into one of two bf16 tiles just before the k step
+// that reads them, so ldmatrix and mma are the 16-bit kernel's; the row
+// scales go on the sums in the epilogue (mma_store). FP8 takes these tiles
+// at every n above the GEMV's 32 tokens, prefill included. Chosen over the
+// GEMV in passes of 32 tokens, which reads every active expert's weights
+// again per pass (a prefill chunk of 8192 tokens: 256 passes over ~1.3 GB a
+// nano30b layer, ~60 ms a layer at 5 TB/s, ~40x the bf16 GEMM). Prefill
+// speed here: per block and k step (DBK), 32 m16n8k16 (131 kFLOP) against
+// ~29 KB of shared-memory traffic (A 1 KB written, 4 KB read by the warps;
+// codes 4 KB written and read; bf16 8 KB written and read), 4.5 flop per
+// shared byte: at 128 B/clk an SM gives ~570 flop/clk, at most ~130 TFLOP/s
+// over the H200's 132 SMs, against ~400 for the 128-row bf16 tiles: prefill
+// experts take ~3-4x the bf16 time (a 128-row tile with this loader, or FP8
+// W8A8, is the next step); decode above 32 tokens reads half the bytes.
+__device__ __forceinline__ void cp_async8(void *smem, const void *g, bool valid) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    int n = valid ? 8 : 0; // 0: zero-fill
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(g), "r"(n));
+}
+
+// 8 e4m3 codes -> 8 bf16 (e4m3 -> half -> float -> bf16: each exact).
+__device__ __forceinline__ uint4 e4m3x8_bf16(uint2 u) {
+    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
+    uint4 r;
+    __nv_bfloat162 *o = (__nv_bfloat162 *)&r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        o[i] = __floats2bfloat162_rn(v.x, v.y);
+    }
+    return r;
+}
+
+template <typename WT>
+constexpr bool IS_FP8 = sizeof(WT) == 1;
+
+// Shared memory of k_moe_mma_dec: A stages [DSTAGES][DBM][DPAD], then the
+// weights' (16 bits: stages [DSTAGES][DBN][DPAD]; FP8: two bf16 tiles
+// [2][DBN][DPAD], then the codes' stages [DSTAGES][DBN][DBK] bytes).
+static size_t mma_dec_smem(bool fp8) {
+    size_t a = (size_t)DSTAGES * DBM * DPAD * 2;
+    return fp8 ? a + 2 * (size_t)DBN * DPAD * 2 + (size_t)DSTAGES * DBN * DBK : a + (size_t)DSTAGES * DBN * DPAD * 2;
+}
+
+template <typename T, typename WT, bool UP>
+__global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *W, const float *wscale, void *out,
+                                                          const int32_t *offsets, const int32_t *mtile_off,
+                                                          const int32_t *perm, int E, int k, int K, int I, int N,
+                                                          int gated, enum act kind) {
     extern __shared__ __align__(16) unsigned char tsm[];
-    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD;
+    constexpr bool FP8 = IS_FP8<WT>;
+    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD; // 16 bits: the weights' stages; FP8: the two bf16 tiles
+    uint8_t *Bq = (uint8_t *)(Bs + 2 * DBN * DPAD);     // FP8: the codes' stages
     // a thread's 16-byte chunks of a stage: chunk tid % CPR of rows tid / CPR + i * RPP
     constexpr int CPR = DBK / 8, RPP = DTHREADS / CPR, MI = DBM / 16;
     constexpr int ACH = (DBM + RPP - 1) / RPP, BCH = DBN / RPP;
@@ -700,7 +785,8 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
     int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * DBM;
     int rows = min(DBM, offsets[e + 1] - r0), n0 = nt * DBN, U = gated ? 2 * I : I, tid = threadIdx.x;
     int c = (tid % CPR) * 8;
-    const T *ga[ACH], *gb[BCH];
+    const T *ga[ACH];
+    const WT *gb[BCH];
     bool va[ACH], vb[BCH];
 #pragma unroll
     for (int i = 0; i < ACH; i++) { // A: the segment's rows (UP: their tokens' x), zero past rows
@@ -733,8 +819,11 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
             if (row < DBM) cp_async16(As + (stage * DBM + row) * DPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
         }
 #pragma unroll
-        for (int i = 0; i < BCH; i++)
-            cp_async16(Bs + (stage * DBN + tid / CPR + i * RPP) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+        for (int i = 0; i < BCH; i++) {
+            int row = tid / CPR + i * RPP;
+            if (FP8) cp_async8(Bq + (stage * DBN + row) * DBK + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            else cp_async16(Bs + (stage * DBN + row) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+        }
     };
     int warp = tid >> 5, lane = tid & 31; // warp tile: all DBM rows, columns warp * 32
     float acc[MI][4][4];
@@ -751,11 +840,21 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
     }
     for (int kt = 0; kt < KT; kt++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(DSTAGES - 2));
+        if (FP8) { // this thread's own chunks of step kt have landed: widen them into bf16 tile
+                   // kt & 1 (last read at step kt - 2, before the previous barrier)
+            const uint8_t *q8 = Bq + (kt % DSTAGES) * DBN * DBK;
+            T *bt = Bs + (kt & 1) * DBN * DPAD;
+#pragma unroll
+            for (int i = 0; i < BCH; i++) {
+                int row = tid / CPR + i * RPP;
+                *(uint4 *)(bt + row * DPAD + c) = e4m3x8_bf16(*(const uint2 *)(q8 + row * DBK + c));
+            }
+        }
         __syncthreads();
         int nx = kt + DSTAGES - 1; // refill the stage every warp finished with
         if (nx < KT) load(nx % DSTAGES, nx);
         asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (kt % DSTAGES) * DBN * DPAD;
+        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (FP8 ? kt & 1 : kt % DSTAGES) * DBN * DPAD;
 #pragma unroll
         for (int kk = 0; kk < DBK; kk += 16) {
             uint32_t af[MI][4], bf[4][2];
@@ -774,6 +873,7 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
         }
     }
     asm volatile("cp.async.wait_group 0;\n");
+    const float *sc = FP8 ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
@@ -783,28 +883,38 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const T *W
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 mma_store<T, UP>(out, r0 + row, n0 + warp * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
-                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind);
+                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind, sc);
         }
 }
 
-static size_t mma_dec_smem(void) { return (size_t)DSTAGES * (DBM + DBN) * DPAD * 2; }
+// The thin-tile grouped GEMM's two launches (up with the activation, down)
+// over a schedule sorted with bm = DBM; xb: x in T [n, L], h: T [nk, I].
+template <typename T, typename WT>
+static void dec_experts(cudaStream_t st, const struct moe_experts *w, const T *xb, T *h, float *y,
+                        const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n, int top_k) {
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
+    int mtiles = cdiv(nk, DBM) + (nk < E ? nk : E);
+    size_t sm = mma_dec_smem(IS_FP8<WT>);
+    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, WT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, WT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    launch_pdl(k_moe_mma_dec<T, WT, true>, mtiles * cdiv(U, DBN), DTHREADS, sm, st, xb, (const WT *)w->up.data,
+               (const float *)w->up.scale, (void *)h, offsets, mtile_off, perm, E, top_k, L, I, U, w->gated, w->act);
+    launch_pdl(k_moe_mma_dec<T, WT, false>, mtiles * cdiv(L, DBN), DTHREADS, sm, st, (const T *)h,
+               (const WT *)w->down.data, (const float *)w->down.scale, (void *)y, offsets, mtile_off, perm, E, top_k,
+               I, I, L, 0, w->act);
+}
 
-template <typename T>
+// 16-bit or FP8 weights (WT) with T activations: x rounded to T, then the
+// thin tiles (dec) or the 128-row tiles (16-bit weights only).
+template <typename T, typename WT>
 static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, T *xb, T *h,
                        float *y, const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n,
                        int top_k, bool dec) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int64_t nx = (int64_t)n * L;
     launch_pdl(k_to_16_moe<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
-    if (dec) { // the thin tiles (schedule sorted with bm = DBM)
-        int mtiles = cdiv(nk, DBM) + (nk < E ? nk : E);
-        size_t sm = mma_dec_smem();
-        CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        launch_pdl(k_moe_mma_dec<T, true>, mtiles * cdiv(U, DBN), DTHREADS, sm, st, (const T *)xb,
-                   (const T *)w->up.data, (void *)h, offsets, mtile_off, perm, E, top_k, L, I, U, w->gated, w->act);
-        launch_pdl(k_moe_mma_dec<T, false>, mtiles * cdiv(L, DBN), DTHREADS, sm, st, (const T *)h,
-                   (const T *)w->down.data, (void *)y, offsets, mtile_off, perm, E, top_k, I, I, L, 0, w->act);
+    if (dec || IS_FP8<WT>) { // the thin tiles; FP8 weights take them at every size
+        dec_experts<T, WT>(st, w, xb, h, y, offsets, mtile_off, perm, n, top_k);
         return;
     }
     int mtiles = cdiv(nk, TBM) + (nk < E ? nk : E); // at most: each active expert adds one partial tile
@@ -827,10 +937,10 @@ static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const 
                             const int32_t *ids, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
     dim3 gu(cdiv(I, w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
-    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, x, h, ids, nk, top_k, E, L, I, I,
-               w->gated, w->act);
-    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)h, y, ids, nk, top_k, E,
-               I, I, L, 0, w->act);
+    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, (const float *)w->up.scale, x, h, ids,
+               nk, top_k, E, L, I, I, w->gated, w->act);
+    launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)w->down.scale,
+               (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act);
 }
 
 template <typename T>
@@ -842,7 +952,7 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
-size_t cuda_moe_smem(void) { return MAX(mma_smem(), mma_dec_smem()); }
+size_t cuda_moe_smem(void) { return MAX(mma_smem(), MAX(mma_dec_smem(false), mma_dec_smem(true))); }
 
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
 // slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
@@ -857,7 +967,9 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
 // active experts up to MOE_GEMV_MAXR tokens, the thin-tile grouped GEMM up
 // to MOE_DEC_MAXN, the 128 x 128 tensor-core grouped GEMM above (K % 8 == 0
-// for 16-byte loads; else the SIMT path).
+// for 16-byte loads; else the SIMT path). FP8 (up and down both, L and I
+// multiples of 16: cu_supports): the GEMV up to MOE_GEMV_MAXR, the thin
+// tiles with bf16 activations above.
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
@@ -871,19 +983,23 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     enum wfmt f = w->up.fmt;
     const int32_t *rows = NULL; // y's row of each assignment: itself (the GEMV), or slot_of (sorted)
     if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) { // no sort
-        if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k);
+        if (f == WF_FP8) gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k);
+        else if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k);
         else gemv_experts<__half>(st, w, x, h, y, ids, n, top_k);
     } else {
         int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
-        bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && n <= MOE_DEC_MAXN;
+        bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && (n <= MOE_DEC_MAXN || f == WF_FP8);
         launch_pdl(k_moe_sort, 1, sort_threads, 0, st, ids, nk, E, dec ? DBM : TBM, offsets, mtile_off, perm, slot_of);
         rows = slot_of;
-        if (tc) {
-            if (f == WF_BF16)
-                tc_experts<__nv_bfloat16>(be, st, w, x, (__nv_bfloat16 *)xb, (__nv_bfloat16 *)h, y, offsets, mtile_off,
-                                          perm, n, top_k, dec);
-            else tc_experts<__half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k, dec);
-        } else {
+        __nv_bfloat16 *xb16 = (__nv_bfloat16 *)xb, *h16 = (__nv_bfloat16 *)h;
+        if (tc && f == WF_FP8)
+            tc_experts<__nv_bfloat16, __nv_fp8_e4m3>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k, dec);
+        else if (tc && f == WF_BF16)
+            tc_experts<__nv_bfloat16, __nv_bfloat16>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k, dec);
+        else if (tc)
+            tc_experts<__half, __half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k,
+                                       dec);
+        else {
             experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
             int64_t nh = (int64_t)nk * I;
             k_moe_act<<<(int)(nh < 4096LL * 256 ? cdiv(nh, 256) : 4096), 256, 0, st>>>(h, gu, nk, I, w->gated, w->act);
