@@ -7,7 +7,8 @@
 // from HBM. Prints per op the microseconds per call, the bytes it must read
 // and that as a fraction of the device's measured copy bandwidth.
 //
-// Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)] [moe: the routed experts only]
+// Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)] [moe: the routed experts only |
+//        fp8: the routed experts in bf16, then with FP8 weights (e4m3 + a scale per row: half the bytes)]
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,12 +116,11 @@ static void moe_call(void *p, int i) {
     struct moe_ctx *c = p;
     be->ops->moe_experts(be, c->out, c->x, &c->w, c->ids + (size_t)(i % c->sets) * c->n * K, c->wts, c->n, K, NULL);
 }
-static void bench_moe(int n, int calls) {
+static void bench_moe(int n, int calls, enum wfmt f) {
     struct moe_ctx c = {.n = n, .sets = 16};
     c.w = (struct moe_experts){.num_experts = E, .inter = I, .dim = D, .gated = 0, .act = ACT_RELU2};
-    if (be->ops->weight_alloc(be, &c.w.up, WF_BF16, (int64_t)E * I, D) ||
-        be->ops->weight_random(be, &c.w.up, 3, 0.02f) ||
-        be->ops->weight_alloc(be, &c.w.down, WF_BF16, (int64_t)E * D, I) ||
+    if (be->ops->weight_alloc(be, &c.w.up, f, (int64_t)E * I, D) || be->ops->weight_random(be, &c.w.up, 3, 0.02f) ||
+        be->ops->weight_alloc(be, &c.w.down, f, (int64_t)E * D, I) ||
         be->ops->weight_random(be, &c.w.down, 4, 0.02f))
         die("experts: %s", vllm_last_error());
     struct op_query q = {.op = OP_MOE_EXPERTS, .max_tokens = n,
@@ -150,11 +150,13 @@ static void bench_moe(int n, int calls) {
     c.x = dev_random((size_t)n * D, 1, 2);
     c.wts = dev_random((size_t)n * K, 1, 3);
     c.out = be->ops->alloc(be, sizeof(float) * n * D);
-    double bytes = distinct / c.sets * 2.0 * I * D * 2; // the experts' up and down rows read
+    // the experts' up and down rows read (FP8: 1 byte a weight and a 4-byte scale a row)
+    double bytes = distinct / c.sets * (f == WF_FP8 ? 2.0 * I * D + 4.0 * (I + D) : 2.0 * I * D * 2);
     char what[64];
-    snprintf(what, sizeof what, "moe_experts (%.1f experts)", distinct / c.sets);
+    snprintf(what, sizeof what, "moe_experts%s (%.1f experts)", f == WF_FP8 ? " fp8" : "", distinct / c.sets);
     report(what, time_graph(moe_call, &c, calls), bytes);
     be->ops->free(be, c.w.up.data), be->ops->free(be, c.w.down.data);
+    if (c.w.up.scale) be->ops->free(be, c.w.up.scale), be->ops->free(be, c.w.down.scale);
     be->ops->free(be, c.ids), be->ops->free(be, c.x), be->ops->free(be, c.wts), be->ops->free(be, c.out);
 }
 
@@ -258,8 +260,9 @@ int main(int argc, char **argv) {
     double fl;
     be->ops->peaks(be, &bw_peak, &fl);
     printf("cuda_ops: %d rows, %d calls per graph; copy %.0f GB/s\n", n, calls, bw_peak / 1e9);
-    if (argc > 3 && !strcmp(argv[3], "moe")) { // the routed experts only (threshold sweeps)
-        bench_moe(n, calls);
+    if (argc > 3 && (!strcmp(argv[3], "moe") || !strcmp(argv[3], "fp8"))) { // the routed experts only (sweeps)
+        bench_moe(n, calls, WF_BF16);
+        if (!strcmp(argv[3], "fp8")) bench_moe(n, calls, WF_FP8);
         backend_free(be);
         return 0;
     }
@@ -269,7 +272,7 @@ int main(int argc, char **argv) {
     bench_matmul("matmul shared down", WF_BF16, D, SI, n, calls);
     bench_matmul("matmul router (fp32)", WF_F32, E, D, n, calls);
     bench_matmul("matmul lm_head", WF_BF16, 131072, D, n, 8);
-    bench_moe(n, calls);
+    bench_moe(n, calls, WF_BF16);
     bench_small(n, calls);
     backend_free(be);
     return 0;
