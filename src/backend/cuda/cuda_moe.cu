@@ -588,18 +588,69 @@ __device__ __forceinline__ void mma_store(void *out, int64_t r, int col, float v
     }
 }
 
-template <typename T, bool UP>
-__global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *out, const int32_t *offsets,
-                                                 const int32_t *mtile_off, const int32_t *perm, int E, int k, int K,
-                                                 int I, int N, int gated, enum act kind) {
+// FP8 weights in the grouped GEMMs (WT = __nv_fp8_e4m3, T = bf16): the same
+// tiles and schedule as 16-bit weights; the weights' cp.async stages hold
+// the codes (8 bytes a chunk), and each thread widens the chunks it loaded
+// (e4m3 -> bf16, exact) into one of two bf16 tiles just before the k step
+// that reads them (widen8), so ldmatrix and mma are the 16-bit kernels';
+// the row scales go on the sums in the epilogue (mma_store). Chosen over
+// running the GEMV in passes of 32 tokens, which reads every active
+// expert's weights again per pass (a prefill chunk of 8192 tokens: 256
+// passes over ~1.3 GB a nano30b layer, ~60 ms a layer at 5 TB/s, ~40x the
+// bf16 GEMM). Prefill speed (k_moe_mma): per block and k step the 16-bit
+// kernel moves ~64 KB through shared memory (A 8 KB written, 32 KB read by
+// the warps; B 8 + 16 KB) for 1.05 MFLOP; FP8 adds the codes' 4 KB written
+// and read (~72 KB, +12%) and 16 conversions a thread, under the barrier it
+// already has: expected ~90% of the bf16 prefill. Decode sizes
+// (k_moe_mma_dec) read half the bytes of bf16, with half the bytes in
+// flight per stage.
+template <typename WT>
+constexpr bool IS_FP8 = sizeof(WT) == 1;
+
+__device__ __forceinline__ void cp_async8(void *smem, const void *g, bool valid) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    int n = valid ? 8 : 0; // 0: zero-fill
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(g), "r"(n));
+}
+
+// 8 e4m3 codes at q (8-byte aligned) -> 8 bf16 at t (16-byte aligned):
+// e4m3 -> half -> float -> bf16, each exact.
+__device__ __forceinline__ void widen8(__nv_bfloat16 *t, const uint8_t *q) {
+    uint2 u = *(const uint2 *)q;
+    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
+    uint4 r;
+    __nv_bfloat162 *o = (__nv_bfloat162 *)&r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        o[i] = __floats2bfloat162_rn(v.x, v.y);
+    }
+    *(uint4 *)t = r;
+}
+
+// Shared memory of k_moe_mma: A stages [TSTAGES][TBM][TPAD], then the
+// weights' (16 bits: stages [TSTAGES][TBN][TPAD]; FP8: two bf16 tiles
+// [2][TBN][TPAD], then the codes' stages [TSTAGES][TBN][TBK] bytes).
+static size_t mma_smem(bool fp8) {
+    size_t a = (size_t)TSTAGES * TBM * TPAD * 2;
+    return fp8 ? a + 2 * (size_t)TBN * TPAD * 2 + (size_t)TSTAGES * TBN * TBK : a + (size_t)TSTAGES * TBN * TPAD * 2;
+}
+
+template <typename T, typename WT, bool UP>
+__global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const float *wscale, void *out,
+                                                 const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm,
+                                                 int E, int k, int K, int I, int N, int gated, enum act kind) {
     extern __shared__ __align__(16) unsigned char tsm[];
-    T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD;
+    constexpr bool FP8 = IS_FP8<WT>;
+    T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD; // 16 bits: the weights' stages; FP8: the two bf16 tiles
+    uint8_t *Bq = (uint8_t *)(Bs + 2 * TBN * TPAD);     // FP8: the codes' stages
     int NT = (N + TBN - 1) / TBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
     if (mt >= mtile_off[E]) return;
     int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * TBM, rows = min(TBM, offsets[e + 1] - r0);
     int n0 = nt * TBN, U = gated ? 2 * I : I, tid = threadIdx.x;
     // this thread's two 16-byte chunks of each tile: rows tid/4 and tid/4 + 64, chunk tid % 4
-    const T *ga[2], *gb[2];
+    const T *ga[2];
+    const WT *gb[2];
     bool va[2], vb[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -626,7 +677,8 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
             int row = tid / 4 + i * 64;
             bool kin = k0 + c < K;
             cp_async16(As + (stage * TBM + row) * TPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
-            cp_async16(Bs + (stage * TBN + row) * TPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            if constexpr (FP8) cp_async8(Bq + (stage * TBN + row) * TBK + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            else cp_async16(Bs + (stage * TBN + row) * TPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
         }
     };
     int warp = tid >> 5, lane = tid & 31, wm = warp >> 2, wn = warp & 3; // warp tile rows wm*64, cols wn*32
@@ -644,11 +696,20 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
     }
     for (int kt = 0; kt < KT; kt++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(TSTAGES - 2));
+        if constexpr (FP8) { // as in k_moe_mma_dec: this thread's chunks of step kt into bf16 tile kt & 1
+            const uint8_t *q8 = Bq + (kt % TSTAGES) * TBN * TBK;
+            T *bt = Bs + (kt & 1) * TBN * TPAD;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int row = tid / 4 + i * 64, c = (tid % 4) * 8;
+                widen8(bt + row * TPAD + c, q8 + row * TBK + c);
+            }
+        }
         __syncthreads();
         int nx = kt + TSTAGES - 1; // refill the stage every warp finished with
         if (nx < KT) load(nx % TSTAGES, nx);
         asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % TSTAGES) * TBM * TPAD, *bs = Bs + (kt % TSTAGES) * TBN * TPAD;
+        const T *as = As + (kt % TSTAGES) * TBM * TPAD, *bs = Bs + (FP8 ? kt & 1 : kt % TSTAGES) * TBN * TPAD;
 #pragma unroll
         for (int kk = 0; kk < TBK; kk += 16) {
             uint32_t af[4][4], bf[4][2];
@@ -668,6 +729,7 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
         }
     }
     asm volatile("cp.async.wait_group 0;\n");
+    const float *sc = FP8 ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
     // epilogue: thread holds rows lane/4 (+8) and column pair (lane%4)*2 of each 16 x 8 tile
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -678,11 +740,9 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const T *W, void *o
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 mma_store<T, UP>(out, r0 + row, n0 + wn * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
-                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind, NULL);
+                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind, sc);
         }
 }
-
-static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
 
 // ---- 16-bit and FP8 weights, above the GEMV: a grouped GEMM of thin row tiles ----
 //
@@ -718,45 +778,6 @@ static size_t mma_smem(void) { return 2 * (size_t)TSTAGES * TBM * TPAD * 2; }
 #define DPAD (DBK + 8) // a row of 16 x an odd number of bytes: ldmatrix is conflict-free
 static_assert(DBM % 16 == 0 && DBK % 16 == 0 && DTHREADS / 32 * 32 == DBN && DTHREADS % (DBK / 8) == 0,
               "thin tile layout");
-
-// FP8 weights (WT = __nv_fp8_e4m3, T = bf16): the same tiles and schedule;
-// the weights' cp.async stages hold the codes (8 bytes a chunk, half the
-// bytes in flight of bf16), and each thread widens the chunks it loaded
-// (e4m3 -> bf16, exact) into one of two bf16 tiles just before the k step
-// that reads them, so ldmatrix and mma are the 16-bit kernel's; the row
-// scales go on the sums in the epilogue (mma_store). FP8 takes these tiles
-// at every n above the GEMV's 32 tokens, prefill included. Chosen over the
-// GEMV in passes of 32 tokens, which reads every active expert's weights
-// again per pass (a prefill chunk of 8192 tokens: 256 passes over ~1.3 GB a
-// nano30b layer, ~60 ms a layer at 5 TB/s, ~40x the bf16 GEMM). Prefill
-// speed here: per block and k step (DBK), 32 m16n8k16 (131 kFLOP) against
-// ~29 KB of shared-memory traffic (A 1 KB written, 4 KB read by the warps;
-// codes 4 KB written and read; bf16 8 KB written and read), 4.5 flop per
-// shared byte: at 128 B/clk an SM gives ~570 flop/clk, at most ~130 TFLOP/s
-// over the H200's 132 SMs, against ~400 for the 128-row bf16 tiles: prefill
-// experts take ~3-4x the bf16 time (a 128-row tile with this loader, or FP8
-// W8A8, is the next step); decode above 32 tokens reads half the bytes.
-__device__ __forceinline__ void cp_async8(void *smem, const void *g, bool valid) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    int n = valid ? 8 : 0; // 0: zero-fill
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(g), "r"(n));
-}
-
-// 8 e4m3 codes -> 8 bf16 (e4m3 -> half -> float -> bf16: each exact).
-__device__ __forceinline__ uint4 e4m3x8_bf16(uint2 u) {
-    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
-    uint4 r;
-    __nv_bfloat162 *o = (__nv_bfloat162 *)&r;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
-        o[i] = __floats2bfloat162_rn(v.x, v.y);
-    }
-    return r;
-}
-
-template <typename WT>
-constexpr bool IS_FP8 = sizeof(WT) == 1;
 
 // Shared memory of k_moe_mma_dec: A stages [DSTAGES][DBM][DPAD], then the
 // weights' (16 bits: stages [DSTAGES][DBN][DPAD]; FP8: two bf16 tiles
@@ -821,7 +842,7 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
 #pragma unroll
         for (int i = 0; i < BCH; i++) {
             int row = tid / CPR + i * RPP;
-            if (FP8) cp_async8(Bq + (stage * DBN + row) * DBK + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            if constexpr (FP8) cp_async8(Bq + (stage * DBN + row) * DBK + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
             else cp_async16(Bs + (stage * DBN + row) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
         }
     };
@@ -840,14 +861,14 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
     }
     for (int kt = 0; kt < KT; kt++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(DSTAGES - 2));
-        if (FP8) { // this thread's own chunks of step kt have landed: widen them into bf16 tile
-                   // kt & 1 (last read at step kt - 2, before the previous barrier)
+        if constexpr (FP8) { // this thread's own chunks of step kt have landed: widen them into
+                             // bf16 tile kt & 1 (last read at step kt - 2, before the previous barrier)
             const uint8_t *q8 = Bq + (kt % DSTAGES) * DBN * DBK;
             T *bt = Bs + (kt & 1) * DBN * DPAD;
 #pragma unroll
             for (int i = 0; i < BCH; i++) {
                 int row = tid / CPR + i * RPP;
-                *(uint4 *)(bt + row * DPAD + c) = e4m3x8_bf16(*(const uint2 *)(q8 + row * DBK + c));
+                widen8(bt + row * DPAD + c, q8 + row * DBK + c);
             }
         }
         __syncthreads();
@@ -905,7 +926,7 @@ static void dec_experts(cudaStream_t st, const struct moe_experts *w, const T *x
 }
 
 // 16-bit or FP8 weights (WT) with T activations: x rounded to T, then the
-// thin tiles (dec) or the 128-row tiles (16-bit weights only).
+// thin tiles (dec) or the 128-row tiles.
 template <typename T, typename WT>
 static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, T *xb, T *h,
                        float *y, const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n,
@@ -913,20 +934,22 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int64_t nx = (int64_t)n * L;
     launch_pdl(k_to_16_moe<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
-    if (dec || IS_FP8<WT>) { // the thin tiles; FP8 weights take them at every size
+    if (dec) { // the thin tiles (schedule sorted with bm = DBM)
         dec_experts<T, WT>(st, w, xb, h, y, offsets, mtile_off, perm, n, top_k);
         return;
     }
     int mtiles = cdiv(nk, TBM) + (nk < E ? nk : E); // at most: each active expert adds one partial tile
-    size_t sm = mma_smem(); // over the 48 KB default: opt in (per call: cheap, and right on every device)
-    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    size_t sm = mma_smem(IS_FP8<WT>); // over the 48 KB default: opt in (per call: cheap, and right on every device)
+    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, WT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, WT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     (void)be;
-    k_moe_mma<T, true><<<mtiles * cdiv(U, TBN), 256, sm, st>>>(xb, (const T *)w->up.data, h, offsets, mtile_off, perm,
-                                                               E, top_k, L, I, U, w->gated, w->act);
+    k_moe_mma<T, WT, true><<<mtiles * cdiv(U, TBN), 256, sm, st>>>(xb, (const WT *)w->up.data,
+                                                                   (const float *)w->up.scale, h, offsets, mtile_off,
+                                                                   perm, E, top_k, L, I, U, w->gated, w->act);
     LAUNCH_CHECK();
-    k_moe_mma<T, false><<<mtiles * cdiv(L, TBN), 256, sm, st>>>(h, (const T *)w->down.data, y, offsets, mtile_off,
-                                                                perm, E, top_k, I, I, L, 0, w->act);
+    k_moe_mma<T, WT, false><<<mtiles * cdiv(L, TBN), 256, sm, st>>>(h, (const WT *)w->down.data,
+                                                                    (const float *)w->down.scale, y, offsets,
+                                                                    mtile_off, perm, E, top_k, I, I, L, 0, w->act);
     LAUNCH_CHECK();
 }
 
@@ -952,7 +975,9 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
-size_t cuda_moe_smem(void) { return MAX(mma_smem(), MAX(mma_dec_smem(false), mma_dec_smem(true))); }
+size_t cuda_moe_smem(void) {
+    return MAX(MAX(mma_smem(false), mma_smem(true)), MAX(mma_dec_smem(false), mma_dec_smem(true)));
+}
 
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
 // slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
@@ -968,8 +993,8 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 // active experts up to MOE_GEMV_MAXR tokens, the thin-tile grouped GEMM up
 // to MOE_DEC_MAXN, the 128 x 128 tensor-core grouped GEMM above (K % 8 == 0
 // for 16-byte loads; else the SIMT path). FP8 (up and down both, L and I
-// multiples of 16: cu_supports): the GEMV up to MOE_GEMV_MAXR, the thin
-// tiles with bf16 activations above.
+// multiples of 16: cu_supports): the same paths, the grouped GEMMs with bf16
+// activations.
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
@@ -988,7 +1013,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
         else gemv_experts<__half>(st, w, x, h, y, ids, n, top_k);
     } else {
         int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
-        bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && (n <= MOE_DEC_MAXN || f == WF_FP8);
+        bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && n <= MOE_DEC_MAXN;
         launch_pdl(k_moe_sort, 1, sort_threads, 0, st, ids, nk, E, dec ? DBM : TBM, offsets, mtile_off, perm, slot_of);
         rows = slot_of;
         __nv_bfloat16 *xb16 = (__nv_bfloat16 *)xb, *h16 = (__nv_bfloat16 *)h;
