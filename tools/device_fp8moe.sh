@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 16: routed experts with FP8 weights on CUDA (src/backend/cuda/cuda_moe.cu:
-# the GEMV for n <= 32 tokens, the thin-tile grouped GEMM with an FP8 loader
-# above). One device call, in this order (the benches before the mutation, so
+# the GEMV for n <= 32 tokens, the thin-tile and 128-row grouped GEMMs with an
+# FP8 loader above). One device call, in this order (the benches before the mutation, so
 # that they run on the clean build):
 #   build   build-cuda (Release, sm_90), everything
 #   test    ctest gpu_ops, verbose: every FP8 case's error printed (a pass shows no output otherwise)
@@ -44,8 +44,8 @@ step_bench() {
     done
 }
 # The scales of every FP8 path go through row_scale (the GEMV's sums and the
-# thin tiles' epilogue): dropped, each FP8 case is off by 1 / scale (~1e4)
-# and must fail: expect 20 failed checks (10 cases x 2 shapes), none of the
+# grouped GEMMs' epilogue): dropped, each FP8 case is off by 1 / scale (~1e4)
+# and must fail: expect 22 failed checks (11 cases x 2 shapes), none of the
 # bf16 / fp32 ones.
 step_mutate() {
     local f=src/backend/cuda/cuda_moe.cu
@@ -57,7 +57,7 @@ step_mutate() {
     cp "$OUT/cuda_moe.cu.orig" $f
     rm -f "$OUT/cuda_moe.cu.orig"
     grep -E "moe_experts .*fp8" "$OUT/mutate.log" | head -24
-    echo "mutation: $(grep -c "CHECK failed" "$OUT/mutate.log") checks failed (expect 20: every FP8 case)," \
+    echo "mutation: $(grep -c "CHECK failed" "$OUT/mutate.log") checks failed (expect 22: every FP8 case)," \
         "$(grep "CHECK failed" "$OUT/mutate.log" | grep -vc fp8) of them not FP8 (expect 0)"
     cmake --build build-cuda -j "$(nproc)" --target test_cuda_ops vllm_cli cuda_ops >/dev/null 2>&1
 }

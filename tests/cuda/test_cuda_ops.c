@@ -411,11 +411,11 @@ static struct weight deq_f32(struct backend *ref, const struct weight *w) {
 // same values: the op dequantizes each expert's rows per call, element by
 // element, ~1 s a call at 100+ experts). The GEMV (n <= 32) reads x in
 // fp32 and widens codes exactly, so it differs only in summation order
-// (expected ~1e-6, tol 1e-4); the thin tiles (n > 32) round x and h to
+// (expected ~1e-6, tol 1e-4); the grouped GEMMs (n > 32) round x and h to
 // bf16 (expected a few 1e-3, tol 2e-2 as bf16). Random routing at 1, 7,
-// 32 (passes of 8 rows when shared), 33, 64 and T (600: prefill sizes take
-// the thin tiles too), shared routing at 32 and 64, and + add (the shared
-// expert's output) on both paths.
+// 32 (the GEMV; passes of 8 rows when shared), 33, 64 (thin tiles) and T
+// (600: the 128-row tiles), shared routing at 32 and 64, and + add (the
+// shared expert's output) on the three paths.
 static void test_experts_fp8(struct backend *ref, const struct moe_shape *m, struct pair pids, struct pair pw, int T) {
     int E = m->E, k = m->k, I = m->I, L = m->L, U = m->gated ? 2 * I : I;
     struct moe_experts mc = {{0}, {0}, E, I, L, m->gated, m->act}, mg = mc;
@@ -437,8 +437,8 @@ static void test_experts_fp8(struct backend *ref, const struct moe_shape *m, str
     cpu->ops->download(cpu, same, pids.c, sizeof(int32_t) * k);
     for (int t = k; t < T * k; t++) same[t] = same[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
-    enum { NR = 6, NC = 10 };
-    int ns[NC] = {1, 7, 32, 33, 64, T, 32, 64, 7, T};
+    enum { NR = 6, NC = 11 };
+    int ns[NC] = {1, 7, 32, 33, 64, T, 32, 64, 7, 64, T};
     for (int i = 0; i < NC; i++) {
         char name[96];
         struct pair pi = i >= NR && i < NR + 2 ? psame : pids;
