@@ -3,7 +3,7 @@
 # the GEMV for n <= 32 tokens, the thin-tile and 128-row grouped GEMMs with an
 # FP8 loader above). One device call, in this order (the benches before the mutation, so
 # that they run on the clean build):
-#   build   build-cuda (Release, sm_90), everything
+#   build   build-cuda (Release, sm_90): test_cuda_ops, vllm and cuda_ops (TARGETS=all for everything)
 #   test    ctest gpu_ops, verbose: every FP8 case's error printed (a pass shows no output otherwise)
 #   ops     cuda_ops' moe_experts in bf16 and FP8 at 1, 8 and 32 rows: GB/s and % of copy
 #   bench   vllm bench nano30b, --quantization none then fp8, 1 and 8 sequences
@@ -21,7 +21,8 @@ CM="-DVLLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release"
 
 step_build() {
     cmake -S . -B build-cuda $CM >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; return 1; }
-    cmake --build build-cuda -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; return 1; }
+    cmake --build build-cuda -j "$(nproc)" --target ${TARGETS:-test_cuda_ops vllm_cli cuda_ops} >"$OUT/build.log" 2>&1 ||
+        { grep -E "error" "$OUT/build.log" | head -30; return 1; }
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 }
 step_test() {
