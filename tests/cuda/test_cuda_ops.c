@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "core/common.h"
+#include "io/dtype.h"
 #include "op_util.h"
 #include "test.h"
 
@@ -393,23 +394,26 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     free(x), free(up_w), free(down_w);
 }
 
-// w as the fp32 weight the reference dequantizes it to (cpu_weight_f32, in
-// slabs of rows): malloc'd, row-major, in a struct weight of the reference.
-static struct weight deq_f32(struct backend *ref, const struct weight *w) {
-    float *d = xmalloc(sizeof(float) * (size_t)(w->rows * w->cols));
-    for (int64_t r = 0; r < w->rows; r += 1024) {
-        int64_t n = MIN(1024, w->rows - r);
-        memcpy(d + r * w->cols, cpu_weight_f32(ref, w, r, n), sizeof(float) * (size_t)(n * w->cols));
-    }
+// w (WF_FP8, on the reference backend: host memory) as the fp32 weight the
+// reference dequantizes it to, value for value (wfmt_dequant's
+// fp8e4m3_to_f32(code) * scale[row], through a table of the 256 codes: the
+// op's own element-by-element dequantization takes ~10-40 ns a value):
+// malloc'd, row-major, in a struct weight of the reference.
+static struct weight deq_f32(const struct weight *w) {
+    float lut[256], *d = xmalloc(sizeof(float) * (size_t)(w->rows * w->cols));
+    for (int i = 0; i < 256; i++) lut[i] = fp8e4m3_to_f32((uint8_t)i);
+    const uint8_t *q = w->data;
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int64_t c = 0; c < w->cols; c++) d[r * w->cols + c] = lut[q[r * w->cols + c]] * w->scale[r];
     return (struct weight){.data = d, .fmt = WF_F32, .rows = w->rows, .cols = w->cols};
 }
 
 // FP8 experts (WF_FP8: e4m3 codes, a scale per row, the same host-made
 // codes and scales on both sides) against the CPU reference op, which
 // dequantizes exactly and runs fp32 (ref): at n = 1 the op itself on the
-// FP8 weights, elsewhere the op on their fp32 dequantization made once (the
-// same values: the op dequantizes each expert's rows per call, element by
-// element, ~1 s a call at 100+ experts). The GEMV (n <= 32) reads x in
+// FP8 weights, elsewhere the op on their fp32 dequantization made once
+// (deq_f32: the same values; the op would dequantize each expert's rows
+// again per call, seconds a call at 100+ experts). The GEMV (n <= 32) reads x in
 // fp32 and widens codes exactly, so it differs only in summation order
 // (expected ~1e-6, tol 1e-4); the grouped GEMMs (n > 32) round x and h to
 // bf16 (expected a few 1e-3, tol 2e-2 as bf16). Random routing at 1, 7,
@@ -430,7 +434,7 @@ static void test_experts_fp8(struct backend *ref, const struct moe_shape *m, str
                          .moe = &mg};
     CHECKF(gpu->ops->supports(gpu, &q) == 0, "FP8 experts %s refused: %s", m->name, vllm_last_error());
     struct moe_experts mf = mc; // the fp32 dequantization
-    mf.up = deq_f32(ref, &mc.up), mf.down = deq_f32(ref, &mc.down);
+    mf.up = deq_f32(&mc.up), mf.down = deq_f32(&mc.down);
     float *x = test_rnd((size_t)T * L, 1);
     struct pair px = up(x, sizeof(float) * T * L), po = up(x, sizeof(float) * T * L);
     int32_t *same = xmalloc(sizeof(int32_t) * T * k);
