@@ -766,7 +766,8 @@ static void test_token_logprobs(void) {
     free(lg);
 }
 
-// `test_cuda_ops moe`: the MoE cases only (the device scripts' mutation steps).
+// `test_cuda_ops moe`: the MoE cases only; `fp8`: the routers and the FP8
+// experts only (the device scripts' mutation steps).
 int main(int argc, char **argv) {
 #ifndef VLLM_HAVE_CUDA
     (void)argc, (void)argv;
@@ -774,8 +775,8 @@ int main(int argc, char **argv) {
 #else
     if (backend_cuda_create(DT_F32, &gpu)) TEST_SKIP("no GPU: %s", vllm_last_error());
     if (backend_cpu_create(0, DT_F32, &cpu)) return 1;
-    if (argc > 1 && !strcmp(argv[1], "moe")) {
-        test_moe(0);
+    if (argc > 1 && (!strcmp(argv[1], "moe") || !strcmp(argv[1], "fp8"))) {
+        if (!strcmp(argv[1], "moe")) test_moe(0);
         test_moe(1);
         backend_free(gpu);
         backend_free(cpu);
