@@ -106,6 +106,8 @@ __device__ __forceinline__ float4 to_f4(uint2 u) {
 
 // The chunk of keys [c0, c0 + MLA_KC) into registers (past j1: zeros), so
 // that its loads are in flight while the chunk before is computed.
+// W is a constant where the caller's WT is (its divisions by W / 4 then
+// multiplications); blocks of 16 keys take shifts.
 template <typename T>
 __device__ __forceinline__ void mla_fetch(typename raw4<T>::t (&pre)[MLA_KQ], const T *cache, const int32_t *bt,
                                           int bs, int W, int c0, int j1) {
@@ -114,7 +116,10 @@ __device__ __forceinline__ void mla_fetch(typename raw4<T>::t (&pre)[MLA_KQ], co
     for (int c = 0; c < MLA_KQ; c++) {
         int i = threadIdx.x + c * MLA_THREADS, j = c0 + i / wq;
         typename raw4<T>::t v = {};
-        if (i < nq && j < j1) v = *(const typename raw4<T>::t *)(cache + ((int64_t)bt[j / bs] * bs + j % bs) * W + i % wq * 4);
+        if (i < nq && j < j1) {
+            int64_t slot = bs == 16 ? (int64_t)bt[j >> 4] * 16 + (j & 15) : (int64_t)bt[j / bs] * bs + j % bs;
+            v = *(const typename raw4<T>::t *)(cache + slot * W + i % wq * 4);
+        }
         pre[c] = v;
     }
 }
@@ -128,11 +133,13 @@ __device__ __forceinline__ void mla_fetch(typename raw4<T>::t (&pre)[MLA_KQ], co
 //   online softmax of each head across the warp (shuffles, no barrier);
 //   acc[4 heads][R] += p V: lane owns the float4 columns lane + 32 i, the
 //     warp's p of key j through a shuffle.
-template <typename T> __global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const T *cache) {
+// WT: W = R + P as a constant (Kimi-Linear's and DeepSeek's 576), or 0.
+template <typename T, int WT>
+__global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const T *cache) {
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) float msm[];
-    const int R = a.R, W = R + a.P, QP = mla_pitch(W), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int R = a.R, W = WT ? WT : R + a.P, QP = mla_pitch(W), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int t = a.tok0 + blockIdx.x, h0 = blockIdx.y * MLA_ROWS, nh = min(MLA_ROWS, a.H - h0), n;
     int s = mla_seq(a, t, &n), L = mla_range(n, a.nsplit), j0 = blockIdx.z * L, j1 = min(n, j0 + L);
     if (j0 >= j1) return; // a split past this token's context: the merge skips it
@@ -278,6 +285,12 @@ static int mla_splits(struct backend *be, int tiles, int maxlen) {
     return MAX(ns, 1);
 }
 
+template <typename T, int WT>
+static void mla_launch(const mla_args &a, dim3 grid, size_t sm, cudaStream_t s, const void *cache) {
+    CUDA_CHECK(cudaFuncSetAttribute(k_mla_split<T, WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    launch_pdl(k_mla_split<T, WT>, grid, MLA_THREADS, sm, s, a, (const T *)cache);
+}
+
 static size_t mla_part_offset(size_t rows, int R) { return (rows * R * sizeof(float) + 255) & ~(size_t)255; }
 
 // Scratch of one pass: lat [rows, R], then the partials (tiles * nsplit <
@@ -307,11 +320,11 @@ static void mla_pass(struct backend *be, float *out, const float *q, const void 
     dim3 grid(ntok, groups, nsplit);
     size_t sm = cuda_mla_smem(d);
     if (be->kv_dtype == DT_BF16) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_mla_split<__nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        launch_pdl(k_mla_split<__nv_bfloat16>, grid, MLA_THREADS, sm, c->stream, a, (const __nv_bfloat16 *)cache);
+        if (R + P == 576) mla_launch<__nv_bfloat16, 576>(a, grid, sm, c->stream, cache);
+        else mla_launch<__nv_bfloat16, 0>(a, grid, sm, c->stream, cache);
     } else {
-        CUDA_CHECK(cudaFuncSetAttribute(k_mla_split<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-        launch_pdl(k_mla_split<float>, grid, MLA_THREADS, sm, c->stream, a, (const float *)cache);
+        if (R + P == 576) mla_launch<float, 576>(a, grid, sm, c->stream, cache);
+        else mla_launch<float, 0>(a, grid, sm, c->stream, cache);
     }
     if (nsplit > 1) launch_pdl(k_mla_merge, dim3(ntok, H), 128, 0, c->stream, a);
     // out_h [ntok, V] = lat_h [ntok, R] W_vb_h^T (column-major: V x ntok)
