@@ -18,13 +18,13 @@
 // per query token, but from L2 (a 32k context is 38 MB of bf16 latents).
 //
 // Why not expand K_nope / V per head and run cuda_flash.cu: its K and V
-// share one head_dim (64 or 128), MLA's are 192 and 128. Cost per (query,
-// key, head) at Kimi-Linear-48B's shapes: absorbed W + R = 1088 MACs,
-// expanded N + P + V = 320 MACs plus the expansion (N + V) R = 131k MACs per
-// (key, head) on tensor cores; so the expanded form with a tensor-core
-// kernel of its own is the long-prompt path to come (vLLM's), this one
-// reads 1152 bytes per key and does 32 x 1088 MACs with them: 60 FLOP a
-// byte, so decode is compute-bound on fp32 SIMT (see docs/BENCHMARKS.md).
+// share one head_dim (64 or 128), MLA's are 192 and 128. Per (query, key,
+// head) at Kimi-Linear-48B's shapes the absorbed form costs W + R = 1088
+// MACs, the expanded one N + P + V = 320 plus the expansion, (N + V) R =
+// 131k MACs per (key, head) on tensor cores: for long prompts the expanded
+// form with a tensor-core kernel of its own is the path to come (vLLM's).
+// Here a key is 1152 bytes (bf16) and 32 x 1088 MACs: 60 FLOP a byte, so
+// even decode is compute-bound on fp32 SIMT (docs/BENCHMARKS.md).
 #include "backend/cuda/cuda_common.cuh"
 
 template <typename T> __device__ __forceinline__ void store_f(T *dst, float v);
@@ -275,11 +275,12 @@ size_t cuda_mla_smem(const struct mla_dims *d) {
     return sizeof(float) * (size_t)(MLA_ROWS + MLA_KC) * mla_pitch(d->rank + d->rope);
 }
 
-// Splits of a context of up to maxlen keys for `tiles` blocks: one wave of
-// blocks (a block fills an SM: 256 threads of ~170 registers, ~150 KB of
-// shared memory), at least 32 keys a split, at most MLA_MAX_SPLITS.
+// Splits of a context of up to maxlen keys for `tiles` blocks: at most one
+// wave of blocks (a block fills an SM: 256 threads of ~250 registers, 145 KB
+// of shared memory; 64 sequences take 2 splits, 128 blocks on 132 SMs, not
+// 3 in 1.5 waves), at least 32 keys a split, at most MLA_MAX_SPLITS.
 static int mla_splits(struct backend *be, int tiles, int maxlen) {
-    int ns = cdiv(cu(be)->num_sms, tiles);
+    int ns = cu(be)->num_sms / tiles;
     ns = MIN(ns, MLA_MAX_SPLITS);
     ns = MIN(ns, cdiv(maxlen, 32));
     return MAX(ns, 1);
@@ -293,8 +294,8 @@ static void mla_launch(const mla_args &a, dim3 grid, size_t sm, cudaStream_t s, 
 
 static size_t mla_part_offset(size_t rows, int R) { return (rows * R * sizeof(float) + 255) & ~(size_t)255; }
 
-// Scratch of one pass: lat [rows, R], then the partials (tiles * nsplit <
-// tiles + num_sms when nsplit > 1, so rows * nsplit < 64 num_sms).
+// Scratch of one pass: lat [rows, R], then the partials (tiles * nsplit <=
+// num_sms when nsplit > 1, and a tile has at most 32 rows; 64 for margin).
 size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens) {
     size_t rows = (size_t)MIN(max_tokens, MAX(1, MLA_PASS_ROWS / d->heads)) * d->heads;
     return mla_part_offset(rows, d->rank) + (size_t)64 * cu(be)->num_sms * (d->rank + 4) * sizeof(float);
