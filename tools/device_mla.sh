@@ -46,6 +46,7 @@ if [ "$BASE" = 1 ] && [ ! -x build-base/cuda_mla ]; then
         -DCMAKE_BUILD_TYPE=Release >'$OUT/base_cmake.log' 2>&1 &&
         cmake --build build-base -j 8 --target cuda_mla vllm_cli >'$OUT/base_build.log' 2>&1" &
     base_pid=$!
+    trap 'kill -- -"$base_pid" 2>/dev/null' EXIT # never left running past the call
 fi
 
 TESTS='gpu_.*kimi' BENCH= tools/device_run.sh || exit 1
