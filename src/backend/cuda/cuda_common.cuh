@@ -68,7 +68,6 @@ static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; 
         }                                                                                                 \
     } while (0)
 
-
 // Programmatic dependent launch (sm_90+). A kernel started with launch_pdl
 // may begin while the one before it drains: before pdl_wait() it reads only
 // weights (never what earlier work in the stream writes) and writes nothing,
