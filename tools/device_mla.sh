@@ -53,7 +53,7 @@ TESTS='gpu_.*kimi' BENCH= tools/device_run.sh || exit 1
 echo "== test_cuda_ops (gpu_ops): the MLA cases and the summary"
 timeout 240 build-cuda/tests/test_cuda_ops >"$OUT/test_cuda_ops.log" 2>&1
 echo "test_cuda_ops exit $?"
-grep -E "MLA|FAIL|checks" "$OUT/test_cuda_ops.log"
+grep -E "MLA|FAIL|failed|checks" "$OUT/test_cuda_ops.log"
 echo "== [$SECONDS s] mla_attn alone, this tree"
 timeout 120 build-cuda/cuda_mla all $OP_LENS 2>&1 | tee "$OUT/mla_op.log"
 
