@@ -63,6 +63,7 @@ struct tb_ckpt {
 };
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+static int cdiv_i(int a, int b) { return (a + b - 1) / b; }
 
 static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const int *init, int nd, int block_size,
                     int mbps, const struct tb_ckpt *ck) {
@@ -613,8 +614,7 @@ static void test_kda_chunks(struct backend *ref, struct kda_dims d) {
 
 // Kimi-Linear at Kimi-Linear-48B-A3B's shapes: KDA of 32 heads of 128 (the
 // q | k | v conv through conv1d, then the recurrence with checkpoints and a
-// restored slot), its gate and gated norm; MLA of 32 heads over a latent of
-// 512 + 64 (fp32 and bf16 KV).
+// restored slot), its gate and gated norm (MLA: test_mla).
 static void test_kimi_kda(void) {
     struct kda_dims d = {32, 128, 4, 64};
     int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 8, slots = 16;
@@ -655,40 +655,65 @@ static void test_kimi_kda(void) {
     free(x), free(cw), free(cs), free(st), free(g), free(Al), free(dtb), free(w), free(z);
 }
 
-static void test_kimi_mla(enum dtype kv, double tol) {
-    struct mla_dims d = {32, 128, 64, 128, 512, 16, 0};
-    d.scale = 1.0f / sqrtf(192.0f);
-    int H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), mbps = 40;
-    int qlen[] = {1, 1, 30, 5, 1}, ctx[] = {600, 30, 0, 200, 0}, init[] = {1, 1, 0, 1, 0};
+// MLA (mla_kv_write, then mla_attn over the whole batch in one call, as
+// the runner makes it: decode rows first, then prefills, with
+// query_start_loc). Decode contexts of 1, 31, 32, 33, 201, 1,000 and 5,004
+// keys (one split, a split's edge, many splits); prefills from zero (1, 40
+// and 200 tokens), continuing (33 after 17; 16 after 3,000: a chunked
+// prefill's later chunk). The decodes again as a recorded graph runs them
+// (splits for a max_model_len of 32k: most of them past every context). At
+// Kimi-Linear-48B's shapes (32 heads, latent 512 + 64), at 40 heads of a
+// small latent (a second, partial head group; 1,100 prefill tokens: two
+// passes) and at the kimi fixtures' 4 heads.
+struct mla_case {
+    struct mla_dims d;
+    int n, nd, qlen[12], ctx[12];
+};
+
+static void test_mla(const struct mla_case *mc, enum dtype kv, double tol) {
+    struct mla_dims d = mc->d;
+    d.scale = 1.0f / sqrtf((float)(d.nope + d.rope));
+    int S = mc->n, H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), init[12] = {0}, mbps = 1;
+    for (int s = 0; s < S; s++) mbps = MAX(mbps, cdiv_i(mc->ctx[s] + mc->qlen[s], d.block_size));
     struct tb t;
-    make_tb(&t, 5, qlen, ctx, init, 2, 16, mbps, NULL);
+    make_tb(&t, S, mc->qlen, mc->ctx, init, mc->nd, d.block_size, mbps, NULL);
     int T = t.c.num_tokens;
     // the context of every sequence, written through mla_kv_write on both sides
-    int cq[5], zero[5] = {0};
-    for (int s = 0; s < 5; s++) cq[s] = ctx[s] + qlen[s];
+    int cq[12], zero[12] = {0};
+    for (int s = 0; s < S; s++) cq[s] = mc->ctx[s] + mc->qlen[s];
     struct tb full;
-    make_tb(&full, 5, cq, zero, init, 0, 16, mbps, NULL);
-    size_t cn = (size_t)5 * mbps * 16 * W;
+    make_tb(&full, S, cq, zero, init, 0, d.block_size, mbps, NULL);
+    int TF = full.c.num_tokens;
+    size_t cn = (size_t)S * mbps * d.block_size * W;
     gpu->kv_dtype = kv;
     struct pair pc = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
-    float *fl = test_rnd((size_t)full.c.num_tokens * W, 1), *lat = test_rnd((size_t)T * (W + 3), 1), *q = test_rnd((size_t)T * qw, 1);
+    float *fl = test_rnd((size_t)TF * W, 1), *lat = test_rnd((size_t)T * (W + 3), 1), *q = test_rnd((size_t)T * qw, 1);
     float *kvb = test_rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.05f);
-    if (kv == DT_BF16) // the CPU reference keeps fp32: give both the same bf16-representable latents
-        for (size_t i = 0; i < (size_t)full.c.num_tokens * W; i++) fl[i] = (float)(int)(fl[i] * 64) / 64;
-    if (kv == DT_BF16)
+    if (kv == DT_BF16) { // the CPU reference keeps fp32: give both the same bf16-representable latents
+        for (size_t i = 0; i < (size_t)TF * W; i++) fl[i] = (float)(int)(fl[i] * 64) / 64;
         for (size_t i = 0; i < (size_t)T * (W + 3); i++) lat[i] = (float)(int)(lat[i] * 64) / 64;
-    struct pair pfl = up(fl, sizeof(float) * full.c.num_tokens * W), plat = up(lat, sizeof(float) * T * (W + 3));
+    }
+    struct pair pfl = up(fl, sizeof(float) * TF * W), plat = up(lat, sizeof(float) * T * (W + 3));
     struct pair pq = up(q, sizeof(float) * T * qw), pkvb = up(kvb, sizeof(float) * H * (d.nope + d.v_dim) * d.rank);
     struct pair po = up(q, sizeof(float) * T * H * d.v_dim);
     cpu->ops->mla_kv_write(cpu, pc.c, pfl.c, W, &full.c, &d);
     gpu->ops->mla_kv_write(gpu, pc.g, pfl.g, W, &full.g, &d);
     cpu->ops->mla_kv_write(cpu, pc.c, plat.c, W + 3, &t.c, &d);
     gpu->ops->mla_kv_write(gpu, pc.g, plat.g, W + 3, &t.g, &d);
-    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 0, 2, &d);
-    gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 0, 2, &d);
-    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 2, 5, &d);
-    gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 2, 5, &d);
-    cmp(kv == DT_BF16 ? "MLA, bf16 KV" : "MLA, fp32 KV", po, (size_t)T * H * d.v_dim, tol);
+    cpu->ops->mla_attn(cpu, po.c, pq.c, pc.c, pkvb.c, &t.c, 0, S, &d);
+    char name[96];
+    for (int fixed = 0; fixed < 2; fixed++) {
+        gpu->ops->upload(gpu, po.g, q, sizeof(float) * T * H * d.v_dim); // no output left from the run before
+        if (fixed) { // the decodes as a recorded graph, then the prefills
+            t.g.fixed_shapes = 1, t.g.max_model_len = 1 << 15; // splits for a model's length: most empty
+            gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 0, mc->nd, &d);
+            t.g.fixed_shapes = 0;
+            gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, mc->nd, S, &d);
+        } else gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 0, S, &d);
+        snprintf(name, sizeof name, "MLA %d heads, latent %d+%d, %s KV%s", H, d.rank, d.rope,
+                 kv == DT_BF16 ? "bf16" : "fp32", fixed ? ", graph splits" : "");
+        cmp(name, po, (size_t)T * H * d.v_dim, tol);
+    }
     struct pair all[] = {pc, pfl, plat, pq, pkvb, po};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free_tb(&t), free_tb(&full);
@@ -799,8 +824,16 @@ int main(int argc, char **argv) {
                                           {3, 20, 4, 64}};
     for (size_t i = 0; i < sizeof kda / sizeof kda[0]; i++) test_kda_chunks(ref, kda[i]);
     backend_free(ref);
-    test_kimi_mla(DT_F32, 1e-5);
-    test_kimi_mla(DT_BF16, 1e-4);
+    static const struct mla_case mla[] = {
+        {{32, 128, 64, 128, 512, 16, 0}, 12, 7, {1, 1, 1, 1, 1, 1, 1, 40, 16, 1, 33, 200},
+         {0, 30, 31, 32, 200, 999, 5003, 0, 3000, 0, 17, 0}},
+        {{40, 16, 8, 16, 32, 16, 0}, 4, 2, {1, 1, 1100, 7}, {3, 100, 0, 50}},
+        {{4, 16, 8, 16, 32, 16, 0}, 4, 2, {1, 1, 20, 5}, {0, 64, 0, 9}},
+    };
+    for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++) {
+        test_mla(&mla[i], DT_F32, 1e-5);
+        test_mla(&mla[i], DT_BF16, 1e-4);
+    }
     test_sample();
     test_mask_logits();
     test_bias_logits();

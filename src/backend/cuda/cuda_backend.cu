@@ -8,15 +8,6 @@ extern "C" {
 #include "io/dtype.h"
 }
 
-#define CUBLAS_CHECK(x)                                                                                   \
-    do {                                                                                                  \
-        cublasStatus_t s_ = (x);                                                                          \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
-            fprintf(stderr, "vllm: cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__);            \
-            abort();                                                                                      \
-        }                                                                                                 \
-    } while (0)
-
 // Grows the scratch to at least `bytes` (a quarter more, so that small
 // growth does not repeat); VLLM_ERR_OUT_OF_MEMORY when the device has no room.
 static int scratch_grow(struct backend *be, size_t bytes) {
@@ -842,9 +833,12 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
     }
     case OP_MLA: {
         const struct mla_dims *d = q->mla;
-        if (d->rank > CUDA_MLA_MAX_RANK || cuda_mla_smem(d) > cu(be)->smem_optin)
-            snprintf(buf, sizeof buf, "multi-head latent attention: kv_lora_rank %d (at most %d)", d->rank,
-                     CUDA_MLA_MAX_RANK), why = buf;
+        if (d->rank > CUDA_MLA_MAX_RANK || d->rank % 4 || d->rope % 4 || d->rank + d->rope > CUDA_MLA_MAX_W ||
+            cuda_mla_smem(d) > cu(be)->smem_optin)
+            snprintf(buf, sizeof buf, "multi-head latent attention: kv_lora_rank %d, qk_rope_head_dim %d (multiples "
+                     "of 4, rank at most %d, together at most %d)", d->rank, d->rope, CUDA_MLA_MAX_RANK,
+                     CUDA_MLA_MAX_W), why = buf;
+        else need = cuda_mla_scratch(be, d, (int)T);
         break;
     }
     }

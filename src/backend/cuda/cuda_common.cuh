@@ -59,6 +59,14 @@ static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; 
         }                                                                                                \
     } while (0)
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+#define CUBLAS_CHECK(x)                                                                                   \
+    do {                                                                                                  \
+        cublasStatus_t s_ = (x);                                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                                \
+            fprintf(stderr, "vllm: cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__);            \
+            abort();                                                                                      \
+        }                                                                                                 \
+    } while (0)
 
 // Programmatic dependent launch (sm_90+). A kernel started with launch_pdl
 // may begin while the one before it drains: before pdl_wait() it reads only
@@ -169,7 +177,8 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_MAX_STATE 256
 #define CUDA_CONV_KMIN 2
 #define CUDA_CONV_KMAX 6
-#define CUDA_MLA_MAX_RANK 1024 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512)
+#define CUDA_MLA_MAX_RANK 512 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512), a multiple of 4
+#define CUDA_MLA_MAX_W 640    // kv_lora_rank + qk_rope_head_dim (576), rope a multiple of 4
 
 // ops in cuda_mamba.cu, cuda_attn.cu, cuda_moe.cu, cuda_sample.cu
 void cuda_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
@@ -209,7 +218,7 @@ int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld,
 // y [n, N] = x [n, K] W^T for a WF_FP8 weight: the weight-only FP8 GEMV
 // (cuda_quant.cu), 16 rows of x per pass.
 void cuda_matmul_fp8(struct backend *be, float *y, const float *x, const struct weight *w, int n);
-// Kimi-Linear's ops, in cuda_kimi.cu, and the dynamic shared memory they take
+// Kimi-Linear's ops, in cuda_kimi.cu and cuda_mla.cu, and the dynamic shared memory they take
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
 void cuda_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
@@ -224,6 +233,8 @@ void cuda_mla_attn(struct backend *be, float *out, const float *q, const void *c
                    const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
 size_t cuda_kda_smem(int head_dim);
 size_t cuda_mla_smem(const struct mla_dims *d);
+// Scratch bytes of mla_attn over steps of up to max_tokens rows (cuda_mla.cu)
+size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens);
 // tensor parallelism, in cuda_nccl.cu (the collectives exist only with NCCL)
 void cuda_all_reduce(struct backend *be, float *x, int64_t n);
 void cuda_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);

@@ -1,0 +1,126 @@
+// cuda_mla.c - device time of multi-head latent attention alone (mla_attn)
+// at Kimi-Linear-48B's shapes: 32 heads, latent 512 + rope 64 per cached
+// token (bf16 cache, blocks of 16), q_nope 128, v 128, kv_b fp32.
+//   decode: S sequences of one query token over a context of L tokens;
+//   prefill: one sequence of L tokens from an empty context.
+// Prints us a call and tokens a second (query tokens / time). The op reads
+// only the batch's qsl, ctx and block tables, so the program builds against
+// any tree with the op: tools/device_mla.sh copies it into the baseline's
+// tree to time the old kernel the same way.
+//
+// Usage: build-cuda/cuda_mla [decode|prefill|all] [LENS... (1024 8192 32768)]
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "core/common.h"
+
+#ifdef VLLM_HAVE_CUDA
+static struct backend *be;
+
+static void *dev_upload(const void *h, size_t bytes) {
+    void *d = be->ops->alloc(be, bytes);
+    be->ops->upload(be, d, h, bytes);
+    return d;
+}
+
+static float *dev_random(size_t n, float scale, unsigned seed) {
+    float *h = xmalloc(n * sizeof(float));
+    srand(seed);
+    for (size_t i = 0; i < n; i++) h[i] = scale * (2.0f * rand() / RAND_MAX - 1.0f);
+    float *d = dev_upload(h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+// S sequences of qlen query tokens after ctx cached ones, each over its
+// own blocks; the median of up to 5 timed calls after a warm one (one call
+// when the warm one took over half a second).
+static void bench_one(const char *what, int S, int qlen, int ctx) {
+    const int H = 32, N = 128, P = 64, V = 128, R = 512, W = R + P, bs = 16;
+    struct mla_dims d = {H, N, P, V, R, bs, 0.0721688f}; // 1 / sqrt(192)
+    int L = ctx + qlen, mbps = (L + bs - 1) / bs, T = S * qlen;
+    size_t na = (size_t)3 * S + 1 + (size_t)S * mbps;
+    int32_t *arr = xcalloc(na, sizeof(int32_t)), *qsl = arr, *sl = qsl + S + 1, *cx = sl + S, *bt = cx + S;
+    for (int s = 0; s <= S; s++) qsl[s] = s * qlen;
+    for (int s = 0; s < S; s++) sl[s] = L, cx[s] = ctx;
+    for (int i = 0; i < S * mbps; i++) bt[i] = i;
+    int32_t *da = dev_upload(arr, na * sizeof(int32_t));
+    struct batch b;
+    memset(&b, 0, sizeof b);
+    b.num_tokens = T, b.num_seqs = S, b.num_decodes = qlen == 1 ? S : 0, b.num_prefills = qlen == 1 ? 0 : S;
+    b.max_blocks_per_seq = mbps, b.max_model_len = mbps * bs;
+    b.query_start_loc = da, b.seq_lens = da + S + 1, b.context_lens = da + 2 * S + 1, b.block_tables = da + 3 * S + 1;
+    b.h_query_start_loc = qsl, b.h_seq_lens = sl, b.h_context_lens = cx;
+    size_t cn = (size_t)S * mbps * bs * W;
+    float *q = dev_random((size_t)T * H * (N + P), 1.0f, 1), *kvb = dev_random((size_t)H * (N + V) * R, 0.05f, 2);
+    float *out = dev_random((size_t)T * H * V, 0.0f, 3);
+    void *cache = be->ops->alloc(be, cn * 2);
+    { // random bf16 latents: the cache through mla_kv_write from fp32 rows, a block of tokens at a time
+        int chunk = 65536, nt = S * L;
+        float *lat = dev_random((size_t)chunk * W, 1.0f, 4);
+        int32_t *slots = xmalloc(sizeof(int32_t) * chunk);
+        for (int t0 = 0; t0 < nt; t0 += chunk) {
+            int n = nt - t0 < chunk ? nt - t0 : chunk;
+            for (int i = 0; i < n; i++) slots[i] = t0 + i;
+            int32_t *ds = dev_upload(slots, sizeof(int32_t) * n);
+            struct batch w;
+            memset(&w, 0, sizeof w);
+            w.num_tokens = n, w.slot_mapping = ds;
+            be->ops->mla_kv_write(be, cache, lat, W, &w, &d);
+            be->ops->sync(be);
+            be->ops->free(be, ds);
+        }
+        be->ops->free(be, lat);
+        free(slots);
+    }
+    double t[5], t0 = now_s();
+    be->ops->mla_attn(be, out, q, cache, kvb, &b, 0, S, &d);
+    be->ops->sync(be);
+    int reps = now_s() - t0 > 0.5 ? 1 : 5;
+    for (int r = 0; r < reps; r++) {
+        t0 = now_s();
+        be->ops->mla_attn(be, out, q, cache, kvb, &b, 0, S, &d);
+        be->ops->sync(be);
+        t[r] = now_s() - t0;
+    }
+    for (int i = 0; i < reps; i++) // median
+        for (int j = i + 1; j < reps; j++)
+            if (t[j] < t[i]) {
+                double x = t[i];
+                t[i] = t[j], t[j] = x;
+            }
+    double m = t[reps / 2];
+    printf("  mla %-7s %3d seqs x %5d tokens, context %6d  %12.1f us  %10.0f tok/s\n", what, S, qlen, L, m * 1e6, T / m);
+    void *all[] = {da, q, kvb, out, cache};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->free(be, all[i]);
+    free(arr);
+}
+
+int main(int argc, char **argv) {
+    if (backend_cuda_create(DT_BF16, &be)) {
+        printf("cuda_mla: no GPU (%s)\n", vllm_last_error());
+        return 0;
+    }
+    static const int def[] = {1024, 8192, 32768};
+    const char *mode = argc > 1 ? argv[1] : "all";
+    int n = argc > 2 ? argc - 2 : 3, dec = strcmp(mode, "prefill"), pre = strcmp(mode, "decode");
+    for (int i = 0; i < n; i++) {
+        int L = argc > 2 ? atoi(argv[i + 2]) : def[i];
+        if (L < 1 || L > (1 << 20)) {
+            fprintf(stderr, "cuda_mla: length %s outside [1, 2^20]\n", argv[i + 2]);
+            return 1;
+        }
+        if (dec) bench_one("decode", 1, 1, L - 1), bench_one("decode", 64, 1, L - 1);
+        if (pre) bench_one("prefill", 1, L, 0);
+    }
+    backend_free(be);
+    return 0;
+}
+#else
+int main(void) {
+    printf("cuda_mla: built without CUDA\n");
+    return 0;
+}
+#endif

@@ -1,0 +1,360 @@
+// cuda_mla.cu - multi-head latent attention (Kimi-Linear, DeepSeek-V2/V3)
+// over a paged cache of latents, fp32 or bf16: the mla_kv_write and mla_attn
+// ops, each the CPU reference op of the same name (cpu_kimi.c) on the device.
+//
+// The cache holds per token c [R] | k_r [P] (W = R + P). Absorbed, every
+// head is an MQA head over the shared rows: score = (W_kb_h^T q_nope | q_r)
+// . row, output W_vb_h (sum p row[0:R]). One call, decode rows first:
+//   1. lat = W_kb_h^T q_nope for every (token, head): a cuBLAS GEMM
+//      strided over heads ([T, N] x [N, R] per head, fp32, no TF32);
+//   2. k_mla_split: a block per (token, group of 32 heads, key split).
+//      Every cached row of the split is read from memory once for the 32
+//      heads (the old kernel, a block per (token, head), read it 32 times
+//      and walked the context one block per head: 32 blocks for a decode);
+//   3. k_mla_merge: the splits of each (token, head), as k_attn_merge;
+//   4. out = W_vb_h lat: the second strided GEMM.
+// Decode and prefill take the same kernel: a prefill token is one tile of
+// rows like a decode's, so the context rows of a prefill are re-read once
+// per query token, but from L2 (a 32k context is 38 MB of bf16 latents).
+//
+// Why not expand K_nope / V per head and run cuda_flash.cu: its K and V
+// share one head_dim (64 or 128), MLA's are 192 and 128. Per (query, key,
+// head) at Kimi-Linear-48B's shapes the absorbed form costs W + R = 1088
+// MACs, the expanded one N + P + V = 320 plus the expansion, (N + V) R =
+// 131k MACs per (key, head) on tensor cores: for long prompts the expanded
+// form with a tensor-core kernel of its own is the path to come (vLLM's).
+// Here a key is 1152 bytes (bf16) and 32 x 1088 MACs: 60 FLOP a byte, so
+// even decode is compute-bound on fp32 SIMT (docs/BENCHMARKS.md).
+#include "backend/cuda/cuda_common.cuh"
+
+template <typename T> __device__ __forceinline__ void store_f(T *dst, float v);
+template <> __device__ __forceinline__ void store_f<float>(float *dst, float v) { *dst = v; }
+template <> __device__ __forceinline__ void store_f<__nv_bfloat16>(__nv_bfloat16 *dst, float v) {
+    *dst = __float2bfloat16(v);
+}
+
+template <typename T>
+__global__ void k_mla_kv_write(T *cache, const float *lat, int ld, const int32_t *slot_mapping, int W) {
+    pdl_wait();
+    pdl_trigger();
+    int t = blockIdx.x, slot = slot_mapping[t];
+    if (slot < 0) return;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) store_f(cache + (int64_t)slot * W + i, lat[(int64_t)t * ld + i]);
+}
+
+void cuda_mla_kv_write(struct backend *be, void *cache, const float *lat, int ld, const struct batch *b,
+                       const struct mla_dims *d) {
+    if (b->num_tokens <= 0) return;
+    int W = d->rank + d->rope;
+    cudaStream_t s = cu(be)->stream;
+    if (be->kv_dtype == DT_BF16)
+        launch_pdl(k_mla_kv_write<__nv_bfloat16>, b->num_tokens, 128, 0, s, (__nv_bfloat16 *)cache, lat, ld,
+                   (const int32_t *)b->slot_mapping, W);
+    else launch_pdl(k_mla_kv_write<float>, b->num_tokens, 128, 0, s, (float *)cache, lat, ld,
+                    (const int32_t *)b->slot_mapping, W);
+}
+
+#define MLA_THREADS 256
+#define MLA_ROWS 32                          // heads of one token a block: 8 warps of 4
+#define MLA_KC 32                            // keys a chunk: a lane each for the scores
+#define MLA_RQ (CUDA_MLA_MAX_RANK / 128)     // float4 columns of the output a lane owns per row
+#define MLA_KQ (MLA_KC * CUDA_MLA_MAX_W / 4 / MLA_THREADS) // float4 of a chunk a thread loads
+#define MLA_MAX_SPLITS 256
+#define MLA_PASS_ROWS 32768                  // (token, head) rows of one pass: its scratch
+static_assert(CUDA_MLA_MAX_RANK % 128 == 0 && CUDA_MLA_MAX_W % 4 == 0, "MLA limits");
+
+// A shared row of W floats, padded to 4 words past a multiple of 32: the
+// lanes' 16-byte reads of eight different rows fall on different banks.
+__host__ __device__ __forceinline__ int mla_pitch(int W) { return ((W + 31) & ~31) + 4; }
+
+struct mla_args {
+    float *lat;        // [T, H, R] rows (token - tok0, head): W_kb^T q_nope in, the attention's latent out
+    float *part;       // [T, H, nsplit, R + 4] partial acc [R], m, l (nsplit > 1)
+    const float *q;    // [T, H*(N+P)] q_nope | q_r per head
+    int H, N, P, R, bs, mbps, nsplit, seq0, seq1, tok0;
+    float scale;
+    const int32_t *qsl, *ctx, *btab;
+};
+
+__device__ __forceinline__ int mla_cdiv(int a, int b) { return (a + b - 1) / b; }
+// Keys per split of a context of n: a multiple of 32, so that the splits in
+// use (those starting before n) are cdiv(n, range); the merge counts them so.
+__device__ __forceinline__ int mla_range(int n, int nsplit) { return (mla_cdiv(n, nsplit) + 31) & ~31; }
+
+// The sequence of token t in [seq0, seq1), and its context length: the keys
+// it attends to are positions [0, n).
+__device__ __forceinline__ int mla_seq(const mla_args &a, int t, int *n) {
+    int lo = a.seq0, hi = a.seq1 - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (a.qsl[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    *n = a.ctx[lo] + (t - a.qsl[lo]) + 1;
+    return lo;
+}
+
+// Four cache elements in one load, and as floats.
+template <typename T> struct raw4;
+template <> struct raw4<float> { typedef float4 t; };
+template <> struct raw4<__nv_bfloat16> { typedef uint2 t; };
+__device__ __forceinline__ float4 to_f4(float4 v) { return v; }
+__device__ __forceinline__ float4 to_f4(uint2 u) {
+    float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+// The chunk of keys [c0, c0 + MLA_KC) into registers (past j1: zeros), so
+// that its loads are in flight while the chunk before is computed.
+// W is a constant where the caller's WT is (its divisions by W / 4 then
+// multiplications); blocks of 16 keys take shifts.
+template <typename T>
+__device__ __forceinline__ void mla_fetch(typename raw4<T>::t (&pre)[MLA_KQ], const T *cache, const int32_t *bt,
+                                          int bs, int W, int c0, int j1) {
+    int wq = W / 4, nq = MLA_KC * wq;
+#pragma unroll
+    for (int c = 0; c < MLA_KQ; c++) {
+        int i = threadIdx.x + c * MLA_THREADS, j = c0 + i / wq;
+        typename raw4<T>::t v = {};
+        if (i < nq && j < j1) {
+            int64_t slot = bs == 16 ? (int64_t)bt[j >> 4] * 16 + (j & 15) : (int64_t)bt[j / bs] * bs + j % bs;
+            v = *(const typename raw4<T>::t *)(cache + slot * W + i % wq * 4);
+        }
+        pre[c] = v;
+    }
+}
+
+// One block per (token, group of up to 32 heads, split of the token's
+// context); warp w owns the group's heads 4w .. 4w + 3 from the scores to
+// the output. Per chunk of 32 keys (staged in shared memory as fp32, the
+// next chunk's loads in flight in registers):
+//   scores: lane j takes key j for the warp's 4 heads (the q rows are
+//     broadcast reads, the key rows 16-byte reads on distinct banks);
+//   online softmax of each head across the warp (shuffles, no barrier);
+//   acc[4 heads][R] += p V: lane owns the float4 columns lane + 32 i, the
+//     warp's p of key j through a shuffle.
+// WT: W = R + P as a constant (Kimi-Linear's and DeepSeek's 576), or 0.
+template <typename T, int WT>
+__global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const T *cache) {
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ __align__(16) float msm[];
+    const int R = a.R, W = WT ? WT : R + a.P, QP = mla_pitch(W), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int t = a.tok0 + blockIdx.x, h0 = blockIdx.y * MLA_ROWS, nh = min(MLA_ROWS, a.H - h0), n;
+    int s = mla_seq(a, t, &n), L = mla_range(n, a.nsplit), j0 = blockIdx.z * L, j1 = min(n, j0 + L);
+    if (j0 >= j1) return; // a split past this token's context: the merge skips it
+    float *qs = msm, *ks = qs + MLA_ROWS * QP;
+    const int64_t row0 = (int64_t)(t - a.tok0) * a.H + h0;
+    const int QW = a.N + a.P;
+    for (int i = tid; i < MLA_ROWS * W; i += MLA_THREADS) { // q rows (scaled); heads past the group zeros
+        int r = i / W, e = i % W;
+        float v = 0.0f;
+        if (r < nh) v = e < R ? a.lat[(row0 + r) * R + e] : a.q[((int64_t)t * a.H + h0 + r) * QW + a.N + e - R];
+        qs[r * QP + e] = v * a.scale;
+    }
+    const int32_t *bt = a.btab + (int64_t)s * a.mbps;
+    typename raw4<T>::t pre[MLA_KQ];
+    mla_fetch<T>(pre, cache, bt, a.bs, W, j0, j1);
+    float m[4], l[4], acc[4][MLA_RQ][4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MLA_RQ; i++) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.0f;
+    }
+    const bool busy = warp * 4 < nh; // the warp has heads of the group
+    const float *qw = qs + warp * 4 * QP;
+    for (int c0 = j0; c0 < j1; c0 += MLA_KC) {
+        __syncthreads(); // the chunk before is read (and, the first time, the q rows are written)
+        int wq = W / 4;
+#pragma unroll
+        for (int c = 0; c < MLA_KQ; c++) {
+            int i = tid + c * MLA_THREADS;
+            if (i < MLA_KC * wq) *(float4 *)(ks + i / wq * QP + i % wq * 4) = to_f4(pre[c]);
+        }
+        __syncthreads();
+        if (c0 + MLA_KC < j1) mla_fetch<T>(pre, cache, bt, a.bs, W, c0 + MLA_KC, j1);
+        if (!busy) continue;
+        float sc[4] = {0, 0, 0, 0};
+        const float *kr = ks + lane * QP;
+#pragma unroll 4
+        for (int e = 0; e < W; e += 4) {
+            float4 k = *(const float4 *)(kr + e);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                float4 qv = *(const float4 *)(qw + r * QP + e);
+                sc[r] += qv.x * k.x + qv.y * k.y + qv.z * k.z + qv.w * k.w;
+            }
+        }
+        bool valid = c0 + lane < j1;
+#pragma unroll
+        for (int r = 0; r < 4; r++) { // every chunk has a valid key: m is finite from the first on
+            float x = valid ? sc[r] : -INFINITY, mx = x;
+            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float mn = fmaxf(m[r], mx), corr = expf(m[r] - mn), p = expf(x - mn);
+            l[r] = l[r] * corr + warp_sum(p);
+            m[r] = mn, sc[r] = p;
+#pragma unroll
+            for (int i = 0; i < MLA_RQ; i++)
+                acc[r][i][0] *= corr, acc[r][i][1] *= corr, acc[r][i][2] *= corr, acc[r][i][3] *= corr;
+        }
+        int nk = min(MLA_KC, j1 - c0);
+        for (int j = 0; j < nk; j++) {
+            float p[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) p[r] = __shfl_sync(0xffffffffu, sc[r], j);
+            const float *vr = ks + j * QP;
+#pragma unroll
+            for (int i = 0; i < MLA_RQ; i++) {
+                int col = 4 * (lane + 32 * i);
+                if (col >= R) break;
+                float4 v = *(const float4 *)(vr + col);
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    acc[r][i][0] += p[r] * v.x, acc[r][i][1] += p[r] * v.y, acc[r][i][2] += p[r] * v.z,
+                        acc[r][i][3] += p[r] * v.w;
+            }
+        }
+    }
+    if (!busy) return;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        int hr = warp * 4 + r;
+        if (hr >= nh) break;
+        int64_t row = row0 + hr;
+        float inv = a.nsplit == 1 ? 1.0f / l[r] : 1.0f;
+        float *o = a.nsplit == 1 ? a.lat + row * R : a.part + (row * a.nsplit + blockIdx.z) * (R + 4);
+#pragma unroll
+        for (int i = 0; i < MLA_RQ; i++) {
+            int col = 4 * (lane + 32 * i);
+            if (col >= R) break;
+            *(float4 *)(o + col) = make_float4(acc[r][i][0] * inv, acc[r][i][1] * inv, acc[r][i][2] * inv,
+                                               acc[r][i][3] * inv);
+        }
+        if (a.nsplit > 1 && lane == 0) o[R] = m[r], o[R + 1] = l[r];
+    }
+}
+
+// The splits of one (token, head), each weighed by exp(m_i - max m), into
+// its lat row. Only the splits that hold keys of the token's context.
+__global__ void k_mla_merge(mla_args a) {
+    pdl_wait();
+    pdl_trigger();
+    __shared__ float wt[MLA_MAX_SPLITS + 1];
+    int t = a.tok0 + blockIdx.x, h = blockIdx.y, n, R = a.R, PS = R + 4;
+    mla_seq(a, t, &n);
+    int ns = min(a.nsplit, mla_cdiv(n, mla_range(n, a.nsplit)));
+    int64_t row = (int64_t)(t - a.tok0) * a.H + h;
+    const float *pp = a.part + row * a.nsplit * PS;
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        float mx = -INFINITY, l = 0.0f;
+        for (int i = lane; i < ns; i += 32) mx = fmaxf(mx, pp[i * PS + R]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        for (int i = lane; i < ns; i += 32) {
+            float w = expf(pp[i * PS + R] - mx);
+            wt[i] = w, l += w * pp[i * PS + R + 1];
+        }
+        l = warp_sum(l);
+        if (lane == 0) wt[MLA_MAX_SPLITS] = 1.0f / l;
+    }
+    __syncthreads();
+    float inv = wt[MLA_MAX_SPLITS];
+    for (int e = threadIdx.x * 4; e < R; e += blockDim.x * 4) {
+        float4 o = make_float4(0, 0, 0, 0);
+        for (int i = 0; i < ns; i++) {
+            float4 v = *(const float4 *)(pp + i * PS + e);
+            float w = wt[i];
+            o.x += w * v.x, o.y += w * v.y, o.z += w * v.z, o.w += w * v.w;
+        }
+        *(float4 *)(a.lat + row * R + e) = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+    }
+}
+
+size_t cuda_mla_smem(const struct mla_dims *d) {
+    return sizeof(float) * (size_t)(MLA_ROWS + MLA_KC) * mla_pitch(d->rank + d->rope);
+}
+
+// Splits of a context of up to maxlen keys for `tiles` blocks: at most one
+// wave of blocks (a block fills an SM: 256 threads of ~250 registers, 145 KB
+// of shared memory; 64 sequences take 2 splits, 128 blocks on 132 SMs, not
+// 3 in 1.5 waves), at least 32 keys a split, at most MLA_MAX_SPLITS.
+static int mla_splits(struct backend *be, int tiles, int maxlen) {
+    int ns = cu(be)->num_sms / tiles;
+    ns = MIN(ns, MLA_MAX_SPLITS);
+    ns = MIN(ns, cdiv(maxlen, 32));
+    return MAX(ns, 1);
+}
+
+template <typename T, int WT>
+static void mla_launch(const mla_args &a, dim3 grid, size_t sm, cudaStream_t s, const void *cache) {
+    CUDA_CHECK(cudaFuncSetAttribute(k_mla_split<T, WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    launch_pdl(k_mla_split<T, WT>, grid, MLA_THREADS, sm, s, a, (const T *)cache);
+}
+
+static size_t mla_part_offset(size_t rows, int R) { return (rows * R * sizeof(float) + 255) & ~(size_t)255; }
+
+// Scratch of one pass: lat [rows, R], then the partials (tiles * nsplit <=
+// num_sms when nsplit > 1, and a tile has at most 32 rows; 64 for margin).
+size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens) {
+    size_t rows = (size_t)MIN(max_tokens, MAX(1, MLA_PASS_ROWS / d->heads)) * d->heads;
+    return mla_part_offset(rows, d->rank) + (size_t)64 * cu(be)->num_sms * (d->rank + 4) * sizeof(float);
+}
+
+// One pass: tokens [ta, tb) of sequences [seq0, seq1), splits for contexts
+// of up to maxlen.
+static void mla_pass(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                     const struct batch *b, int seq0, int seq1, int ta, int tb, int maxlen, const struct mla_dims *d) {
+    cuda_impl *c = cu(be);
+    int H = d->heads, N = d->nope, P = d->rope, V = d->v_dim, R = d->rank, ntok = tb - ta, groups = cdiv(H, MLA_ROWS);
+    int nsplit = mla_splits(be, ntok * groups, maxlen);
+    size_t rows = (size_t)ntok * H, off = mla_part_offset(rows, R);
+    char *scr = (char *)cuda_scratch(be, off + (nsplit > 1 ? rows * nsplit * (R + 4) * sizeof(float) : 0));
+    mla_args a = {(float *)scr, (float *)(scr + off), q, H, N, P, R, d->block_size, b->max_blocks_per_seq, nsplit,
+                  seq0, seq1, ta, d->scale, b->query_start_loc, b->context_lens, b->block_tables};
+    const float one = 1.0f, zero = 0.0f;
+    long long per = (long long)(N + V) * R; // one head's kv_b rows
+    // lat_h [ntok, R] = q_nope_h [ntok, N] W_kb_h [N, R] (column-major: R x ntok)
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, R, ntok, N, &one, kv_b, CUDA_R_32F, R,
+                                            per, q + (int64_t)ta * H * (N + P), CUDA_R_32F, H * (N + P), N + P, &zero,
+                                            a.lat, CUDA_R_32F, H * R, R, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    dim3 grid(ntok, groups, nsplit);
+    size_t sm = cuda_mla_smem(d);
+    if (be->kv_dtype == DT_BF16) {
+        if (R + P == 576) mla_launch<__nv_bfloat16, 576>(a, grid, sm, c->stream, cache);
+        else mla_launch<__nv_bfloat16, 0>(a, grid, sm, c->stream, cache);
+    } else {
+        if (R + P == 576) mla_launch<float, 576>(a, grid, sm, c->stream, cache);
+        else mla_launch<float, 0>(a, grid, sm, c->stream, cache);
+    }
+    if (nsplit > 1) launch_pdl(k_mla_merge, dim3(ntok, H), 128, 0, c->stream, a);
+    // out_h [ntok, V] = lat_h [ntok, R] W_vb_h^T (column-major: V x ntok)
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, V, ntok, R, &one, kv_b + (int64_t)N * R,
+                                            CUDA_R_32F, R, per, a.lat, CUDA_R_32F, H * R, R, &zero,
+                                            out + (int64_t)ta * H * V, CUDA_R_32F, H * V, V, H, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+}
+
+// Decode rows (one token each, first in the batch) and prefill rows in
+// passes of at most MLA_PASS_ROWS (token, head) rows. The decodes' passes
+// and splits come from the batch's shape alone when it is recorded into a
+// graph (splits for max_model_len; each sequence cuts its own context on the
+// device), as cuda_attn_decode's.
+void cuda_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                   const struct batch *b, int seq0, int seq1, const struct mla_dims *d) {
+    int pass = MAX(1, MLA_PASS_ROWS / d->heads), nd = MIN(b->num_decodes, seq1);
+    if (seq0 < nd) { // decodes: token s of sequence s
+        int maxlen = b->max_model_len;
+        if (!b->fixed_shapes) {
+            maxlen = 0;
+            for (int s = seq0; s < nd; s++) maxlen = MAX(maxlen, b->h_seq_lens[s]);
+        }
+        for (int t = seq0; t < nd; t += pass)
+            mla_pass(be, out, q, cache, kv_b, b, seq0, nd, t, MIN(nd, t + pass), maxlen, d);
+    }
+    int p0 = MAX(seq0, nd);
+    if (p0 >= seq1) return;
+    int maxlen = 0, ta = b->h_query_start_loc[p0], te = b->h_query_start_loc[seq1];
+    for (int s = p0; s < seq1; s++) maxlen = MAX(maxlen, b->h_seq_lens[s]);
+    for (int t = ta; t < te; t += pass) mla_pass(be, out, q, cache, kv_b, b, p0, seq1, t, MIN(te, t + pass), maxlen, d);
+}
