@@ -318,14 +318,22 @@ template <> struct pair_of<__half> { typedef __half2 type; };
 // A block owns GEMV_ROWS weight rows; its 8 warps split K between them and
 // reduce through shared memory in a fixed order (deterministic), so even
 // 4096-row matrices give the GPU thousands of warps to keep loads in flight.
-template <typename T, int NB>
-__global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const T *w, int N, int K) {
+// GATED (matmul_act_mul): W is [2I, K] gate | up; a block owns GEMV_HALF
+// hidden units, rows u (gate) and I + u (up) of each, and writes y [n, I] =
+// act(gate) * up, the values of the product then act_mul.
+#define GEMV_HALF (GEMV_ROWS / 2)
+template <typename T, int NB, bool GATED>
+__global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const T *w, int N, int K, enum act kind) {
     typedef typename pair_of<T>::type T2;
     __shared__ float red[8][GEMV_ROWS][NB];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * GEMV_ROWS;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * (GATED ? GEMV_HALF : GEMV_ROWS);
+    int I = N / 2;
     const uint4 *wr[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const uint4 *)(w + (int64_t)min(row0 + r, N - 1) * K);
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        int row = !GATED ? min(row0 + r, N - 1) : r < GEMV_HALF ? min(row0 + r, I - 1) : I + min(row0 + r - GEMV_HALF, I - 1);
+        wr[r] = (const uint4 *)(w + (int64_t)row * K);
+    }
     float acc[GEMV_ROWS][NB];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
@@ -371,7 +379,12 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
             if (lane == 0) red[warp][r][b] = v;
         }
     __syncthreads();
-    if (threadIdx.x < GEMV_ROWS * NB) {
+    if (GATED && threadIdx.x < GEMV_HALF * NB) {
+        int u = threadIdx.x / NB, b = threadIdx.x % NB;
+        float gv = 0, uv = 0;
+        for (int q = 0; q < 8; q++) gv += red[q][u][b], uv += red[q][u + GEMV_HALF][b];
+        if (row0 + u < I) y[(int64_t)b * I + row0 + u] = act_dev(kind, gv) * uv;
+    } else if (!GATED && threadIdx.x < GEMV_ROWS * NB) {
         int r = threadIdx.x / NB, b = threadIdx.x % NB;
         float v = 0;
         for (int q = 0; q < 8; q++) v += red[q][r][b];
@@ -379,15 +392,20 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
     }
 }
 
+// gated: y [n, N/2] = act_mul(x W^T) (k_gemv16's GATED), else y [n, N] = x W^T
+template <typename T, bool GATED>
+static void gemv16_g(cudaStream_t s, float *y, const float *x, const T *W, int N, int K, int n, enum act kind) {
+    dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
+    switch (n) {
+    case 1: launch_pdl(k_gemv16<T, 1, GATED>, g, 256, 0, s, y, x, W, N, K, kind); break;
+    case 2: launch_pdl(k_gemv16<T, 2, GATED>, g, 256, 0, s, y, x, W, N, K, kind); break;
+    case 3: launch_pdl(k_gemv16<T, 3, GATED>, g, 256, 0, s, y, x, W, N, K, kind); break;
+    default: launch_pdl(k_gemv16<T, 4, GATED>, g, 256, 0, s, y, x, W, N, K, kind); break;
+    }
+}
 template <typename T>
 static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, int N, int K, int n) {
-    dim3 g(cdiv(N, GEMV_ROWS));
-    switch (n) {
-    case 1: launch_pdl(k_gemv16<T, 1>, g, 256, 0, s, y, x, W, N, K); break;
-    case 2: launch_pdl(k_gemv16<T, 2>, g, 256, 0, s, y, x, W, N, K); break;
-    case 3: launch_pdl(k_gemv16<T, 3>, g, 256, 0, s, y, x, W, N, K); break;
-    default: launch_pdl(k_gemv16<T, 4>, g, 256, 0, s, y, x, W, N, K); break;
-    }
+    gemv16_g<T, false>(s, y, x, W, N, K, n, ACT_SILU);
 }
 
 static cudaDataType_t cuda_type(enum wfmt f) {
@@ -537,10 +555,15 @@ __global__ void k_bias(float *y, const float *b, int64_t n, int N) {
         y[i] += b[i % N];
 }
 
+// The 16-byte-load GEMVs' conditions: decode rows, K % 8, aligned x and W.
+static bool gemv_fits(const float *x, const struct weight *w, int n) {
+    return n <= 4 && w->cols % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+}
+
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     if (n <= 0) return;
     int N = (int)w->rows, K = (int)w->cols;
-    bool gemv = n <= 4 && K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+    bool gemv = gemv_fits(x, w, n);
     cudaStream_t s = cu(be)->stream;
     if (w->fmt == WF_FP8) cuda_matmul_fp8(be, y, x, w, n);
     else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, N, K, n);
@@ -619,6 +642,23 @@ __global__ void k_rope(float *x, int ld, int heads, int hd, const float *table, 
         float *a = row + h * hd + i, u = a[0], v = a[h2];
         a[0] = u * c[i] - v * s[i];
         a[h2] = v * c[i] + u * s[i];
+    }
+}
+
+// A gated MLP's gate | up product: at decode sizes with 16-bit weights and
+// no bias, one GEMV whose epilogue writes act(gate) * up (gu unwritten);
+// else the product into gu, then act_mul.
+static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
+                              int n, float *gu) {
+    if (n <= 0) return;
+    int N = (int)w->rows, K = (int)w->cols;
+    cudaStream_t s = cu(be)->stream;
+    bool fuse = gemv_fits(x, w, n) && !w->bias && N % 2 == 0;
+    if (fuse && w->fmt == WF_BF16) gemv16_g<__nv_bfloat16, true>(s, out, x, (const __nv_bfloat16 *)w->data, N, K, n, kind);
+    else if (fuse && w->fmt == WF_F16) gemv16_g<__half, true>(s, out, x, (const __half *)w->data, N, K, n, kind);
+    else {
+        cu_matmul(be, gu, x, w, n);
+        cu_act_mul(be, kind, out, gu, n, N / 2);
     }
 }
 
@@ -879,6 +919,8 @@ static void init_ops(void) {
     o->act_mul = cu_act_mul;
     o->rope = cu_rope;
     o->head_rmsnorm = cu_head_rmsnorm;
+    o->qk_norm_rope = cuda_qk_norm_rope;
+    o->matmul_act_mul = cu_matmul_act_mul;
     o->sum_sq = cu_sum_sq;
     o->conv1d_fwd = cuda_conv1d_fwd;
     o->conv1d_update = cuda_conv1d_update;
