@@ -745,6 +745,19 @@ static void *cu_graph_end(struct backend *be) {
     cudaGraph_t g;
     cudaGraphExec_t x;
     CUDA_CHECK(cudaStreamEndCapture(cu(be)->stream, &g));
+    if (diag_on("graphs")) { // the kernels a replayed step launches (docs/BENCHMARKS.md counts them per layer)
+        size_t n = 0, k = 0;
+        CUDA_CHECK(cudaGraphGetNodes(g, NULL, &n));
+        cudaGraphNode_t *nodes = (cudaGraphNode_t *)xcalloc(n ? n : 1, sizeof *nodes);
+        CUDA_CHECK(cudaGraphGetNodes(g, nodes, &n));
+        for (size_t i = 0; i < n; i++) {
+            cudaGraphNodeType t;
+            CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &t));
+            k += t == cudaGraphNodeTypeKernel;
+        }
+        free(nodes);
+        diag_printf("graph recorded: %zu kernels, %zu nodes\n", k, n);
+    }
     CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
     CUDA_CHECK(cudaGraphDestroy(g));
     return (void *)x;
