@@ -220,8 +220,7 @@ void moe_fwd(struct lm *m, const struct moe_layer *e, const float *x, float *out
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
     struct lm_ws *ws = &m->ws;
-    op->matmul(be, ws->rlogits, x, &e->gate, T); // fp32 router
-    op->moe_route(be, ws->rids, ws->rw, ws->rlogits, e->bias, T, &e->route);
+    op->moe_gate_route(be, ws->rids, ws->rw, ws->rlogits, x, &e->gate, e->bias, T, &e->route); // fp32 router
     const float *xin = x;
     if (e->latent) {
         op->matmul(be, ws->xl, x, &e->fc1, T);

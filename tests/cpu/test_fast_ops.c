@@ -311,6 +311,30 @@ static void test_matmul_act_mul(void) {
     free(wm), free(x), free(gu), free(o1), free(o2);
 }
 
+// moe_gate_route (matmul then moe_route through the backend's own ops, on
+// both paths): the fast path's against the reference's, 1 and 40 tokens.
+static void test_moe_gate_route(void) {
+    int E = 16, K = 48, k = 3, ns[] = {1, 40};
+    struct moe_route_cfg c = {ROUTE_SOFTMAX_TOPK, E, k, 1, 1, 1, 1.0f};
+    float *wm = test_rnd((size_t)E * K, 0.3f), *x = test_rnd((size_t)40 * K, 1);
+    struct weight wr, wf;
+    CHECK(weight_from_f32(ref, &wr, WF_F32, wm, E, K) == 0);
+    CHECK(weight_from_f32(fast, &wf, WF_F32, wm, E, K) == 0);
+    float l1[40 * 16], l2[40 * 16], w1[120], w2[120];
+    int32_t i1[120], i2[120];
+    for (int j = 0; j < 2; j++) {
+        int n = ns[j];
+        ref->ops->moe_gate_route(ref, i1, w1, l1, x, &wr, NULL, n, &c);
+        fast->ops->moe_gate_route(fast, i2, w2, l2, x, &wf, NULL, n, &c);
+        cmp("moe_gate_route logits", l2, l1, (size_t)n * E, TOL);
+        CHECKF(!memcmp(i1, i2, sizeof(int32_t) * n * k), "%s moe_gate_route: expert ids differ", isa);
+        cmp("moe_gate_route weights", w2, w1, (size_t)n * k, TOL);
+    }
+    ref->ops->free(ref, wr.data);
+    fast->ops->free(fast, wf.data);
+    free(wm), free(x);
+}
+
 // Experts of inter 24 (panels straddle experts) and dim 40; from one token
 // (decode) to 96 (each expert past the dot kernel's row threshold).
 // Relu^2 experts, and gated SiLU experts (up holds each expert's gate rows then its up rows).
@@ -447,6 +471,7 @@ int main(void) {
         test_attention();
         test_qk_norm_rope();
         test_matmul_act_mul();
+        test_moe_gate_route();
         test_mla();
         test_kda();
         test_kda_chunks();

@@ -396,11 +396,11 @@ static void test_qk_norm_rope(const struct qkn_case *qc, enum dtype kv, double t
     gpu->kv_dtype = DT_F32;
 }
 
-// matmul_act_mul: SwiGLU's gate | up product with act(gate) * up in the
-// GEMV's epilogue (bf16 / fp16, 1-4 rows), else matmul + act_mul: at
-// Qwen3-30B-A3B's dense shape (2048 -> 2 x 6144), an odd hidden count, and
-// past the GEMV (7 rows), fp32 weights and a bias (the unfused path). The
-// fused GEMV is also held to the GPU's own matmul + act_mul bit for bit.
+// matmul_act_mul: SwiGLU's gate | up product with the bias and act(gate) *
+// up in the GEMV's epilogue (bf16 / fp16, 1-4 rows), else matmul + act_mul
+// (7 rows, fp32 weights): at Qwen3-30B-A3B's dense shape (2048 -> 2 x 6144)
+// and an odd hidden count, with and without a bias. The fused GEMV is also
+// held to the GPU's own matmul + act_mul bit for bit.
 static void test_matmul_act_mul(int K, int I) {
     int N = 2 * I, nmax = 7;
     float *wm = test_rnd((size_t)N * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1), *bias = test_rnd(N, 1);
@@ -492,6 +492,45 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     gpu->ops->free(gpu, mb.up.data), gpu->ops->free(gpu, mb.down.data);
     pfree(px), pfree(po);
     free(x), free(up_w), free(down_w);
+}
+
+// moe_gate_route: the router GEMV and softmax top-k (one kernel at 1-4
+// tokens and up to 256 experts: Qwen3-30B-A3B's 128 top-8 from 2,048, then
+// 8 of 16 and 256 experts), each twice in a row (its block count must be
+// back to 0), and the paths that run matmul + moe_route (7 tokens, 512
+// experts, the sigmoid router): logits, ids and weights against the CPU op.
+static void test_moe_gate_route(void) {
+    static const int shapes[][3] = {{128, 8, 2048}, {16, 8, 64}, {256, 8, 1024}, {512, 8, 2048}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int kind = 0; kind < 2; kind++) {
+            int E = shapes[si][0], k = shapes[si][1], K = shapes[si][2], nmax = 7;
+            struct moe_route_cfg c = {kind ? ROUTE_SIGMOID_GROUPED : ROUTE_SOFTMAX_TOPK, E, k, 1, 1, 1, 1.0f};
+            float *wm = test_rnd((size_t)E * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1);
+            struct weight wc, wg;
+            weight_from_f32(cpu, &wc, WF_F32, wm, E, K);
+            weight_from_f32(gpu, &wg, WF_F32, wm, E, K);
+            struct pair px = up(x, sizeof(float) * nmax * K), pl = up(wm, sizeof(float) * nmax * E);
+            struct pair pids = up(wm, sizeof(int32_t) * nmax * k), pw = up(wm, sizeof(float) * nmax * k);
+            for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
+                for (int rep = 0; rep < 2; rep++) {
+                    cpu->ops->moe_gate_route(cpu, pids.c, pw.c, pl.c, px.c, &wc, NULL, n, &c);
+                    gpu->ops->moe_gate_route(gpu, pids.g, pw.g, pl.g, px.g, &wg, NULL, n, &c);
+                    char name[96];
+                    snprintf(name, sizeof name, "moe_gate_route %s %d top-%d from %d, n=%d%s", kind ? "sigmoid" : "softmax",
+                             E, k, K, n, rep ? " again" : "");
+                    cmp(name, pl, (size_t)n * E, 1e-5);
+                    int32_t *gi = xmalloc(sizeof(int32_t) * n * k);
+                    gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * n * k);
+                    CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * n * k), "%s: expert ids differ", name);
+                    free(gi);
+                    cmp("  its weights", pw, (size_t)n * k, 1e-6);
+                }
+            cpu->ops->free(cpu, wc.data);
+            gpu->ops->free(gpu, wg.data);
+            struct pair all[] = {px, pl, pids, pw};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+            free(wm), free(x);
+        }
 }
 
 static void test_moe(void) {
@@ -800,6 +839,7 @@ int main(void) {
     }
     test_matmul_act_mul(2048, 6144);
     test_matmul_act_mul(48, 71);
+    test_moe_gate_route();
     test_moe();
     test_kimi_kda();
     struct backend *ref;

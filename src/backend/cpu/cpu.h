@@ -65,6 +65,9 @@ void cpu_head_rmsnorm_row(float *x, int heads, int head_dim, const float *w, flo
 void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
                           const float *table, float *k_cache, float *v_cache, const struct batch *b,
                           const struct attn_dims *d);
+// moe_gate_route as matmul, then moe_route, through be's own ops (both paths).
+void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
+                        const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
 // matmul_act_mul as matmul into gu, then act_mul, through be's own ops (the reference and the fast path alike).
 void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,
                         float *gu);
