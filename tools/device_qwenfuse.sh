@@ -38,13 +38,13 @@ echo "== tests done at $SECONDS s"
 # 3. red once: each new kernel broken, its test cases must fail. Only
 # test_cuda_ops is rebuilt (the vllm binary the benches run stays as built).
 if [ "${MUTATE:-1}" = 1 ]; then
-    for f in cuda_attn cuda_backend cuda_moe; do cp src/backend/cuda/$f.cu /tmp/qf_$f.cu; done
+    for f in cuda_attn cuda_backend cuda_route; do cp src/backend/cuda/$f.cu /tmp/qf_$f.cu; done
     # RoPE's second half with the wrong sign; the fused epilogue's act on up,
     # not gate; the fused router routes its first token only
     sed -i 's/b = v \* c\[i\] + u \* sn\[i\];/b = v * c[i] - u * sn[i];/' src/backend/cuda/cuda_attn.cu
     sed -i 's/= act_dev(kind, gv) \* uv;/= act_dev(kind, uv) * gv;/' src/backend/cuda/cuda_backend.cu
-    sed -i 's/for (int t = 0; t < NB; t++) {/for (int t = 0; t < 1; t++) {/' src/backend/cuda/cuda_moe.cu
-    echo "mutated lines (3 expected): $(for f in cuda_attn cuda_backend cuda_moe; do
+    sed -i 's/for (int t = 0; t < NB; t++) {/for (int t = 0; t < 1; t++) {/' src/backend/cuda/cuda_route.cu
+    echo "mutated lines (3 expected): $(for f in cuda_attn cuda_backend cuda_route; do
         diff /tmp/qf_$f.cu src/backend/cuda/$f.cu; done | grep -c '^>')"
     cmake --build build-cuda -j "$(nproc)" --target test_cuda_ops >"$OUT/build_mut.log" 2>&1 &&
         timeout 60 build-cuda/tests/test_cuda_ops >"$OUT/mutation.log" 2>&1
@@ -52,7 +52,7 @@ if [ "${MUTATE:-1}" = 1 ]; then
         "$(grep -c 'qk_norm_rope [0-9]' "$OUT/mutation.log") cases), $(grep -c 'CHECK failed.*matmul_act_mul' "$OUT/mutation.log")" \
         "matmul_act_mul checks red, $(grep -c 'CHECK failed.*moe_gate_route' "$OUT/mutation.log") moe_gate_route;" \
         "$(tail -1 "$OUT/mutation.log")"
-    for f in cuda_attn cuda_backend cuda_moe; do cp /tmp/qf_$f.cu src/backend/cuda/$f.cu; done
+    for f in cuda_attn cuda_backend cuda_route; do cp /tmp/qf_$f.cu src/backend/cuda/$f.cu; done
     echo "== mutation done at $SECONDS s (build-cuda/tests/test_cuda_ops is the mutated one now)"
 fi
 

@@ -378,7 +378,8 @@ static void test_qk_norm_rope(const struct qkn_case *qc, enum dtype kv, double t
     gpu->kv_dtype = kv;
     struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
-    struct pair pt = up(tab, sizeof(float) * maxp * hd), pq = up(qkv, sizeof(float) * T * ld), pw = up(w, sizeof(float) * 2 * hd);
+    struct pair pt = up(tab, sizeof(float) * maxp * hd), pq = up(qkv, sizeof(float) * T * ld);
+    struct pair pw = up(w, sizeof(float) * 2 * hd);
     const float *qn[2] = {qc->norm ? (float *)pw.c : NULL, qc->norm ? (float *)pw.g : NULL};
     const float *kn[2] = {qc->norm ? (float *)pw.c + hd : NULL, qc->norm ? (float *)pw.g + hd : NULL};
     cpu->ops->qk_norm_rope(cpu, pq.c, ld, qn[0], kn[0], 1e-6f, qc->rope ? pt.c : NULL, pk.c, pv.c, &t.c, &d);
@@ -409,7 +410,8 @@ static void test_matmul_act_mul(int K, int I) {
     weight_from_f32(cpu, &wc, WF_F32, wm, N, K);
     for (int f = 0; f < 3; f++) weight_from_f32(gpu, &wg[f], fm[f], wm, N, K);
     struct pair px = up(x, sizeof(float) * nmax * K), pb = up(bias, sizeof(float) * N);
-    struct pair pgu = up(wm, sizeof(float) * nmax * N), po = up(wm, sizeof(float) * nmax * I), pu = up(wm, sizeof(float) * nmax * I);
+    struct pair pgu = up(wm, sizeof(float) * nmax * N), po = up(wm, sizeof(float) * nmax * I);
+    struct pair pu = up(wm, sizeof(float) * nmax * I);
     static const char *fmn[3] = {"bf16", "fp16", "fp32"};
     for (int f = 0; f < 3; f++)
         for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)

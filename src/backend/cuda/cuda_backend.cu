@@ -334,7 +334,9 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
     const uint4 *wr[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++) {
-        int row = !GATED ? min(row0 + r, N - 1) : r < GEMV_HALF ? min(row0 + r, I - 1) : I + min(row0 + r - GEMV_HALF, I - 1);
+        int row = !GATED         ? min(row0 + r, N - 1)
+                  : r < GEMV_HALF ? min(row0 + r, I - 1)                  // gate of unit row0 + r
+                                  : I + min(row0 + r - GEMV_HALF, I - 1); // up of unit row0 + r - GEMV_HALF
         wr[r] = (const uint4 *)(w + (int64_t)row * K);
     }
     float acc[GEMV_ROWS][NB];
@@ -621,7 +623,8 @@ static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, con
     bool fuse = gemv_fits(x, w, n) && N % 2 == 0;
     if (fuse && w->fmt == WF_BF16)
         gemv16_g<__nv_bfloat16, true>(s, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind);
-    else if (fuse && w->fmt == WF_F16) gemv16_g<__half, true>(s, out, x, (const __half *)w->data, w->bias, N, K, n, kind);
+    else if (fuse && w->fmt == WF_F16)
+        gemv16_g<__half, true>(s, out, x, (const __half *)w->data, w->bias, N, K, n, kind);
     else {
         cu_matmul(be, gu, x, w, n);
         cu_act_mul(be, kind, out, gu, n, N / 2);

@@ -43,7 +43,7 @@ struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
-    unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_moe.cu)
+    unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -225,7 +225,7 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_CONV_KMAX 6
 #define CUDA_MLA_MAX_RANK 1024 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512)
 
-// ops in cuda_mamba.cu, cuda_attn.cu, cuda_moe.cu, cuda_sample.cu
+// ops in cuda_mamba.cu, cuda_attn.cu, cuda_route.cu, cuda_moe.cu, cuda_sample.cu
 void cuda_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
                      const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);
 void cuda_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
