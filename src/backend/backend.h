@@ -200,9 +200,26 @@ struct backend_ops {
     // row of x [n, ld], times w [head_dim] (Qwen3's q/k norm).
     void (*head_rmsnorm)(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
                          float eps);
+    // Attention's per-token prologue in one op, over the b->num_tokens rows of
+    // qkv [T, ld] (q | k | v, heads and kv_heads of struct attn_dims), in
+    // place: head_rmsnorm of the q heads by q_norm and of the k heads by
+    // k_norm (both NULL: no norm, Llama), then rope of q and k by
+    // b->positions from table (NULL: no positions, NemotronH), then kv_write
+    // of k and v at b->slot_mapping. The same values as those ops in that
+    // order.
+    void (*qk_norm_rope)(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
+                         const float *table, void *k_cache, void *v_cache, const struct batch *b,
+                         const struct attn_dims *d);
     // Gated MLP (silu_mul for SwiGLU): out: [n, inter] = act(x[:, :inter]) *
     // x[:, inter:], x: [n, 2*inter] (gate | up).
     void (*act_mul)(struct backend *be, enum act kind, float *out, const float *x, int n, int inter);
+    // A gated MLP's first half in one op: out: [n, W.rows / 2] =
+    // act_mul(x @ W^T (+ W.bias)), W: [2I, cols] gate rows then up rows. gu:
+    // [n, 2I] scratch that holds the product on backends that run it as
+    // matmul + act_mul (a decode GEMV applies act(gate) * up in its epilogue
+    // and leaves gu unwritten).
+    void (*matmul_act_mul)(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
+                           int n, float *gu);
     // Sum of squares of x[0..n) (a diagnostic; synchronizes).
     double (*sum_sq)(struct backend *be, const float *x, int64_t n);
 
@@ -287,6 +304,11 @@ struct backend_ops {
     // moe_route_cfg); bias: [E] (ROUTE_SIGMOID_GROUPED, may be NULL).
     void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
                       const float *bias, int n, const struct moe_route_cfg *c);
+    // The router in one op: logits: [n, E] = x @ gate^T (the fp32 gate [E,
+    // D]), then moe_route of them (a device may route in the product's last
+    // block instead of a second kernel).
+    void (*moe_gate_route)(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
+                           const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
     // out: [n, L] = sum_k weights[k] * down_e(hidden_e(x)) (struct moe_experts),
     // the experts of a token summed in ascending expert order, then + add
     // ([n, L], the shared expert's output: its add fused), unless NULL

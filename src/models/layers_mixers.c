@@ -85,13 +85,11 @@ void attn_fwd(struct lm *m, const struct attn_layer *a, int cache, const struct 
     struct attn_dims d = a->d;
     d.block_size = c->block_size;
     op->matmul(be, ws->proj, x, &a->qkv, T);
-    if (a->q_norm) { // per-head RMSNorm of q and k, before RoPE (Qwen3)
-        op->head_rmsnorm(be, ws->proj, ld, T, d.heads, d.head_dim, a->q_norm, a->norm_eps);
-        op->head_rmsnorm(be, ws->proj + d.heads * d.head_dim, ld, T, d.kv_heads, d.head_dim, a->k_norm, a->norm_eps);
-    }
-    if (a->rope) op->rope(be, ws->proj, ld, T, d.heads + d.kv_heads, d.head_dim, a->rope->table, b->positions); // q | k
     lm_tick(m, T_ATTN_QKV);
-    op->kv_write(be, c->k[cache], c->v[cache], ws->proj, ld, b, &d);
+    // q/k head norms (Qwen3), RoPE of q | k by the batch's positions, the KV
+    // write: one op (one kernel a layer on CUDA), for every attention family
+    op->qk_norm_rope(be, ws->proj, ld, a->q_norm, a->k_norm, a->norm_eps, a->rope ? a->rope->table : NULL,
+                     c->k[cache], c->v[cache], b, &d);
     if (nd) op->attn_decode(be, ws->y, ws->proj, ld, c->k[cache], c->v[cache], b, &d);
     if (b->num_prefills) op->attn_prefill(be, ws->y, ws->proj, ld, c->k[cache], c->v[cache], b, nd, b->num_seqs, &d);
     lm_tick(m, T_ATTN);
@@ -133,12 +131,12 @@ int mlp_load(struct lm *m, struct loader *l, const char *p, const struct mlp_cfg
 void mlp_fwd(struct lm *m, const struct mlp_layer *f, const float *x, float *out, int T) {
     const struct backend_ops *op = m->be->ops;
     struct lm_ws *ws = &m->ws;
-    op->matmul(m->be, ws->proj, x, &f->up, T);
     const float *h = ws->proj;
-    if (f->gated) {
-        op->act_mul(m->be, f->act, ws->hid, ws->proj, T, f->inter);
+    if (f->gated) { // act(gate) * up in the gate | up product's epilogue where the backend can
+        op->matmul_act_mul(m->be, f->act, ws->hid, x, &f->up, T, ws->proj);
         h = ws->hid;
     } else {
+        op->matmul(m->be, ws->proj, x, &f->up, T);
         op->act(m->be, f->act, ws->proj, (int64_t)T * f->inter);
     }
     op->matmul(m->be, out, h, &f->down, T);
@@ -222,8 +220,7 @@ void moe_fwd(struct lm *m, const struct moe_layer *e, const float *x, float *out
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
     struct lm_ws *ws = &m->ws;
-    op->matmul(be, ws->rlogits, x, &e->gate, T); // fp32 router
-    op->moe_route(be, ws->rids, ws->rw, ws->rlogits, e->bias, T, &e->route);
+    op->moe_gate_route(be, ws->rids, ws->rw, ws->rlogits, x, &e->gate, e->bias, T, &e->route); // fp32 router
     const float *xin = x;
     if (e->latent) {
         op->matmul(be, ws->xl, x, &e->fc1, T);

@@ -240,6 +240,101 @@ static void test_attention(void) {
     free(kc), free(vc), free(qkv), free(o1), free(o2);
 }
 
+// qk_norm_rope: the fast path and the reference against the ops it fuses
+// (head_rmsnorm of q and k, rope, kv_write), exactly: Qwen3-8B / 30B-A3B /
+// 32B heads (32/8, 32/4, 64/8 of 128), MHA at head_dim 64, Llama (no norm),
+// NemotronH (no norm, no positions), a token with no KV slot (-1).
+static void test_qk_norm_rope(void) {
+    static const int cases[][4] = {{32, 8, 128, 3}, {32, 4, 128, 3}, {64, 8, 128, 3}, {4, 4, 64, 3}, {8, 2, 64, 1},
+                                   {6, 2, 24, 0}}; // heads, kv_heads, head_dim, 1: rope, 2: norm
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        struct attn_dims d = {cases[ci][0], cases[ci][1], cases[ci][2], 4, 0.25f};
+        int rope = cases[ci][3] & 1, norm = cases[ci][3] & 2, hd = d.head_dim, maxp = 128;
+        int qd = d.heads * hd, kvd = d.kv_heads * hd, ld = qd + 2 * kvd + 5;
+        int qlen[] = {1, 1, 70, 9, 1}, ctx[] = {13, 2, 0, 17, 30}, init[] = {1, 1, 0, 1, 1}, S = 5, nd = 2;
+        struct test_batch h;
+        make_batch(&h, S, qlen, ctx, init, nd, d.block_size);
+        h.slot_map[1] = -1;
+        int T = h.b.num_tokens;
+        size_t cn = (size_t)16 * 64 * d.block_size * kvd, qn = (size_t)T * ld;
+        float *tab = test_rnd((size_t)maxp * hd, 1), *qw = test_rnd(hd, 1), *kw = test_rnd(hd, 1);
+        float *q0 = test_rnd(qn, 2), *q1 = dup(q0, qn), *q2 = dup(q0, qn);
+        float *k0 = test_rnd(cn, 1), *k1 = dup(k0, cn), *k2 = dup(k0, cn), *v0 = test_rnd(cn, 1), *v1 = dup(v0, cn),
+              *v2 = dup(v0, cn);
+        if (norm) {
+            ref->ops->head_rmsnorm(ref, q0, ld, T, d.heads, hd, qw, 1e-6f);
+            ref->ops->head_rmsnorm(ref, q0 + qd, ld, T, d.kv_heads, hd, kw, 1e-6f);
+        }
+        if (rope) ref->ops->rope(ref, q0, ld, T, d.heads + d.kv_heads, hd, tab, h.b.positions);
+        ref->ops->kv_write(ref, k0, v0, q0, ld, &h.b, &d);
+        ref->ops->qk_norm_rope(ref, q1, ld, norm ? qw : NULL, norm ? kw : NULL, 1e-6f, rope ? tab : NULL, k1, v1, &h.b, &d);
+        fast->ops->qk_norm_rope(fast, q2, ld, norm ? qw : NULL, norm ? kw : NULL, 1e-6f, rope ? tab : NULL, k2, v2, &h.b,
+                                &d);
+        char what[96];
+        snprintf(what, sizeof what, "qk_norm_rope %d/%d of %d%s%s (reference)", d.heads, d.kv_heads, hd,
+                 norm ? " norm" : "", rope ? " rope" : "");
+        cmp(what, q1, q0, qn, 0);
+        cmp(what, k1, k0, cn, 0);
+        cmp(what, v1, v0, cn, 0);
+        snprintf(what, sizeof what, "qk_norm_rope %d/%d of %d%s%s", d.heads, d.kv_heads, hd, norm ? " norm" : "",
+                 rope ? " rope" : "");
+        cmp(what, q2, q1, qn, 0);
+        cmp(what, k2, k1, cn, 0);
+        cmp(what, v2, v1, cn, 0);
+        free(tab), free(qw), free(kw), free(q0), free(q1), free(q2);
+        free(k0), free(k1), free(k2), free(v0), free(v1), free(v2);
+    }
+}
+
+// matmul_act_mul (one op on every CPU path: matmul then act_mul through the
+// backend's own ops) against those ops, decode and prefill rows, bf16.
+static void test_matmul_act_mul(void) {
+    int I = 70, K = 48, ns[] = {1, 4, 19};
+    float *wm = test_rnd((size_t)2 * I * K, 0.2f), *x = test_rnd((size_t)19 * K, 1);
+    struct weight wr, wf;
+    CHECK(weight_from_f32(ref, &wr, WF_BF16, wm, 2 * I, K) == 0);
+    CHECK(weight_from_f32(fast, &wf, WF_BF16, wm, 2 * I, K) == 0);
+    float *gu = test_rnd((size_t)19 * 2 * I, 1), *o1 = test_rnd((size_t)19 * I, 1), *o2 = test_rnd((size_t)19 * I, 1);
+    for (int k = 0; k < 3; k++) {
+        int n = ns[k];
+        fast->ops->matmul(fast, gu, x, &wf, n);
+        fast->ops->act_mul(fast, ACT_SILU, o1, gu, n, I);
+        fast->ops->matmul_act_mul(fast, ACT_SILU, o2, x, &wf, n, gu);
+        cmp("matmul_act_mul (fast)", o2, o1, (size_t)n * I, 0);
+        ref->ops->matmul(ref, gu, x, &wr, n);
+        ref->ops->act_mul(ref, ACT_SILU, o1, gu, n, I);
+        ref->ops->matmul_act_mul(ref, ACT_SILU, o2, x, &wr, n, gu);
+        cmp("matmul_act_mul (reference)", o2, o1, (size_t)n * I, 0);
+    }
+    ref->ops->free(ref, wr.data);
+    fast->ops->free(fast, wf.data);
+    free(wm), free(x), free(gu), free(o1), free(o2);
+}
+
+// moe_gate_route (matmul then moe_route through the backend's own ops, on
+// both paths): the fast path's against the reference's, 1 and 40 tokens.
+static void test_moe_gate_route(void) {
+    int E = 16, K = 48, k = 3, ns[] = {1, 40};
+    struct moe_route_cfg c = {ROUTE_SOFTMAX_TOPK, E, k, 1, 1, 1, 1.0f};
+    float *wm = test_rnd((size_t)E * K, 0.3f), *x = test_rnd((size_t)40 * K, 1);
+    struct weight wr, wf;
+    CHECK(weight_from_f32(ref, &wr, WF_F32, wm, E, K) == 0);
+    CHECK(weight_from_f32(fast, &wf, WF_F32, wm, E, K) == 0);
+    float l1[40 * 16], l2[40 * 16], w1[120], w2[120];
+    int32_t i1[120], i2[120];
+    for (int j = 0; j < 2; j++) {
+        int n = ns[j];
+        ref->ops->moe_gate_route(ref, i1, w1, l1, x, &wr, NULL, n, &c);
+        fast->ops->moe_gate_route(fast, i2, w2, l2, x, &wf, NULL, n, &c);
+        cmp("moe_gate_route logits", l2, l1, (size_t)n * E, TOL);
+        CHECKF(!memcmp(i1, i2, sizeof(int32_t) * n * k), "%s moe_gate_route: expert ids differ", isa);
+        cmp("moe_gate_route weights", w2, w1, (size_t)n * k, TOL);
+    }
+    ref->ops->free(ref, wr.data);
+    fast->ops->free(fast, wf.data);
+    free(wm), free(x);
+}
+
 // Experts of inter 24 (panels straddle experts) and dim 40; from one token
 // (decode) to 96 (each expert past the dot kernel's row threshold).
 // Relu^2 experts, and gated SiLU experts (up holds each expert's gate rows then its up rows).
@@ -374,6 +469,9 @@ int main(void) {
         test_norms();
         test_mamba();
         test_attention();
+        test_qk_norm_rope();
+        test_matmul_act_mul();
+        test_moe_gate_route();
         test_mla();
         test_kda();
         test_kda_chunks();

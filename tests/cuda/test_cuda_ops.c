@@ -337,6 +337,110 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
 // (128 experts top-6, I 1856, L 2688), gated SiLU at Qwen3-30B-A3B's (128
 // top-8, I 768, L 2048), and widths that are not multiples of 8 (a
 // tensor-parallel rank's 12).
+// qk_norm_rope at the Qwen3 shapes (32/8, 32/4, 64/8 heads of 128) and
+// awkward ones (MHA at head_dim 64, Llama: no norm, NemotronH: no norm nor
+// positions, head_dim 24 and 256), 4 decodes and 3 prefills, one token
+// without a KV slot (-1), positions up to 2,000: qkv in place and both
+// caches against the CPU op. bf16 KV: the caches as bf16 values (2e-2).
+struct qkn_case {
+    int heads, kv_heads, head_dim, norm, rope;
+};
+
+static void cmp_kv(const char *what, struct pair p, size_t n, enum dtype kv, double tol) {
+    if (kv == DT_F32) {
+        cmp(what, p, n, tol);
+        return;
+    }
+    uint16_t *h = xmalloc(2 * n);
+    float *f = xmalloc(sizeof(float) * n);
+    gpu->ops->download(gpu, h, p.g, 2 * n);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&f[i], &u, 4);
+    }
+    struct pair q = {p.c, gpu->ops->alloc(gpu, sizeof(float) * n), 0};
+    gpu->ops->upload(gpu, q.g, f, sizeof(float) * n);
+    cmp(what, q, n, tol);
+    gpu->ops->free(gpu, q.g);
+    free(h), free(f);
+}
+
+static void test_qk_norm_rope(const struct qkn_case *qc, enum dtype kv, double tol) {
+    struct attn_dims d = {qc->heads, qc->kv_heads, qc->head_dim, 16, 0};
+    enum { NS = 7, ND = 4 };
+    int qlen[NS] = {1, 1, 1, 1, 200, 5, 1}, ctx[NS] = {1100, 30, 255, 1999, 0, 700, 0}, init[NS] = {1, 1, 1, 1, 0, 1, 0};
+    int mbps = 130, hd = d.head_dim, maxp = mbps * 16;
+    struct tb t;
+    make_tb(&t, NS, qlen, ctx, init, ND, 16, mbps, NULL);
+    int T = t.c.num_tokens, qd = d.heads * hd, kvd = d.kv_heads * hd, ld = qd + 2 * kvd + 8;
+    t.h[(NS + 1) + 2 * NS + T + 2] = -1; // token 2 (a decode) has no KV slot
+    cpu->ops->upload(cpu, t.arr.c, t.h, t.arr.bytes);
+    gpu->ops->upload(gpu, t.arr.g, t.h, t.arr.bytes);
+    size_t cn = (size_t)NS * mbps * 16 * kvd;
+    float *tab = test_rnd((size_t)maxp * hd, 1), *qkv = test_rnd((size_t)T * ld, 2), *w = test_rnd(2 * hd, 1);
+    gpu->kv_dtype = kv;
+    struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    struct pair pt = up(tab, sizeof(float) * maxp * hd), pq = up(qkv, sizeof(float) * T * ld);
+    struct pair pw = up(w, sizeof(float) * 2 * hd);
+    const float *qn[2] = {qc->norm ? (float *)pw.c : NULL, qc->norm ? (float *)pw.g : NULL};
+    const float *kn[2] = {qc->norm ? (float *)pw.c + hd : NULL, qc->norm ? (float *)pw.g + hd : NULL};
+    cpu->ops->qk_norm_rope(cpu, pq.c, ld, qn[0], kn[0], 1e-6f, qc->rope ? pt.c : NULL, pk.c, pv.c, &t.c, &d);
+    gpu->ops->qk_norm_rope(gpu, pq.g, ld, qn[1], kn[1], 1e-6f, qc->rope ? pt.g : NULL, pk.g, pv.g, &t.g, &d);
+    char name[96];
+    snprintf(name, sizeof name, "qk_norm_rope %d/%d of %d%s%s, %s KV", d.heads, d.kv_heads, hd, qc->norm ? " norm" : "",
+             qc->rope ? " rope" : "", kv == DT_BF16 ? "bf16" : "fp32");
+    cmp(name, pq, (size_t)T * ld, 1e-5);
+    cmp_kv("  its K cache", pk, cn, kv, tol);
+    cmp_kv("  its V cache", pv, cn, kv, tol);
+    struct pair all[] = {pk, pv, pt, pq, pw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t);
+    free(tab), free(qkv), free(w);
+    gpu->kv_dtype = DT_F32;
+}
+
+// matmul_act_mul: SwiGLU's gate | up product with the bias and act(gate) *
+// up in the GEMV's epilogue (bf16 / fp16, 1-4 rows), else matmul + act_mul
+// (7 rows, fp32 weights): at Qwen3-30B-A3B's dense shape (2048 -> 2 x 6144)
+// and an odd hidden count, with and without a bias. The fused GEMV is also
+// held to the GPU's own matmul + act_mul bit for bit.
+static void test_matmul_act_mul(int K, int I) {
+    int N = 2 * I, nmax = 7;
+    float *wm = test_rnd((size_t)N * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1), *bias = test_rnd(N, 1);
+    struct weight wc, wg[3];
+    enum wfmt fm[3] = {WF_BF16, WF_F16, WF_F32};
+    weight_from_f32(cpu, &wc, WF_F32, wm, N, K);
+    for (int f = 0; f < 3; f++) weight_from_f32(gpu, &wg[f], fm[f], wm, N, K);
+    struct pair px = up(x, sizeof(float) * nmax * K), pb = up(bias, sizeof(float) * N);
+    struct pair pgu = up(wm, sizeof(float) * nmax * N), po = up(wm, sizeof(float) * nmax * I);
+    struct pair pu = up(wm, sizeof(float) * nmax * I);
+    static const char *fmn[3] = {"bf16", "fp16", "fp32"};
+    for (int f = 0; f < 3; f++)
+        for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
+            for (int b = 0; b < 2; b++) {
+                if (b && n != 1) continue;
+                wc.bias = b ? pb.c : NULL, wg[f].bias = b ? pb.g : NULL;
+                cpu->ops->matmul_act_mul(cpu, ACT_SILU, po.c, px.c, &wc, n, pgu.c);
+                gpu->ops->matmul_act_mul(gpu, ACT_SILU, po.g, px.g, &wg[f], n, pgu.g);
+                char name[96];
+                snprintf(name, sizeof name, "matmul_act_mul %s %d->2x%d n=%d%s", fmn[f], K, I, n, b ? " +bias" : "");
+                cmp(name, po, (size_t)n * I, f == 0 ? 2e-2 : f == 1 ? 5e-3 : 1e-5);
+                gpu->ops->matmul(gpu, pgu.g, px.g, &wg[f], n);
+                gpu->ops->act_mul(gpu, ACT_SILU, pu.g, pgu.g, n, I);
+                float *a = xmalloc(sizeof(float) * n * I), *c = xmalloc(sizeof(float) * n * I);
+                gpu->ops->download(gpu, a, po.g, sizeof(float) * n * I);
+                gpu->ops->download(gpu, c, pu.g, sizeof(float) * n * I);
+                CHECKF(!memcmp(a, c, sizeof(float) * n * I), "%s: not the GPU's matmul + act_mul bit for bit", name);
+                free(a), free(c);
+            }
+    cpu->ops->free(cpu, wc.data);
+    for (int f = 0; f < 3; f++) gpu->ops->free(gpu, wg[f].data);
+    struct pair all[] = {px, pb, pgu, po, pu};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free(wm), free(x), free(bias);
+}
+
 struct moe_shape {
     int E, k, I, L, gated;
     enum act act;
@@ -474,6 +578,45 @@ static void test_experts_fp8_refused(void) {
     w.inter = 64, w.dim = 128, w.down.fmt = WF_BF16;
     rc = gpu->ops->supports(gpu, &q);
     CHECKF(rc != 0 && strstr(vllm_last_error(), "both FP8"), "FP8 up, bf16 down: %s", rc ? vllm_last_error() : "accepted");
+}
+
+// moe_gate_route: the router GEMV and softmax top-k (one kernel at 1-4
+// tokens and up to 256 experts: Qwen3-30B-A3B's 128 top-8 from 2,048, then
+// 8 of 16 and 256 experts), each twice in a row (its block count must be
+// back to 0), and the paths that run matmul + moe_route (7 tokens, 512
+// experts, the sigmoid router): logits, ids and weights against the CPU op.
+static void test_moe_gate_route(void) {
+    static const int shapes[][3] = {{128, 8, 2048}, {16, 8, 64}, {256, 8, 1024}, {512, 8, 2048}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int kind = 0; kind < 2; kind++) {
+            int E = shapes[si][0], k = shapes[si][1], K = shapes[si][2], nmax = 7;
+            struct moe_route_cfg c = {kind ? ROUTE_SIGMOID_GROUPED : ROUTE_SOFTMAX_TOPK, E, k, 1, 1, 1, 1.0f};
+            float *wm = test_rnd((size_t)E * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1);
+            struct weight wc, wg;
+            weight_from_f32(cpu, &wc, WF_F32, wm, E, K);
+            weight_from_f32(gpu, &wg, WF_F32, wm, E, K);
+            struct pair px = up(x, sizeof(float) * nmax * K), pl = up(wm, sizeof(float) * nmax * E);
+            struct pair pids = up(wm, sizeof(int32_t) * nmax * k), pw = up(wm, sizeof(float) * nmax * k);
+            for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
+                for (int rep = 0; rep < 2; rep++) {
+                    cpu->ops->moe_gate_route(cpu, pids.c, pw.c, pl.c, px.c, &wc, NULL, n, &c);
+                    gpu->ops->moe_gate_route(gpu, pids.g, pw.g, pl.g, px.g, &wg, NULL, n, &c);
+                    char name[96];
+                    snprintf(name, sizeof name, "moe_gate_route %s %d top-%d from %d, n=%d%s", kind ? "sigmoid" : "softmax",
+                             E, k, K, n, rep ? " again" : "");
+                    cmp(name, pl, (size_t)n * E, 1e-5);
+                    int32_t *gi = xmalloc(sizeof(int32_t) * n * k);
+                    gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * n * k);
+                    CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * n * k), "%s: expert ids differ", name);
+                    free(gi);
+                    cmp("  its weights", pw, (size_t)n * k, 1e-6);
+                }
+            cpu->ops->free(cpu, wc.data);
+            gpu->ops->free(gpu, wg.data);
+            struct pair all[] = {px, pl, pids, pw};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+            free(wm), free(x);
+        }
 }
 
 // fp8: the routers, then the FP8 experts (run last in main: a fault there
@@ -816,6 +959,15 @@ int main(int argc, char **argv) {
         test_attention(&attn[i], DT_F32, 1e-5);
         test_attention(&attn[i], DT_BF16, 2e-2);
     }
+    static const struct qkn_case qkn[] = {{32, 8, 128, 1, 1}, {32, 4, 128, 1, 1}, {64, 8, 128, 1, 1}, {16, 16, 64, 1, 1},
+                                          {32, 8, 128, 0, 1},  {32, 2, 128, 0, 0}, {12, 3, 24, 1, 1},  {8, 2, 256, 1, 1}};
+    for (size_t i = 0; i < sizeof qkn / sizeof qkn[0]; i++) {
+        test_qk_norm_rope(&qkn[i], DT_F32, 1e-5);
+        test_qk_norm_rope(&qkn[i], DT_BF16, 2e-2);
+    }
+    test_matmul_act_mul(2048, 6144);
+    test_matmul_act_mul(48, 71);
+    test_moe_gate_route();
     test_moe(0);
     test_kimi_kda();
     struct backend *ref;

@@ -61,6 +61,16 @@ static inline float dt_of(const float *row, int dt_off, int h, const float *dt_b
 // One row of the reference rope / head_rmsnorm (the fast path runs rows in parallel).
 void cpu_rope_row(float *x, int heads, int head_dim, const float *cs);
 void cpu_head_rmsnorm_row(float *x, int heads, int head_dim, const float *w, float eps);
+// Row t of qk_norm_rope (backend.h): the q/k norms, rope and kv write of one qkv row.
+void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
+                          const float *table, float *k_cache, float *v_cache, const struct batch *b,
+                          const struct attn_dims *d);
+// moe_gate_route as matmul, then moe_route, through be's own ops (both paths).
+void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
+                        const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
+// matmul_act_mul as matmul into gu, then act_mul, through be's own ops (the reference and the fast path alike).
+void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,
+                        float *gu);
 
 // ops in cpu_mamba.c, cpu_attn.c, cpu_moe.c
 void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,

@@ -274,6 +274,42 @@ static void cpu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int he
     for (int t = 0; t < n; t++) cpu_head_rmsnorm_row(x + (int64_t)t * ld, heads, head_dim, w, eps);
 }
 
+void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
+                          const float *table, float *k_cache, float *v_cache, const struct batch *b,
+                          const struct attn_dims *d) {
+    int hd = d->head_dim, qd = d->heads * hd, kvd = d->kv_heads * hd;
+    float *row = qkv + (int64_t)t * ld;
+    if (q_norm) {
+        cpu_head_rmsnorm_row(row, d->heads, hd, q_norm, eps);
+        cpu_head_rmsnorm_row(row + qd, d->kv_heads, hd, k_norm, eps);
+    }
+    if (table) cpu_rope_row(row, d->heads + d->kv_heads, hd, table + (int64_t)b->positions[t] * hd);
+    int slot = b->slot_mapping[t];
+    if (slot < 0) return;
+    memcpy(k_cache + (int64_t)slot * kvd, row + qd, sizeof(float) * kvd);
+    memcpy(v_cache + (int64_t)slot * kvd, row + qd + kvd, sizeof(float) * kvd);
+}
+
+static void cpu_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm,
+                             float eps, const float *table, void *k_cache, void *v_cache, const struct batch *b,
+                             const struct attn_dims *d) {
+    (void)be;
+    for (int t = 0; t < b->num_tokens; t++)
+        cpu_qk_norm_rope_row(qkv, ld, t, q_norm, k_norm, eps, table, k_cache, v_cache, b, d);
+}
+
+void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
+                        const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c) {
+    be->ops->matmul(be, logits, x, gate, n);
+    be->ops->moe_route(be, ids, weights, logits, bias, n, c);
+}
+
+void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,
+                        float *gu) {
+    be->ops->matmul(be, gu, x, w, n);
+    be->ops->act_mul(be, kind, out, gu, n, (int)(w->rows / 2));
+}
+
 static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
     (void)be;
     double s = 0;
@@ -452,6 +488,9 @@ static const struct backend_ops cpu_ops = {
     .act_mul = cpu_act_mul,
     .rope = cpu_rope,
     .head_rmsnorm = cpu_head_rmsnorm,
+    .qk_norm_rope = cpu_qk_norm_rope,
+    .matmul_act_mul = cpu_matmul_act_mul,
+    .moe_gate_route = cpu_moe_gate_route,
     .sum_sq = cpu_sum_sq,
     .conv1d_fwd = cpu_conv1d_fwd,
     .conv1d_update = cpu_conv1d_update,
@@ -496,6 +535,7 @@ static void fast_ops_init(struct backend_ops *o) {
     o->act_mul = fast_act_mul;
     o->rope = fast_rope;
     o->head_rmsnorm = fast_head_rmsnorm;
+    o->qk_norm_rope = fast_qk_norm_rope;
     o->conv1d_fwd = fast_conv1d_fwd;
     o->conv1d_update = fast_conv1d_update;
     o->ssd_prefill = fast_ssd_prefill;

@@ -203,6 +203,9 @@ int fast_peaks(struct backend *be, double *bytes_per_s, double *flops_per_s);
 void fast_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
                const int32_t *positions);
 void fast_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w, float eps);
+void fast_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
+                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
+                       const struct attn_dims *d);
 void fast_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
 void fast_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
                       float eps);

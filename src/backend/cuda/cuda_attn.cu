@@ -45,6 +45,73 @@ void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float
                    (const int32_t *)b->slot_mapping, qd, kvd);
 }
 
+// qk_norm_rope (backend.h): block (t, y) of QKN_WARPS warps, a warp per
+// head g of token t's q | k | v heads. A q or k head is RMSNormed (when q_norm)
+// into shared memory, rotated by pos[t] from there (the pairs (i, i + hd/2)
+// cross lanes) back into qkv, and a k head also into the K cache; a v head is
+// copied to the V cache. The arithmetic is k_head_rmsnorm's, k_rope's and
+// k_kv_write's in their order, so the values are theirs (one kernel, not four).
+#define QKN_WARPS 4
+template <typename T>
+__global__ void __launch_bounds__(32 * QKN_WARPS)
+    k_qk_norm_rope(float *qkv, int ld, const float *qn, const float *kn, float eps, const float *table, T *kc, T *vc,
+                   const int32_t *pos, const int32_t *slot_mapping, int H, int Hkv, int hd) {
+    __shared__ float sh[QKN_WARPS][CUDA_MAX_HEAD_DIM];
+    pdl_wait();
+    pdl_trigger();
+    int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y * QKN_WARPS + w;
+    if (g >= H + 2 * Hkv) return; // a whole warp: the shuffles below see every lane
+    float *p = qkv + (int64_t)t * ld + (int64_t)g * hd;
+    int slot = slot_mapping[t], kvd = Hkv * hd;
+    if (g >= H + Hkv) { // v
+        if (slot >= 0)
+            for (int i = lane; i < hd; i += 32) store_kv(vc + (int64_t)slot * kvd + (g - H - Hkv) * hd + i, p[i]);
+        return;
+    }
+    float *s = sh[w];
+    const float *nw = g < H ? qn : kn;
+    if (nw) {
+        float ss = 0;
+        for (int i = lane; i < hd; i += 32) ss += p[i] * p[i];
+        ss = warp_sum(ss);
+        float r = rsqrtf(ss / hd + eps);
+        for (int i = lane; i < hd; i += 32) s[i] = nw[i] * (p[i] * r);
+    } else {
+        for (int i = lane; i < hd; i += 32) s[i] = p[i];
+    }
+    __syncwarp();
+    T *kr = g >= H && slot >= 0 ? kc + (int64_t)slot * kvd + (g - H) * hd : NULL; // this k head's cache row
+    if (table) {
+        int h2 = hd / 2;
+        const float *c = table + (int64_t)pos[t] * hd, *sn = c + h2;
+        for (int i = lane; i < h2; i += 32) {
+            float u = s[i], v = s[i + h2], a = u * c[i] - v * sn[i], b = v * c[i] + u * sn[i];
+            p[i] = a, p[i + h2] = b;
+            if (kr) store_kv(kr + i, a), store_kv(kr + i + h2, b);
+        }
+    } else {
+        for (int i = lane; i < hd; i += 32) {
+            p[i] = s[i];
+            if (kr) store_kv(kr + i, s[i]);
+        }
+    }
+}
+
+void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
+                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
+                       const struct attn_dims *d) {
+    if (b->num_tokens <= 0) return;
+    dim3 grid(b->num_tokens, cdiv(d->heads + 2 * d->kv_heads, QKN_WARPS));
+    cudaStream_t s = cu(be)->stream;
+    const int32_t *pos = b->positions, *sm = (const int32_t *)b->slot_mapping;
+    if (be->kv_dtype == DT_BF16)
+        launch_pdl(k_qk_norm_rope<__nv_bfloat16>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, q_norm, k_norm, eps, table,
+                   (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos, sm, d->heads, d->kv_heads, d->head_dim);
+    else
+        launch_pdl(k_qk_norm_rope<float>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, q_norm, k_norm, eps, table,
+                   (float *)k_cache, (float *)v_cache, pos, sm, d->heads, d->kv_heads, d->head_dim);
+}
+
 struct attn_args {
     float *out;                     // [T, Hq*Dh] (nsplit == 1)
     float *part;                    // [T, Hq, nsplit, Dh + 2] partial acc, m, l

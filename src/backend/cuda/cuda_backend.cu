@@ -52,6 +52,7 @@ static void cu_destroy(struct backend *be) {
     cudaStreamSynchronize(c->stream);
     cuda_comm_destroy(c->comm);
     if (c->scratch) cudaFree(c->scratch);
+    cudaFree(c->route_done);
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
         if (p->op) cublasLtMatmulDescDestroy(p->op);
@@ -309,14 +310,26 @@ template <> struct pair_of<__half> { typedef __half2 type; };
 // A block owns GEMV_ROWS weight rows; its 8 warps split K between them and
 // reduce through shared memory in a fixed order (deterministic), so even
 // 4096-row matrices give the GPU thousands of warps to keep loads in flight.
-template <typename T, int NB>
-__global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const T *w, int N, int K) {
+// GATED (matmul_act_mul): W is [2I, K] gate | up; a block owns GEMV_HALF
+// hidden units, rows u (gate) and I + u (up) of each, and writes y [n, I] =
+// act(gate) * up, the values of the product then act_mul. bias [N] (or
+// NULL) is added to each product as k_bias adds it (one kernel fewer).
+#define GEMV_HALF (GEMV_ROWS / 2)
+template <typename T, int NB, bool GATED>
+__global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const T *w, const float *bias, int N, int K,
+                                                enum act kind) {
     typedef typename pair_of<T>::type T2;
     __shared__ float red[8][GEMV_ROWS][NB];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * GEMV_ROWS;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * (GATED ? GEMV_HALF : GEMV_ROWS);
+    int I = N / 2;
     const uint4 *wr[GEMV_ROWS];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; r++) wr[r] = (const uint4 *)(w + (int64_t)min(row0 + r, N - 1) * K);
+    for (int r = 0; r < GEMV_ROWS; r++) {
+        int row = !GATED         ? min(row0 + r, N - 1)
+                  : r < GEMV_HALF ? min(row0 + r, I - 1)                  // gate of unit row0 + r
+                                  : I + min(row0 + r - GEMV_HALF, I - 1); // up of unit row0 + r - GEMV_HALF
+        wr[r] = (const uint4 *)(w + (int64_t)row * K);
+    }
     float acc[GEMV_ROWS][NB];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; r++)
@@ -362,23 +375,36 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
             if (lane == 0) red[warp][r][b] = v;
         }
     __syncthreads();
-    if (threadIdx.x < GEMV_ROWS * NB) {
+    if (GATED && threadIdx.x < GEMV_HALF * NB) {
+        int u = threadIdx.x / NB, b = threadIdx.x % NB;
+        float gv = 0, uv = 0;
+        for (int q = 0; q < 8; q++) gv += red[q][u][b], uv += red[q][u + GEMV_HALF][b];
+        if (bias && row0 + u < I) gv += bias[row0 + u], uv += bias[I + row0 + u];
+        if (row0 + u < I) y[(int64_t)b * I + row0 + u] = act_dev(kind, gv) * uv;
+    } else if (!GATED && threadIdx.x < GEMV_ROWS * NB) {
         int r = threadIdx.x / NB, b = threadIdx.x % NB;
         float v = 0;
         for (int q = 0; q < 8; q++) v += red[q][r][b];
+        if (bias && row0 + r < N) v += bias[row0 + r];
         if (row0 + r < N) y[(int64_t)b * N + row0 + r] = v;
     }
 }
 
-template <typename T>
-static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, int N, int K, int n) {
-    dim3 g(cdiv(N, GEMV_ROWS));
+// gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias
+template <typename T, bool GATED>
+static void gemv16_g(cudaStream_t s, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
+                     enum act kind) {
+    dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
     switch (n) {
-    case 1: launch_pdl(k_gemv16<T, 1>, g, 256, 0, s, y, x, W, N, K); break;
-    case 2: launch_pdl(k_gemv16<T, 2>, g, 256, 0, s, y, x, W, N, K); break;
-    case 3: launch_pdl(k_gemv16<T, 3>, g, 256, 0, s, y, x, W, N, K); break;
-    default: launch_pdl(k_gemv16<T, 4>, g, 256, 0, s, y, x, W, N, K); break;
+    case 1: launch_pdl(k_gemv16<T, 1, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
+    case 2: launch_pdl(k_gemv16<T, 2, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
+    case 3: launch_pdl(k_gemv16<T, 3, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
+    default: launch_pdl(k_gemv16<T, 4, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
     }
+}
+template <typename T>
+static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, const float *bias, int N, int K, int n) {
+    gemv16_g<T, false>(s, y, x, W, bias, N, K, n, ACT_SILU);
 }
 
 static cudaDataType_t cuda_type(enum wfmt f) {
@@ -461,63 +487,21 @@ static void blas_matmul(struct backend *be, float *y, const float *x, const stru
                               CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// fp32 weights at decode sizes (the routers; the fp32 exactness gates): a
-// block per weight row, its 8 warps splitting K (float4 loads), every row of
-// x (n <= 4) at once. The row's first 3 x 256 float4 (all of it up to K =
-// 3072) are loaded before the wait, under the previous kernel's tail.
-#define GEMV32_PRE 3
+// fp32 weights at decode sizes (the routers; the fp32 exactness gates):
+// gemv32_row (cuda_common.cuh), a block per weight row.
 template <int NB>
-__global__ void __launch_bounds__(256) k_gemv32(float *y, const float *x, const float *w, int N, int K) {
-    __shared__ float red[8][NB];
-    int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K4 = K / 4;
-    const float4 *wr = (const float4 *)(w + (int64_t)row * K);
-    float4 pre[GEMV32_PRE];
-#pragma unroll
-    for (int i = 0; i < GEMV32_PRE; i++)
-        if (threadIdx.x + 256 * i < K4) pre[i] = __ldg(wr + threadIdx.x + 256 * i);
-    pdl_wait();
-    pdl_trigger();
-    float acc[NB];
-#pragma unroll
-    for (int b = 0; b < NB; b++) acc[b] = 0;
-#pragma unroll
-    for (int i = 0; i < GEMV32_PRE; i++) {
-        int k4 = threadIdx.x + 256 * i;
-        if (k4 >= K4) break;
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-            float4 xv = ((const float4 *)(x + (int64_t)b * K))[k4], v = pre[i];
-            acc[b] += v.x * xv.x + v.y * xv.y + v.z * xv.z + v.w * xv.w;
-        }
-    }
-    for (int k4 = threadIdx.x + 256 * GEMV32_PRE; k4 < K4; k4 += 256) {
-        float4 v = __ldg(wr + k4);
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-            float4 xv = ((const float4 *)(x + (int64_t)b * K))[k4];
-            acc[b] += v.x * xv.x + v.y * xv.y + v.z * xv.z + v.w * xv.w;
-        }
-    }
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-        float s = warp_sum(acc[b]);
-        if (lane == 0) red[warp][b] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < NB) {
-        float v = 0;
-        for (int q = 0; q < 8; q++) v += red[q][threadIdx.x];
-        y[(int64_t)threadIdx.x * N + row] = v;
-    }
+__global__ void __launch_bounds__(256) k_gemv32(float *y, const float *x, const float *w, const float *bias, int N,
+                                                int K) {
+    gemv32_row<NB>(y, x, w, bias, N, K, blockIdx.x);
 }
 
-static void gemv32(cudaStream_t s, float *y, const float *x, const float *W, int N, int K, int n) {
+static void gemv32(cudaStream_t s, float *y, const float *x, const float *W, const float *bias, int N, int K, int n) {
     dim3 g(N);
     switch (n) {
-    case 1: launch_pdl(k_gemv32<1>, g, 256, 0, s, y, x, W, N, K); break;
-    case 2: launch_pdl(k_gemv32<2>, g, 256, 0, s, y, x, W, N, K); break;
-    case 3: launch_pdl(k_gemv32<3>, g, 256, 0, s, y, x, W, N, K); break;
-    default: launch_pdl(k_gemv32<4>, g, 256, 0, s, y, x, W, N, K); break;
+    case 1: launch_pdl(k_gemv32<1>, g, 256, 0, s, y, x, W, bias, N, K); break;
+    case 2: launch_pdl(k_gemv32<2>, g, 256, 0, s, y, x, W, bias, N, K); break;
+    case 3: launch_pdl(k_gemv32<3>, g, 256, 0, s, y, x, W, bias, N, K); break;
+    default: launch_pdl(k_gemv32<4>, g, 256, 0, s, y, x, W, bias, N, K); break;
     }
 }
 
@@ -528,17 +512,23 @@ __global__ void k_bias(float *y, const float *b, int64_t n, int N) {
         y[i] += b[i % N];
 }
 
+// The 16-byte-load GEMVs' conditions: decode rows, K % 8, aligned x and W.
+static bool gemv_fits(const float *x, const struct weight *w, int n) {
+    return n <= 4 && w->cols % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+}
+
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     if (n <= 0) return;
     int N = (int)w->rows, K = (int)w->cols;
-    bool gemv = n <= 4 && K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+    bool gemv = gemv_fits(x, w, n);
     cudaStream_t s = cu(be)->stream;
+    bool fused_bias = gemv && (w->fmt == WF_F32 || w->fmt == WF_BF16 || w->fmt == WF_F16); // in the GEMV's epilogue
     if (w->fmt == WF_FP8) cuda_matmul_fp8(be, y, x, w, n);
-    else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, N, K, n);
-    else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, N, K, n);
-    else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, N, K, n);
+    else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, w->bias, N, K, n);
+    else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n);
+    else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, w->bias, N, K, n);
     else blas_matmul(be, y, x, w, n);
-    if (w->bias) {
+    if (w->bias && !fused_bias) {
         int64_t m = (int64_t)n * N;
         launch_pdl(k_bias, (int)(m < 4096LL * 256 ? cdiv(m, 256) : 4096), 256, 0, s, y, w->bias, n, N);
     }
@@ -610,6 +600,25 @@ __global__ void k_rope(float *x, int ld, int heads, int hd, const float *table, 
         float *a = row + h * hd + i, u = a[0], v = a[h2];
         a[0] = u * c[i] - v * s[i];
         a[h2] = v * c[i] + u * s[i];
+    }
+}
+
+// A gated MLP's gate | up product: at decode sizes with 16-bit weights, one
+// GEMV whose epilogue adds the bias and writes act(gate) * up (gu
+// unwritten); else the product into gu, then act_mul.
+static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
+                              int n, float *gu) {
+    if (n <= 0) return;
+    int N = (int)w->rows, K = (int)w->cols;
+    cudaStream_t s = cu(be)->stream;
+    bool fuse = gemv_fits(x, w, n) && N % 2 == 0;
+    if (fuse && w->fmt == WF_BF16)
+        gemv16_g<__nv_bfloat16, true>(s, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind);
+    else if (fuse && w->fmt == WF_F16)
+        gemv16_g<__half, true>(s, out, x, (const __half *)w->data, w->bias, N, K, n, kind);
+    else {
+        cu_matmul(be, gu, x, w, n);
+        cu_act_mul(be, kind, out, gu, n, N / 2);
     }
 }
 
@@ -696,6 +705,19 @@ static void *cu_graph_end(struct backend *be) {
     cudaGraph_t g;
     cudaGraphExec_t x;
     CUDA_CHECK(cudaStreamEndCapture(cu(be)->stream, &g));
+    if (diag_on("graphs")) { // the kernels a replayed step launches (docs/BENCHMARKS.md counts them per layer)
+        size_t n = 0, k = 0;
+        CUDA_CHECK(cudaGraphGetNodes(g, NULL, &n));
+        cudaGraphNode_t *nodes = (cudaGraphNode_t *)xcalloc(n ? n : 1, sizeof *nodes);
+        CUDA_CHECK(cudaGraphGetNodes(g, nodes, &n));
+        for (size_t i = 0; i < n; i++) {
+            cudaGraphNodeType t;
+            CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &t));
+            k += t == cudaGraphNodeTypeKernel;
+        }
+        free(nodes);
+        diag_printf("graph recorded: %zu kernels, %zu nodes\n", k, n);
+    }
     CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
     CUDA_CHECK(cudaGraphDestroy(g));
     return (void *)x;
@@ -881,6 +903,9 @@ static void init_ops(void) {
     o->act_mul = cu_act_mul;
     o->rope = cu_rope;
     o->head_rmsnorm = cu_head_rmsnorm;
+    o->qk_norm_rope = cuda_qk_norm_rope;
+    o->moe_gate_route = cuda_moe_gate_route;
+    o->matmul_act_mul = cu_matmul_act_mul;
     o->sum_sq = cu_sum_sq;
     o->conv1d_fwd = cuda_conv1d_fwd;
     o->conv1d_update = cuda_conv1d_update;
@@ -942,6 +967,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
+    CUDA_CHECK(cudaMalloc(&c->route_done, sizeof(unsigned)));
+    CUDA_CHECK(cudaMemset(c->route_done, 0, sizeof(unsigned)));
     init_ops();
     struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
     be->ops = &cuda_ops;

@@ -43,6 +43,7 @@ struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
+    unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -167,6 +168,59 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void *smem) {
 }
 
 
+// fp32 weights at decode sizes (the routers; the fp32 exactness gates): a
+// block (256 threads) for weight row `row`, its 8 warps splitting K (float4
+// loads), every row of x (n <= 4) at once. The row's first 3 x 256 float4 (all of it up to K =
+// 3072) are loaded before the wait, under the previous kernel's tail.
+// bias [N] or NULL, added as k_bias adds it.
+#define GEMV32_PRE 3
+template <int NB>
+__device__ __forceinline__ void gemv32_row(float *y, const float *x, const float *w, const float *bias, int N, int K,
+                                           int row) {
+    __shared__ float red[8][NB];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, K4 = K / 4;
+    const float4 *wr = (const float4 *)(w + (int64_t)row * K);
+    float4 pre[GEMV32_PRE];
+#pragma unroll
+    for (int i = 0; i < GEMV32_PRE; i++)
+        if (threadIdx.x + 256 * i < K4) pre[i] = __ldg(wr + threadIdx.x + 256 * i);
+    pdl_wait();
+    pdl_trigger();
+    float acc[NB];
+#pragma unroll
+    for (int b = 0; b < NB; b++) acc[b] = 0;
+#pragma unroll
+    for (int i = 0; i < GEMV32_PRE; i++) {
+        int k4 = threadIdx.x + 256 * i;
+        if (k4 >= K4) break;
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float4 xv = ((const float4 *)(x + (int64_t)b * K))[k4], v = pre[i];
+            acc[b] += v.x * xv.x + v.y * xv.y + v.z * xv.z + v.w * xv.w;
+        }
+    }
+    for (int k4 = threadIdx.x + 256 * GEMV32_PRE; k4 < K4; k4 += 256) {
+        float4 v = __ldg(wr + k4);
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            float4 xv = ((const float4 *)(x + (int64_t)b * K))[k4];
+            acc[b] += v.x * xv.x + v.y * xv.y + v.z * xv.z + v.w * xv.w;
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        float s = warp_sum(acc[b]);
+        if (lane == 0) red[warp][b] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < NB) {
+        float v = 0;
+        for (int q = 0; q < 8; q++) v += red[q][threadIdx.x];
+        if (bias) v += bias[row];
+        y[(int64_t)threadIdx.x * N + row] = v;
+    }
+}
+
 static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 
 // Load-time limits of the kernels (supports() in cuda_backend.cu).
@@ -180,7 +234,7 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_MLA_MAX_RANK 512 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512), a multiple of 4
 #define CUDA_MLA_MAX_W 640    // kv_lora_rank + qk_rope_head_dim (576), rope a multiple of 4
 
-// ops in cuda_mamba.cu, cuda_attn.cu, cuda_moe.cu, cuda_sample.cu
+// ops in cuda_mamba.cu, cuda_attn.cu, cuda_route.cu, cuda_moe.cu, cuda_sample.cu
 void cuda_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
                      const struct batch *b, int seq0, int seq1, const struct mamba_dims *d);
 void cuda_conv1d_update(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
@@ -194,12 +248,17 @@ void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const fl
                         int dim, int group_size, float eps);
 void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld, const struct batch *b,
                    const struct attn_dims *d);
+void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
+                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
+                       const struct attn_dims *d);
 void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d);
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c);
+void cuda_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
+                         const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const float *add);
 size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k);
