@@ -44,6 +44,7 @@ struct test_batch {
     int32_t qsl[TB_SEQS + 1], seq_lens[TB_SEQS], ctx[TB_SEQS], slots[TB_SEQS], src[TB_SEQS];
     int32_t pos[TB_TOKENS], slot_map[TB_TOKENS], btab[TB_SEQS * 64];
     int32_t ck_start[TB_SEQS + 1], ck_pos[TB_CKPTS], ck_slot[TB_CKPTS];
+    int32_t ck_dst[TB_SEQS]; // decodes' checkpoint slots (batch.ckpt_dst): -1 unless a test sets one
 };
 
 // n sequences, sequence s: qlen[s] tokens after ctx[s], state in slot[s],
@@ -57,11 +58,12 @@ static inline void test_batch_make(struct test_batch *h, int n, const int *qlen,
         for (int i = 0; i < qlen[s]; i++) h->pos[t++] = ctx[s] + i;
     }
     h->qsl[n] = t;
+    for (int s = 0; s < TB_SEQS; s++) h->ck_dst[s] = -1;
     struct batch *b = &h->b;
     *b = (struct batch){.num_tokens = t, .num_seqs = n, .num_decodes = nd, .num_prefills = n - nd};
     b->query_start_loc = h->qsl, b->seq_lens = h->seq_lens, b->context_lens = h->ctx, b->positions = h->pos;
     b->state_slots = h->slots, b->state_src = h->src, b->ckpt_start = h->ck_start, b->ckpt_pos = h->ck_pos;
-    b->ckpt_slot = h->ck_slot, b->slot_mapping = h->slot_map, b->block_tables = h->btab;
+    b->ckpt_slot = h->ck_slot, b->ckpt_dst = h->ck_dst, b->slot_mapping = h->slot_map, b->block_tables = h->btab;
     b->h_query_start_loc = h->qsl, b->h_seq_lens = h->seq_lens, b->h_context_lens = h->ctx;
     b->h_state_slots = h->slots, b->h_state_src = h->src;
 }

@@ -50,8 +50,20 @@ foreach(fx ${VLLM_PREFIX_FIXTURES})
   set_tests_properties(tp2_gate_prefix_${fx} PROPERTIES PASS_REGULAR_EXPRESSION "STRICT PASS [1-9]"
                        FAIL_REGULAR_EXPRESSION "DIVERGE|NOTHING COMPARED|FAIL")
 endforeach()
+# Through a reply: B = A's prompt + A's reply + a tail hits up to A's last
+# full block (decode checkpoints), token- and logit-exact against caching off.
+vllm_test_exe(test_prefix_reply engine/test_prefix_reply.c)
+add_test(NAME gate_prefix_reply COMMAND test_prefix_reply)
+add_test(NAME gate_prefix_reply_reference COMMAND test_prefix_reply)
+set_tests_properties(gate_prefix_reply PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+set_tests_properties(gate_prefix_reply_reference PROPERTIES
+                     ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_CPU_REFERENCE=1")
 # On the GPU in fp32 (skipped without one): the same, token-exact.
 if(VLLM_CUDA)
+  add_test(NAME gpu_gate_prefix_reply_fp32
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh $<TARGET_FILE:test_prefix_reply> --device cuda)
+  set_tests_properties(gpu_gate_prefix_reply_fp32 PROPERTIES SKIP_RETURN_CODE 77
+                       ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
   foreach(fx ${VLLM_PREFIX_FIXTURES})
     foreach(mode ${VLLM_PREFIX_MODES})
       vllm_gate_mode("${mode}" mname parts)

@@ -233,7 +233,9 @@ struct backend_ops {
     void (*conv1d_fwd)(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
                        float *conv_state, const struct batch *b, int seq0, int seq1,
                        const struct mamba_dims *d);
-    // The same for one token of each decode sequence [0, num_decodes).
+    // The same for one token of each decode sequence [0, num_decodes), which
+    // continues its state slot and also writes the new state to checkpoint
+    // slot ckpt_dst[s] where that is >= 0 (batch.h).
     void (*conv1d_update)(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
                           float *conv_state, const struct batch *b, const struct mamba_dims *d);
     // SSD chunked scan for prefill sequences [seq0, seq1): y: [T, H*P].
@@ -245,7 +247,8 @@ struct backend_ops {
     void (*ssd_prefill)(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
                         const float *A, const float *D, float *ssm_state, const struct batch *b,
                         int seq0, int seq1, const struct mamba_dims *d);
-    // Recurrent update for the decode sequences, state updated in place.
+    // Recurrent update for the decode sequences, state updated in place (and
+    // written to checkpoint slot ckpt_dst[s] too where that is >= 0).
     void (*ssd_decode)(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,
                        const float *A, const float *D, float *ssm_state, const struct batch *b,
                        const struct mamba_dims *d);
@@ -276,7 +279,8 @@ struct backend_ops {
     // y: [T, H*K]; state: [slots, H, K, K] fp32. Prefill sequences [seq0,
     // seq1) start from slot state_src (zeros for -1, a checkpoint's copy), end
     // in their state slot, and write the state after each checkpoint position
-    // to its slot; decodes continue their own slot.
+    // to its slot; decodes continue their own slot (and write the new state
+    // to checkpoint slot ckpt_dst[s] too where that is >= 0).
     void (*kda_prefill)(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                         const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
     void (*kda_decode)(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,

@@ -50,6 +50,10 @@ struct batch {
     // seq_lens[s]] and a multiple of chunk_size: an SSD chunk boundary.
     int32_t *ckpt_start;        // [S+1]
     int32_t *ckpt_pos, *ckpt_slot;
+    // [S] decodes: the checkpoint slot that also gets the state after this
+    // step's token (the ops that update the state write both); -1: none
+    // (graph padding rows too), and NULL for no row. Read for decode rows only.
+    int32_t *ckpt_dst;
     int32_t *token_src;         // [T] token-table index of each input token
     int32_t *sample_rows;       // [num_sample] batch row whose logits are sampled
     struct sample_params *sample_params; // [num_sample]
@@ -59,6 +63,9 @@ struct batch {
     const int32_t *h_query_start_loc, *h_seq_lens, *h_context_lens, *h_state_slots, *h_state_src;
     const struct sample_params *h_sample_params;
 };
+
+// The checkpoint slot decode row s also writes its new state to, or -1.
+static inline int batch_ckpt_dst(const struct batch *b, int s) { return b->ckpt_dst ? b->ckpt_dst[s] : -1; }
 
 // Where the sampler writes (device arrays of the runner).
 struct sample_out {

@@ -10,8 +10,10 @@
 // of the first turns and of the later ones, prompt tokens computed, prefix
 // cache hits, and the tokens an ideal cache could reuse: for each request the
 // longest prefix it shares with what earlier requests computed (their prompt
-// and reply but its last token), rounded down to the checkpoint interval (to
-// the block size without recurrent state), never its last token.
+// and reply but its last token), rounded down to the block size (KV blocks
+// are cached whole; recurrent state is checkpointed at every block boundary
+// of a reply, and a turn's longest shared prefix ends in the reply before
+// it), never its last token.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +25,7 @@
 struct chat_result {
     double total_s, ttft1_p50, ttft1_p99, ttft2_p50, ttft2_p99; // TTFT of first turns, of later turns
     uint64_t prefill_tokens, queries, hits, reusable;
-    int interval;
+    int interval, block; // checkpoint interval in prompts; block size (what reusable is rounded to)
     int32_t **seqs; // [n] each turn's prompt + reply, to compare the runs
     int *lens;
 };
@@ -128,7 +130,7 @@ static int run_chat(const struct vllm_engine_params *ep, const struct chat_opts 
     struct vllm_model_info info;
     vllm_engine_info(e, &info);
     int N = o->conversations, T = o->turns, n = N * T, rc = 0;
-    int g = info.state_checkpoint_interval ? info.state_checkpoint_interval : info.block_size;
+    int g = info.block_size;
     struct chat ch = {o, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, xcalloc(n, sizeof(struct turn))};
     struct tref *refs = xcalloc(n, sizeof *refs);
     int32_t *system = xmalloc(sizeof(int32_t) * o->system_len);
@@ -187,7 +189,8 @@ static int run_chat(const struct vllm_engine_params *ep, const struct chat_opts 
     res->prefill_tokens = st.prompt_tokens_total;
     res->queries = st.prefix_cache_queries;
     res->hits = st.prefix_cache_hits;
-    res->interval = g;
+    res->interval = info.state_checkpoint_interval;
+    res->block = g;
     free(first), free(later), free(refs), free(system), free(ch.turns);
     return rc;
 }
@@ -226,9 +229,10 @@ int bench_chat(const struct vllm_engine_params *base, const struct chat_opts *o,
     if (rc) fprintf(stderr, "vllm bench: the chat workload failed: %s\n", vllm_last_error());
     else if (json) {
         printf("{\"workload\": \"chat\", \"model\": \"%s\", \"device\": \"%s\", \"conversations\": %d, "
-               "\"turns\": %d, \"system_len\": %d, \"user_len\": %d, \"reply_len\": %d, \"interval\": %d, ",
+               "\"turns\": %d, \"system_len\": %d, \"user_len\": %d, \"reply_len\": %d, \"interval\": %d, "
+               "\"block_size\": %d, ",
                base->model, base->device, o->conversations, o->turns, o->system_len, o->user_len, o->reply_len,
-               r[1].interval);
+               r[1].interval, r[1].block);
         print_json("off", &r[0]);
         printf(", ");
         print_json("on", &r[1]);
@@ -236,8 +240,8 @@ int bench_chat(const struct vllm_engine_params *base, const struct chat_opts *o,
     } else {
         printf("chat: %d conversations x %d turns; system prompt %d, user %d, reply %d tokens; device %s\n",
                o->conversations, o->turns, o->system_len, o->user_len, o->reply_len, base->device);
-        printf("hits are prompt tokens found in the cache; reusable: the shared prefixes, rounded down to %d\n",
-               r[1].interval);
+        printf("hits are prompt tokens found in the cache; reusable: the shared prefixes, rounded down to the "
+               "block (%d; checkpoint interval %d in prompts)\n", r[1].block, r[1].interval);
         printf("%-8s %8s %12s %19s %9s %19s %19s\n", "caching", "total s", "prefill tok", "hits/queries",
                "hit/reuse", "TTFT 1st p50/p99 ms", "TTFT 2nd+ p50/p99");
         print_row("off", &r[0]);

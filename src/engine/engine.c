@@ -150,10 +150,11 @@ static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
 // block_size (a checkpoint is keyed by the hash of the block that ends at it)
 // and of every state layer's alignment (the SSD chunk: the scan has the state
 // at chunk boundaries only); so any shared prefix of at least one interval
-// hits at its last multiple of the interval. The pool: prefix_state_bytes
-// (default a quarter of the KV budget) of checkpoints of every state layer
-// on every rank, at most as many as the KV pool can back (a hit needs the
-// blocks of its prefix too).
+// hits at its last multiple of the interval. Decode steps add one at each
+// block boundary of a reply (scheduler.c: plan_ckpts). The pool:
+// prefix_state_bytes (default a quarter of the KV budget) of checkpoints of
+// every state layer on every rank, at most one per KV block (a checkpoint is
+// keyed by the block ending at it, and a hit needs the blocks of its prefix).
 static int size_ckpts(struct vllm_engine *e, int num_blocks, int *interval, int *num, int64_t *bytes) {
     const struct vllm_engine_params *p = &e->params;
     int align = 0;
@@ -175,8 +176,7 @@ static int size_ckpts(struct vllm_engine *e, int num_blocks, int *interval, int 
     *interval = p->state_checkpoint_interval ? p->state_checkpoint_interval : base;
     int64_t budget = p->prefix_state_bytes ? p->prefix_state_bytes : e->kv_budget / 4;
     int64_t n = per ? budget / per : 0;
-    int64_t cap = num_blocks ? (int64_t)num_blocks * p->block_size / *interval
-                             : (int64_t)p->max_num_seqs * CDIV(e->max_model_len, *interval);
+    int64_t cap = num_blocks ? num_blocks : (int64_t)p->max_num_seqs * CDIV(e->max_model_len, p->block_size);
     n = MIN(MIN(n, cap), 1 << 20);
     *num = (int)n;
     *bytes = n * per;

@@ -165,16 +165,19 @@ static void commit_blocks(struct scheduler *s, struct request *r, int upto) {
 }
 
 // Commits what r's launched steps computed: its full blocks, and the
-// checkpoints written at positions it has computed past. Checkpoints of a
-// step that never launched are just dropped.
+// checkpoints written at positions it has computed past whose block hash is
+// known (a decode's input token may be a sampled id still on its way back:
+// its checkpoint waits for the next schedule). Checkpoints of a step that
+// never launched are just dropped.
 static void commit_cached(struct scheduler *s, struct request *r) {
     if (!s->cfg.prefix_caching) return;
     int bs = s->cfg.block_size;
     commit_blocks(s, r, r->num_computed);
+    hash_blocks(s, r, r->num_computed);
     int keep = 0;
     for (int k = 0; k < r->num_pend; k++) {
         int pos = r->pend[2 * k], id = r->pend[2 * k + 1];
-        if (pos > r->num_computed) { // its step is not launched yet
+        if (pos > r->num_computed || pos / bs > r->num_hashed) { // not launched yet, or its key not known yet
             r->pend[2 * keep] = pos, r->pend[2 * keep + 1] = id, keep++;
             continue;
         }
@@ -217,25 +220,44 @@ static void preempt_last(struct scheduler *s) {
     s->num_preemptions++;
 }
 
-// Plans the checkpoints a prefill entry of n tokens writes: at each multiple
-// of the interval in (ctx, ctx + n] whose block hash is known and not cached
-// yet, one checkpoint the request holds until the step has launched
-// (commit_cached). Decode steps write none.
+// One checkpoint r holds until the step that writes it at position q has
+// launched (commit_cached); 0 when every checkpoint is held (fewer hits
+// later, nothing wrong).
+static int pend_ckpt(struct scheduler *s, struct request *r, struct sched_entry *e, int q) {
+    int id = kv_pool_alloc(&s->ckpts);
+    if (id < 0) return 0;
+    xgrow((void **)&r->pend, &r->cap_pend, 2 * (r->num_pend + 1), sizeof(int32_t));
+    r->pend[2 * r->num_pend] = q, r->pend[2 * r->num_pend + 1] = id, r->num_pend++;
+    s->out.ckpt_pos[s->out.num_ckpt] = q;
+    s->out.ckpt_id[s->out.num_ckpt++] = id;
+    e->num_ckpt++;
+    return 1;
+}
+
+// Plans the checkpoints an entry of n tokens writes, where not cached yet. A
+// prefill: at each multiple of the interval in (ctx, ctx + n] whose block
+// hash is known (the SSD scan has the state at chunk boundaries only). A
+// decode: after its token, when that token ends a block. Where a reply ends
+// (EOS, a stop string, max_tokens, an abort) is unknown while it is decoded,
+// so every block boundary of it is written: a next turn that re-sends prompt
+// + reply then hits up to the last full block of the reply, not only up to
+// the last interval of the prompt. The cost: one more write of the state per
+// block_size tokens of a sequence; a full pool means fewer hits (LRU).
 static void plan_ckpts(struct scheduler *s, struct request *r, struct sched_entry *e, int n) {
     e->ckpt0 = s->out.num_ckpt;
     e->num_ckpt = 0;
     int iv = s->cfg.ckpt_interval, bs = s->cfg.block_size, ctx = r->num_computed;
-    if (!s->ckpts.total || !iv || e->is_decode) return;
+    if (!s->ckpts.total || !iv) return;
     hash_blocks(s, r, ctx + n);
+    if (e->is_decode) {
+        int q = ctx + 1; // the input token may still be in flight: its hash is then known only at the commit
+        if (q % bs || (q / bs <= r->num_hashed && kv_pool_find(&s->ckpts, r->hashes[q / bs - 1]) >= 0)) return;
+        s->decode_ckpts += pend_ckpt(s, r, e, q);
+        return;
+    }
     for (int q = (ctx / iv + 1) * iv; q <= ctx + n && q / bs <= r->num_hashed; q += iv) {
         if (kv_pool_find(&s->ckpts, r->hashes[q / bs - 1]) >= 0) continue;
-        int id = kv_pool_alloc(&s->ckpts);
-        if (id < 0) return; // every checkpoint is held: fewer hits later, nothing wrong
-        xgrow((void **)&r->pend, &r->cap_pend, 2 * (r->num_pend + 1), sizeof(int32_t));
-        r->pend[2 * r->num_pend] = q, r->pend[2 * r->num_pend + 1] = id, r->num_pend++;
-        s->out.ckpt_pos[s->out.num_ckpt] = q;
-        s->out.ckpt_id[s->out.num_ckpt++] = id;
-        e->num_ckpt++;
+        if (!pend_ckpt(s, r, e, q)) return;
     }
 }
 
@@ -267,12 +289,13 @@ void sched_launch_failed(struct scheduler *s, const struct sched_output *o) {
 
 // The longest cached prefix r can start from, in tokens: whole blocks found
 // in the block pool (every block of a model without attention), never the
-// last token (it must run, for logits). With recurrent state also a multiple
-// of the checkpoint interval with a checkpoint there (*ckpt; -1 for none): the
-// prefix must be covered by both. The interval is a multiple of block_size,
-// so a checkpoint's key is the hash of the block that ends at it.
+// last token (it must run, for logits). With recurrent state also a
+// checkpoint at its end (*ckpt; -1 for none): the prefix must be covered by
+// both. Checkpoints sit at block boundaries (interval multiples from
+// prefills, any block from decodes), keyed by the hash of the block that
+// ends at them, so every block boundary is looked at, longest first.
 static int lookup(struct scheduler *s, struct request *r, int *ckpt) {
-    int bs = s->cfg.block_size, max = r->num_tokens - 1, iv = s->cfg.ckpt_interval;
+    int bs = s->cfg.block_size, max = r->num_tokens - 1;
     *ckpt = -1;
     hash_blocks(s, r, max);
     int nb = MIN(r->num_hashed, max / bs);
@@ -282,12 +305,12 @@ static int lookup(struct scheduler *s, struct request *r, int *ckpt) {
         nb = k;
     }
     if (!s->cfg.num_slots) return nb * bs;
-    if (!s->ckpts.total || !iv) return 0;
-    for (int p = nb * bs / iv * iv; p > 0; p -= iv) {
-        int id = kv_pool_find(&s->ckpts, r->hashes[p / bs - 1]);
+    if (!s->ckpts.total || !s->cfg.ckpt_interval) return 0;
+    for (int j = nb; j > 0; j--) {
+        int id = kv_pool_find(&s->ckpts, r->hashes[j - 1]);
         if (id >= 0) {
             *ckpt = id;
-            return p;
+            return j * bs;
         }
     }
     return 0;

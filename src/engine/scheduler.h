@@ -24,7 +24,8 @@ struct sched_output {
     struct request **preempted;  // lost their KV blocks and state slot this step
     int num_preempted;
     // State checkpoints this step writes: after the token at ckpt_pos[k] - 1
-    // the sequence's state goes to checkpoint ckpt_id[k] (ascending per entry).
+    // the sequence's state goes to checkpoint ckpt_id[k] (ascending per entry;
+    // a decode entry has at most one, after its token).
     int32_t *ckpt_pos, *ckpt_id;
     int num_ckpt;
 };
@@ -61,6 +62,7 @@ struct scheduler {
     struct sched_output out;
     uint64_t num_preemptions;
     uint64_t prefix_queries, prefix_hits; // tokens looked up at admission, and found
+    uint64_t decode_ckpts;                // checkpoints planned by decode steps (plan_ckpts)
 };
 
 // VLLM_ERR_OUT_OF_MEMORY (nothing held) when the block pools' host index cannot be allocated.

@@ -18,8 +18,8 @@
 #include "runner/runner.h"
 
 struct meta_layout { // offsets (int32 units) into the metadata buffer
-    size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, state_src, ckpt_start, ckpt_pos, ckpt_slot, src, srows,
-        sparams, plp, total;
+    size_t qsl, seq_lens, ctx, pos, slot_map, btab, state, state_src, ckpt_start, ckpt_pos, ckpt_slot, ckpt_dst, src,
+        srows, sparams, plp, total;
 };
 
 // Host side of one launched step (RUNNER_INFLIGHT of them, used in turn):
@@ -126,6 +126,7 @@ static void layout(struct meta_layout *l, int S, int T, int MB, int MC) {
     l->ckpt_start = o, o += S + 1;
     l->ckpt_pos = o, o += MC;
     l->ckpt_slot = o, o += MC;
+    l->ckpt_dst = o, o += S;
     l->src = o, o += T;
     l->srows = o, o += S;
     o = (o + 3) & ~(size_t)3; // 16-byte aligned sample params
@@ -363,6 +364,7 @@ static void pad_row(struct runner *r, int32_t *st, const struct meta_layout *l, 
     st[l->seq_lens + s] = 1;
     st[l->state + s] = r->pad_slot;
     st[l->state_src + s] = r->pad_slot;
+    st[l->ckpt_dst + s] = -1;
     for (int j = 0; j < mb; j++) st[l->btab + s * mb + j] = 0;
     st[l->pos + s] = 0;
     st[l->slot_map + s] = -1;
@@ -437,7 +439,9 @@ static void build_batch(struct runner *r, const struct sched_output *so, struct 
         // initial state: zeros, this request's slot, or a checkpoint it hit
         st[l->state_src + s] = e->restore >= 0 ? ckpt_slot(r, e->restore) : ctx > 0 ? st[l->state + s] : -1;
         st[l->ckpt_start + s] = nc;
-        for (int k = e->ckpt0; k < e->ckpt0 + e->num_ckpt; k++, nc++) {
+        // a decode's checkpoint (at most one: after its token) goes to ckpt_dst, a prefill's to the lists
+        st[l->ckpt_dst + s] = e->is_decode && e->num_ckpt ? ckpt_slot(r, so->ckpt_id[e->ckpt0]) : -1;
+        for (int k = e->ckpt0; !e->is_decode && k < e->ckpt0 + e->num_ckpt; k++, nc++) {
             st[l->ckpt_pos + nc] = so->ckpt_pos[k];
             st[l->ckpt_slot + nc] = ckpt_slot(r, so->ckpt_id[k]);
         }
@@ -489,6 +493,7 @@ static void point_batch(const struct runner *r, const struct rank *k, struct bat
     b->ckpt_start = d + l->ckpt_start;
     b->ckpt_pos = d + l->ckpt_pos;
     b->ckpt_slot = d + l->ckpt_slot;
+    b->ckpt_dst = d + l->ckpt_dst;
     b->token_src = d + l->src;
     b->sample_rows = d + l->srows;
     b->sample_params = (struct sample_params *)(d + l->sparams);

@@ -196,6 +196,7 @@ static void test_mamba(void) {
     add_ckpts(&h, 2, 2, (int[]){8, 16}, (int[]){9, 10});
     add_ckpts(&h, 3, 2, (int[]){8, 16}, (int[]){14, 15});
     add_ckpts(&h, 5, 4, (int[]){8, 16, 24, 32}, (int[]){1, 4, 5, 6});
+    h.ck_dst[0] = 11; // decode 0 (live slot 3) also writes its new state to checkpoint slot 11
     int T = h.b.num_tokens;
     size_t csn = (size_t)16 * (K - 1) * C, ssn = (size_t)16 * H * P * N;
     float *zx = test_rnd((size_t)T * ld, 1), *zx2 = dup(zx, (size_t)T * ld), *cw = test_rnd((size_t)C * K, 0.5f), *cb = test_rnd(C, 0.3f);
@@ -216,6 +217,12 @@ static void test_mamba(void) {
     fast->ops->ssd_prefill(fast, y2, zx, ld, dtb, A, D, st2, &h.b, nd, S, &d);
     cmp("ssd_prefill y", y2 + (size_t)nd * I, y1 + (size_t)nd * I, (size_t)(T - nd) * I, TOL);
     cmp("ssd state", st2, st1, ssn, TOL);
+    size_t cper = (size_t)(K - 1) * C, sper = (size_t)H * P * N;
+    float *cs[2] = {cs1, cs2}, *ss[2] = {st1, st2};
+    for (int k = 0; k < 2; k++) // the decode's checkpoint is its new state, exactly
+        CHECKF(!memcmp(cs[k] + 11 * cper, cs[k] + 3 * cper, sizeof(float) * cper) &&
+                   !memcmp(ss[k] + 11 * sper, ss[k] + 3 * sper, sizeof(float) * sper),
+               "%s conv1d_update / ssd_decode: decode checkpoint != the new state", k ? "fast" : "reference");
     free(zx), free(zx2), free(cw), free(cb), free(cs1), free(cs2), free(dtb), free(A), free(D);
     free(st1), free(st2), free(y1), free(y2);
 }
@@ -385,6 +392,7 @@ static void test_kda(void) {
     struct test_batch h;
     make_batch(&h, S, qlen, ctx, init, nd, 4);
     add_ckpts(&h, 2, 2, (int[]){16, 32}, (int[]){0, 1});
+    h.ck_dst[0] = 11; // decode 0 (live slot 3) also writes its new state to checkpoint slot 11
     int T = h.b.num_tokens;
     size_t sn = (size_t)16 * H * K * K;
     float *x = test_rnd((size_t)T * ld, 1), *g = test_rnd((size_t)T * HK, 1), *st1 = test_rnd(sn, 0.3f), *st2 = dup(st1, sn);
@@ -396,6 +404,10 @@ static void test_kda(void) {
     fast->ops->kda_prefill(fast, y2, x, ld, g, st2, &h.b, nd, S, &d);
     cmp("kda_decode + kda_prefill", y2, y1, (size_t)T * HK, TOL);
     cmp("kda state and checkpoints", st2, st1, sn, TOL);
+    size_t per = (size_t)H * K * K;
+    CHECKF(!memcmp(st1 + 11 * per, st1 + 3 * per, sizeof(float) * per) &&
+               !memcmp(st2 + 11 * per, st2 + 3 * per, sizeof(float) * per),
+           "kda_decode: decode checkpoint != the new state");
     free(x), free(g), free(st1), free(st2), free(y1), free(y2);
 }
 

@@ -54,12 +54,13 @@ struct tb {
     struct pair arr;
     int32_t *h;
 };
-enum { QSL, SEQ, CTX, POS, SLOT_MAP, BTAB, STATE, SRC, CK_START, CK_POS, CK_SLOT, NARR };
+enum { QSL, SEQ, CTX, POS, SLOT_MAP, BTAB, STATE, SRC, CK_START, CK_POS, CK_SLOT, CK_DST, NARR };
 
 // Prefix caching's part of a batch: per sequence its state_src (-2: its own
-// slot when init, else -1) and checkpoint writes.
+// slot when init, else -1) and checkpoint writes; per decode row 1 + the
+// checkpoint slot that also gets its new state (batch.ckpt_dst; 0: none).
 struct tb_ckpt {
-    int src[16], num[16], pos[16], slot[16];
+    int src[16], num[16], pos[16], slot[16], dst1[16];
 };
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
@@ -70,7 +71,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
     int T = 0, nck = 0;
     for (int s = 0; s < n; s++) T += qlen[s], nck += ck ? ck->num[s] : 0;
     size_t sz[NARR] = {(size_t)n + 1, (size_t)n, (size_t)n, (size_t)T, (size_t)T, (size_t)n * mbps, (size_t)n, (size_t)n,
-                       (size_t)n + 1, (size_t)nck + 1, (size_t)nck + 1};
+                       (size_t)n + 1, (size_t)nck + 1, (size_t)nck + 1, (size_t)n};
     size_t off[NARR], tot = 0;
     for (int i = 0; i < NARR; i++) off[i] = tot, tot += sz[i];
     int32_t *h = t->h = xcalloc(tot, sizeof(int32_t));
@@ -83,6 +84,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         h[off[STATE] + s] = (s * 5 + 3) % 16; // scattered slots
         h[off[SRC] + s] = ck && ck->src[s] != -2 ? ck->src[s] : init[s] ? h[off[STATE] + s] : -1;
         h[off[CK_START] + s + 1] = h[off[CK_START] + s] + (ck ? ck->num[s] : 0);
+        h[off[CK_DST] + s] = ck && s < nd ? ck->dst1[s] - 1 : -1;
         for (int j = 0; j < mbps; j++) h[off[BTAB] + s * mbps + j] = (int)((int64_t)(s * mbps + j) * mul % (n * mbps));
         for (int i = 0; i < qlen[s]; i++, tk++) {
             int p = ctx[s] + i;
@@ -104,6 +106,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         b->positions = d + off[POS], b->slot_mapping = d + off[SLOT_MAP], b->block_tables = d + off[BTAB];
         b->state_slots = d + off[STATE], b->state_src = d + off[SRC];
         b->ckpt_start = d + off[CK_START], b->ckpt_pos = d + off[CK_POS], b->ckpt_slot = d + off[CK_SLOT];
+        b->ckpt_dst = d + off[CK_DST];
         b->h_query_start_loc = h + off[QSL], b->h_seq_lens = h + off[SEQ], b->h_context_lens = h + off[CTX];
         b->h_state_slots = h + off[STATE], b->h_state_src = h + off[SRC];
     }
@@ -242,9 +245,10 @@ static void test_mamba(void) {
     // 3 decodes, then prefills: fresh, continuing mid-chunk, a 1-token
     // prefill. Prefix caching: the fresh one checkpoints at 128 and 256 (into
     // slots 15, 14), the continuing one restores slot 9 and checkpoints at
-    // 256 (slot 10); the live slots are 3, 8, 13, 2, 7, 12.
+    // 256 (slot 10); decodes 0 and 2 also write their new state to
+    // checkpoints (slots 11, 1); the live slots are 3, 8, 13, 2, 7, 12.
     int qlen[] = {1, 1, 1, 300, 140, 1}, ctx[] = {40, 9, 500, 0, 128, 0}, init[] = {1, 1, 1, 0, 1, 0};
-    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {128, 256, 256}, {15, 14, 10}};
+    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {128, 256, 256}, {15, 14, 10}, {12, 0, 2}};
     struct tb t;
     make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
     int T = t.c.num_tokens;
@@ -730,7 +734,7 @@ static void test_kda_chunks(struct backend *ref, struct kda_dims d) {
     int qlen[] = {1, 15, 16, 17, 63, 64, 65, 197, 1000, 100, 150, 123}, ctx[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 37, 64, 5};
     int init[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1};
     struct tb_ckpt ck = {{-2, -2, -2, -2, -2, -2, -2, -2, -2, -2, 23, -2}, {0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 2, 2},
-                         {64, 100, 128, 128, 192, 64, 128}, {16, 17, 18, 19, 20, 21, 22}};
+                         {64, 100, 128, 128, 192, 64, 128}, {16, 17, 18, 19, 20, 21, 22}, {0}};
     struct tb t;
     make_tb(&t, S, qlen, ctx, init, 0, 16, 64, &ck);
     int T = t.c.num_tokens;
@@ -763,7 +767,8 @@ static void test_kimi_kda(void) {
     int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 8, slots = 16;
     struct mamba_dims conv = {.conv_kernel = 4, .chunk_size = 64, .conv_dim = 3 * HK};
     int qlen[] = {1, 1, 1, 200, 70, 1}, ctx[] = {40, 9, 500, 0, 64, 0}, init[] = {1, 1, 1, 0, 1, 0};
-    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {64, 128, 128}, {15, 14, 10}};
+    // decodes 0 and 2 checkpoint their new state (conv and KDA) into slots 11 and 1
+    struct tb_ckpt ck = {{-2, -2, -2, -2, 9, -2}, {0, 0, 0, 2, 1, 0}, {64, 128, 128}, {15, 14, 10}, {12, 0, 2}};
     struct tb t;
     make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
     int T = t.c.num_tokens;

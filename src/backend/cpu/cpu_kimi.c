@@ -86,6 +86,8 @@ static void kda_one(void *ctx, int task, int thread) {
             if (b->ckpt_pos[k] == p0 + i + 1) // the state after position ckpt_pos - 1
                 memcpy(c->state + ((int64_t)b->ckpt_slot[k] * H + h) * hs, st, sizeof(float) * hs);
     }
+    int dst = c->decode ? batch_ckpt_dst(b, s) : -1; // a decode's checkpoint: the state after its token
+    if (dst >= 0) memcpy(c->state + ((int64_t)dst * H + h) * hs, st, sizeof(float) * hs);
 }
 
 void cpu_kda_run(struct backend *be,

@@ -53,12 +53,15 @@ static void conv_one(void *ctx, int i, int thread) {
     int s = c->seq0 + i, K = c->d->conv_kernel, C = c->d->conv_dim;
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
     int64_t per = (int64_t)(K - 1) * C;
-    // a decode continues its own slot and writes no checkpoint
+    // a decode continues its own slot, and copies the new state to its checkpoint (ckpt_dst) if it has one
     int src = c->decode ? b->state_slots[s] : b->state_src[s];
     int k0 = c->decode ? 0 : b->ckpt_start[s], k1 = c->decode ? 0 : b->ckpt_start[s + 1];
     float *buf = cpu_scratch(c->be, thread, sizeof(float) * (size_t)(K - 1 + L) * C);
-    conv_seq(c->zxbcdt, c->ld, c->w, c->bias, src >= 0 ? c->conv_state + src * per : NULL,
-             c->conv_state + b->state_slots[s] * per, t0, L, b->context_lens[s], b, k0, k1, c->conv_state, c->d, buf);
+    float *own = c->conv_state + b->state_slots[s] * per;
+    conv_seq(c->zxbcdt, c->ld, c->w, c->bias, src >= 0 ? c->conv_state + src * per : NULL, own, t0, L,
+             b->context_lens[s], b, k0, k1, c->conv_state, c->d, buf);
+    int dst = c->decode ? batch_ckpt_dst(b, s) : -1;
+    if (dst >= 0) memcpy(c->conv_state + dst * per, own, sizeof(float) * per);
 }
 
 void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
@@ -176,6 +179,8 @@ static void ssd_decode_one(void *ctx, int task, int thread) {
         }
         y[p] = acc + c->D[h] * x[p];
     }
+    int dst = batch_ckpt_dst(b, s); // the state after this token, also to its checkpoint
+    if (dst >= 0) memcpy(c->ssm_state + ((int64_t)dst * H + h) * P * N, st, sizeof(float) * P * N);
 }
 
 void cpu_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias,

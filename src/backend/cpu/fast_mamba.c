@@ -32,8 +32,8 @@ static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
     int t0 = b->query_start_loc[s], L = b->query_start_loc[s + 1] - t0;
     int64_t per = (int64_t)(K - 1) * C;
     float *state = c->conv_state + b->state_slots[s] * per + c0;
-    // a decode continues its own slot and writes no checkpoint; a prefill
-    // reads slot state_src (-1: zeros)
+    // a decode continues its own slot (its checkpoint, if any, is written
+    // at the end); a prefill reads slot state_src (-1: zeros)
     int src = c->decode ? b->state_slots[s] : b->state_src[s], init = src >= 0;
     int k0 = c->decode ? 0 : b->ckpt_start[s], k1 = c->decode ? 0 : b->ckpt_start[s + 1];
     // K <= 8 (checked by the caller); whole CB_CH-wide vectors, zero padded
@@ -75,6 +75,9 @@ static void conv_block(struct conv_ctx *c, int s, int c0, int nc) {
         fast_k(c->be)->conv_row(row0 + (int64_t)t * c->ld, nc, in, (const float(*)[CB_CH])wt, bias, K);
     }
     for (int k = 0; k < K - 1; k++) memcpy(state + (int64_t)k * C, keep[k], sizeof(float) * nc);
+    int dst = c->decode ? batch_ckpt_dst(b, s) : -1; // a decode's checkpoint: the new state too
+    for (int k = 0; k < K - 1 && dst >= 0; k++)
+        memcpy(c->conv_state + dst * per + c0 + (int64_t)k * C, keep[k], sizeof(float) * nc);
 }
 
 // Task: one sequence, c->per blocks of CB_CH channels (a decode token is
@@ -256,6 +259,8 @@ static void ssd_decode_task(void *ctx, int task, int thread) {
     float dt = dt_of(r, I + d->conv_dim, h, c->dt_bias, d), dA = expf(dt * c->A[h]);
     fast_k(c->be)->ssd_step(st, P, N, r + I + h * P, r + I + I + g * N, r + I + I + G * N + g * N, dt, dA, c->D[h],
                             c->y + (int64_t)t * I + h * P);
+    int dst = batch_ckpt_dst(b, s); // the state after this token, also to its checkpoint
+    if (dst >= 0) memcpy(c->ssm_state + ((int64_t)dst * H + h) * P * N, st, sizeof(float) * P * N);
 }
 
 void fast_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,

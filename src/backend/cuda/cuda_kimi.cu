@@ -12,6 +12,7 @@ struct kda_args {
     float *state;
     int ld, H, K, seq0, decode;
     const int32_t *qsl, *ctx, *slots, *src, *ck_start, *ck_pos, *ck_slot;
+    const int32_t *ck_dst; // decode: batch.ckpt_dst, the checkpoint that also gets the new state (NULL: none)
 };
 
 // One block per (sequence, head); thread j owns value column j of the head's
@@ -61,6 +62,8 @@ __global__ void k_kda(kda_args a) {
         __syncthreads(); // qs, ks, as are the next token's
     }
     for (int i = 0; i < K && j < K; i++) a.state[((int64_t)own * H + h) * hs + i * K + j] = S[i * K + j];
+    int dst = a.decode && a.ck_dst ? a.ck_dst[s] : -1; // a decode's checkpoint: the state after its token
+    for (int i = 0; i < K && j < K && dst >= 0; i++) a.state[((int64_t)dst * H + h) * hs + i * K + j] = S[i * K + j];
 }
 
 static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 * K); }
@@ -328,7 +331,7 @@ static void kda_launch(struct backend *be, kda_args a, int nseq) {
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
     kda_args a = {y, proj, g, state, ld, d->heads, d->head_dim, seq0, 0, b->query_start_loc, b->context_lens,
-                  b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot};
+                  b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot, NULL};
     if (seq1 <= seq0) return;
     if (!kda_chunked(d->head_dim)) {
         kda_launch(be, a, seq1 - seq0);
@@ -344,7 +347,7 @@ void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, c
 void cuda_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                      const struct batch *b, const struct kda_dims *d) {
     kda_args a = {y, proj, g, state, ld, d->heads, d->head_dim, 0, 1, b->query_start_loc, b->context_lens,
-                  b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot};
+                  b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot, b->ckpt_dst};
     kda_launch(be, a, b->num_decodes);
 }
 

@@ -10,10 +10,11 @@
 
 // One thread per (sequence, channel) walks the sequence's tokens with a
 // register window of the K-1 previous inputs. decode: decode rows, which
-// continue their own slot and write no checkpoint; a prefill reads slot
-// state_src (-1: zeros) and stores the window at each checkpoint position.
+// continue their own slot and store the new window to their checkpoint too
+// (ck_dst >= 0); a prefill reads slot state_src (-1: zeros) and stores the
+// window at each checkpoint position.
 struct conv_meta {
-    const int32_t *qsl, *ctx, *slots, *src, *ck_start, *ck_pos, *ck_slot;
+    const int32_t *qsl, *ctx, *slots, *src, *ck_start, *ck_pos, *ck_slot, *ck_dst;
 };
 
 template <int K>
@@ -52,6 +53,12 @@ __global__ void k_conv1d(float *zxbcdt, int ld, int I, int C, const float *w, co
     }
 #pragma unroll
     for (int j = 0; j < K - 1; j++) st[(int64_t)j * C] = win[j];
+    int dst = decode && m.ck_dst ? m.ck_dst[s] : -1;
+    if (dst >= 0) {
+        float *ck = conv_state + (int64_t)dst * (K - 1) * C + c;
+#pragma unroll
+        for (int j = 0; j < K - 1; j++) ck[(int64_t)j * C] = win[j];
+    }
 }
 
 static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
@@ -62,7 +69,7 @@ static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *
     dim3 grid(cdiv(C, 128), n);
     cudaStream_t s = cu(be)->stream;
     conv_meta m = {b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
-                   b->ckpt_slot};
+                   b->ckpt_slot, b->ckpt_dst};
 #define CONV(KK) launch_pdl(k_conv1d<KK>, grid, 128, 0, s, zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, decode)
     switch (d->conv_kernel) {
     case 2: CONV(2); break;
@@ -96,6 +103,7 @@ struct ssd_args {
     const int32_t *ck_start, *ck_pos, *ck_slot; // checkpoint writes (prefill)
     int seq0;
     float dt_min, dt_max;
+    const int32_t *ck_dst; // decode: batch.ckpt_dst, the checkpoint that also gets the new state (NULL: none)
 };
 
 __device__ __forceinline__ float dt_of(const ssd_args &a, const float *row, int h) {
@@ -310,7 +318,7 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     CUDA_CHECK(cudaMemcpyAsync(s.first, first.data(), 4 * (ns + 1), cudaMemcpyHostToDevice, st));
     ssd_args a = {y, zxbcdt, ld, H, P, G, N, L, HP, d->conv_dim, dt_bias, A, D, ssm_state,
                   b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
-                  b->ckpt_slot, seq0, d->dt_min, d->dt_max};
+                  b->ckpt_slot, seq0, d->dt_min, d->dt_max, NULL};
     k_ssd_gather<<<dim3(nc, L), 256, 0, st>>>(a, s.chunks, s.xp, s.bp, s.cp);
     k_ssd_dt<<<cdiv(nbh, 128), 128, 0, st>>>(a, s.chunks, nc, s.dt, s.ac);
     LAUNCH_CHECK();
@@ -344,6 +352,8 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
     const float *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
     float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
+    int dst = a.ck_dst ? a.ck_dst[s] : -1;
+    float *ck = dst >= 0 ? a.ssm + ((int64_t)dst * a.H + h) * P * N : NULL; // the new state there too
     float b[SSD_NMAX], c[SSD_NMAX];
 #pragma unroll
     for (int q = 0; q < SSD_NMAX; q++) {
@@ -373,6 +383,7 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
                 if (q < nq && n < N) {
                     float nv = v[r][q] * dA + dx * b[q];
                     if (p < p_hi) st[(int64_t)p * N + n] = nv;
+                    if (ck && p < p_hi) ck[(int64_t)p * N + n] = nv;
                     acc += nv * c[q];
                 }
             }
@@ -387,7 +398,7 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
     if (b->num_decodes <= 0) return;
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
-                  NULL, NULL, NULL, NULL, 0, d->dt_min, d->dt_max}; // a decode continues its own slot
+                  NULL, NULL, NULL, NULL, 0, d->dt_min, d->dt_max, b->ckpt_dst}; // a decode continues its own slot
     // slices only while (sequence, head) blocks are too few to fill the SMs: at 64 sequences they cost more
     int split = d->head_dim >= 64 && (int64_t)b->num_decodes * d->heads < 2 * cu(be)->num_sms ? SSD_SPLIT : 1;
     launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads, split), 256, 0, cu(be)->stream, a);
