@@ -8,69 +8,144 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
-// One thread per (sequence, channel) walks the sequence's tokens with a
-// register window of the K-1 previous inputs. decode: decode rows, which
-// continue their own slot and store the new window to their checkpoint too
-// (ck_dst >= 0); a prefill reads slot state_src (-1: zeros) and stores the
-// window at each checkpoint position.
+// Causal conv1d, in place on the x | B | C columns of zxbcdt.
 struct conv_meta {
     const int32_t *qsl, *ctx, *slots, *src, *ck_start, *ck_pos, *ck_slot, *ck_dst;
 };
 
+// Decode: a thread per (decode row, channel) continues its own slot's window
+// of the K-1 previous inputs and stores the new window there, and to the
+// row's checkpoint when it has one (ck_dst >= 0).
 template <int K>
 __global__ void k_conv1d(float *zxbcdt, int ld, int I, int C, const float *w, const float *bias, float *conv_state,
-                         conv_meta m, int seq0, int decode) {
+                         conv_meta m) {
     pdl_wait();
     pdl_trigger();
-    int s = seq0 + blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    int s = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    int t0 = m.qsl[s], L = m.qsl[s + 1] - t0;
-    int src = decode ? m.slots[s] : m.src[s];
-    int k = decode ? 0 : m.ck_start[s], k1 = decode ? 0 : m.ck_start[s + 1], p0 = m.ctx[s];
     float *st = conv_state + (int64_t)m.slots[s] * (K - 1) * C + c;
-    const float *sst = conv_state + (int64_t)max(src, 0) * (K - 1) * C + c;
-    float win[K - 1], wc[K];
+    float win[K - 1], wc[K], b = bias ? bias[c] : 0.0f;
 #pragma unroll
-    for (int j = 0; j < K - 1; j++) win[j] = src >= 0 ? sst[(int64_t)j * C] : 0.0f; // a fresh slot reads as zeros
+    for (int j = 0; j < K - 1; j++) win[j] = st[(int64_t)j * C];
 #pragma unroll
     for (int j = 0; j < K; j++) wc[j] = w[(int64_t)c * K + j];
-    float b = bias ? bias[c] : 0.0f;
-    for (int t = 0; t < L; t++) {
-        float *p = zxbcdt + (int64_t)(t0 + t) * ld + I + c;
+    for (int t = m.qsl[s]; t < m.qsl[s + 1]; t++) { // one token a decode row
+        float *p = zxbcdt + (int64_t)t * ld + I + c;
         float xin = *p, acc = b;
 #pragma unroll
         for (int j = 0; j < K - 1; j++) acc += wc[j] * win[j];
-        acc += wc[K - 1] * xin;
-        *p = silu_f(acc);
+        *p = silu_f(acc + wc[K - 1] * xin);
 #pragma unroll
         for (int j = 0; j < K - 2; j++) win[j] = win[j + 1];
         win[K - 2] = xin;
-        if (k < k1 && m.ck_pos[k] == p0 + t + 1) { // the K-1 inputs before a checkpoint position
-            float *ck = conv_state + (int64_t)m.ck_slot[k++] * (K - 1) * C + c;
+    }
+    int dst = m.ck_dst ? m.ck_dst[s] : -1;
+    float *ck = conv_state + (int64_t)max(dst, 0) * (K - 1) * C + c;
 #pragma unroll
-            for (int j = 0; j < K - 1; j++) ck[(int64_t)j * C] = win[j];
+    for (int j = 0; j < K - 1; j++) {
+        st[(int64_t)j * C] = win[j];
+        if (dst >= 0) ck[(int64_t)j * C] = win[j];
+    }
+}
+
+// Prefill runs in tiles of CONV_TT tokens so that one long sequence still
+// fills the GPU (a thread walking all of a sequence's tokens in series, its
+// loads and in-place stores one after another, read ~35 GB/s on one 8k
+// prompt). A tile's outputs overwrite inputs the next tile's first K-1
+// outputs read, so k_conv_halo first copies each tile's K-1 preceding inputs
+// (the slot's window state_src, or zeros, before a sequence's first token)
+// to halo [seq][tile][K-1][C]; then the tiles run independently.
+#define CONV_TT 32
+template <int K>
+__global__ void k_conv_halo(const float *zxbcdt, int ld, int I, int C, const float *conv_state, conv_meta m, int seq0,
+                            float *halo, int tiles) {
+    int s = seq0 + blockIdx.y, j = blockIdx.z, c = blockIdx.x * blockDim.x + threadIdx.x;
+    int t0 = m.qsl[s], L = m.qsl[s + 1] - t0;
+    if (c >= C || j * CONV_TT >= L) return;
+    const float *sst = conv_state + (int64_t)max(m.src[s], 0) * (K - 1) * C + c;
+    float *h = halo + ((int64_t)blockIdx.y * tiles + j) * (K - 1) * C + c;
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) {
+        int t = j * CONV_TT - (K - 1) + i; // token of the sequence; < 0: the window before it
+        h[(int64_t)i * C] = t >= 0 ? zxbcdt[(int64_t)(t0 + t) * ld + I + c] : m.src[s] >= 0 ? sst[(int64_t)(K - 1 + t) * C] : 0.0f;
+    }
+}
+
+// A thread per (channel, sequence, tile): its CONV_TT inputs loaded at once,
+// the window stored at each checkpoint position inside the tile, and the
+// last tile's window to the live slot.
+template <int K>
+__global__ void k_conv1d_tile(float *zxbcdt, int ld, int I, int C, const float *w, const float *bias, float *conv_state,
+                              conv_meta m, int seq0, const float *halo, int tiles) {
+    int s = seq0 + blockIdx.y, j = blockIdx.z, c = blockIdx.x * blockDim.x + threadIdx.x;
+    int t0 = m.qsl[s], L = m.qsl[s + 1] - t0, a = j * CONV_TT;
+    if (c >= C || a >= L) return;
+    int n = min(CONV_TT, L - a), p0 = m.ctx[s] + a; // position of the tile's first token
+    float x[CONV_TT], win[K - 1], wc[K];
+    float *col = zxbcdt + (int64_t)(t0 + a) * ld + I + c;
+#pragma unroll
+    for (int i = 0; i < CONV_TT; i++) x[i] = i < n ? col[(int64_t)i * ld] : 0.0f;
+    const float *h = halo + ((int64_t)blockIdx.y * tiles + j) * (K - 1) * C + c;
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) win[i] = h[(int64_t)i * C];
+#pragma unroll
+    for (int i = 0; i < K; i++) wc[i] = w[(int64_t)c * K + i];
+    float b = bias ? bias[c] : 0.0f;
+    int k = m.ck_start[s], k1 = m.ck_start[s + 1];
+    while (k < k1 && m.ck_pos[k] <= p0) k++; // checkpoints of earlier tiles
+#pragma unroll
+    for (int i = 0; i < CONV_TT; i++) {
+        if (i < n) {
+            float xin = x[i], acc = b;
+#pragma unroll
+            for (int q = 0; q < K - 1; q++) acc += wc[q] * win[q];
+            acc += wc[K - 1] * xin;
+            x[i] = silu_f(acc);
+#pragma unroll
+            for (int q = 0; q < K - 2; q++) win[q] = win[q + 1];
+            win[K - 2] = xin;
+            if (k < k1 && m.ck_pos[k] == p0 + i + 1) { // the K-1 inputs before a checkpoint position
+                float *ck = conv_state + (int64_t)m.ck_slot[k++] * (K - 1) * C + c;
+#pragma unroll
+                for (int q = 0; q < K - 1; q++) ck[(int64_t)q * C] = win[q];
+            }
         }
     }
 #pragma unroll
-    for (int j = 0; j < K - 1; j++) st[(int64_t)j * C] = win[j];
-    int dst = decode && m.ck_dst ? m.ck_dst[s] : -1;
-    if (dst >= 0) {
-        float *ck = conv_state + (int64_t)dst * (K - 1) * C + c;
+    for (int i = 0; i < CONV_TT; i++)
+        if (i < n) col[(int64_t)i * ld] = x[i];
+    if (a + n == L) {
+        float *st = conv_state + (int64_t)m.slots[s] * (K - 1) * C + c;
 #pragma unroll
-        for (int j = 0; j < K - 1; j++) ck[(int64_t)j * C] = win[j];
+        for (int q = 0; q < K - 1; q++) st[(int64_t)q * C] = win[q];
     }
+}
+
+template <int K>
+static void launch_conv_k(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,
+                          float *conv_state, const struct batch *b, int seq0, int seq1, int decode, int I, int C) {
+    cudaStream_t st = cu(be)->stream;
+    conv_meta m = {b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
+                   b->ckpt_slot, b->ckpt_dst};
+    if (decode) {
+        launch_pdl(k_conv1d<K>, dim3(cdiv(C, 128), seq1 - seq0), 128, 0, st, zxbcdt, ld, I, C, w, bias, conv_state, m);
+        return;
+    }
+    int maxlen = 0; // from the host mirrors: prefill steps are never recorded into graphs
+    for (int s = seq0; s < seq1; s++) maxlen = std::max(maxlen, b->h_query_start_loc[s + 1] - b->h_query_start_loc[s]);
+    if (maxlen <= 0) return;
+    int tiles = cdiv(maxlen, CONV_TT);
+    float *halo = (float *)cuda_scratch(be, sizeof(float) * (size_t)(seq1 - seq0) * tiles * (K - 1) * C);
+    dim3 grid(cdiv(C, 128), seq1 - seq0, tiles);
+    k_conv_halo<K><<<grid, 128, 0, st>>>(zxbcdt, ld, I, C, conv_state, m, seq0, halo, tiles);
+    k_conv1d_tile<K><<<grid, 128, 0, st>>>(zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, halo, tiles);
 }
 
 static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
                         const struct batch *b, int seq0, int seq1, int decode, const struct mamba_dims *d) {
-    int n = seq1 - seq0;
-    if (n <= 0) return;
+    if (seq1 <= seq0) return;
     int I = d->heads * d->head_dim, C = d->conv_dim;
-    dim3 grid(cdiv(C, 128), n);
-    cudaStream_t s = cu(be)->stream;
-    conv_meta m = {b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
-                   b->ckpt_slot, b->ckpt_dst};
-#define CONV(KK) launch_pdl(k_conv1d<KK>, grid, 128, 0, s, zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, decode)
+#define CONV(KK) launch_conv_k<KK>(be, zxbcdt, ld, w, bias, conv_state, b, seq0, seq1, decode, I, C)
     switch (d->conv_kernel) {
     case 2: CONV(2); break;
     case 3: CONV(3); break;
