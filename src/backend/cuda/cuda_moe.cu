@@ -513,6 +513,21 @@ static size_t mma_smem(bool fp8) {
     return fp8 ? a + 2 * (size_t)TBN * TPAD * 2 + (size_t)TSTAGES * TBN * TBK : a + (size_t)TSTAGES * TBN * TPAD * 2;
 }
 
+// The weight row a grouped GEMM's tile row reads for expert e (n: the tile's
+// first output column + the row), and whether it is inside the weight. The
+// gated up-projection interleaves its output columns: 2j is gate row j, 2j + 1
+// up row j (rows I + j), so a tile holds both halves of each hidden unit.
+template <bool UP>
+__device__ __forceinline__ int64_t moe_wrow(int e, int n, int U, int I, int N, int gated, bool *valid) {
+    if (UP && gated) {
+        int j = n / 2;
+        *valid = j < I;
+        return (int64_t)e * U + (n & 1 ? I : 0) + (*valid ? j : 0);
+    }
+    *valid = n < N;
+    return (int64_t)e * (UP ? U : N) + (*valid ? n : 0);
+}
+
 template <typename T, typename WT, bool UP>
 __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const float *wscale, void *out,
                                                  const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm,
@@ -535,16 +550,7 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
         va[i] = row < rows;
         int r = r0 + (va[i] ? row : 0);
         ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
-        int64_t wr;
-        if (UP && gated) {
-            int j = n0 / 2 + row / 2;
-            vb[i] = j < I;
-            wr = (int64_t)e * U + (row & 1 ? I : 0) + (vb[i] ? j : 0);
-        } else {
-            vb[i] = n0 + row < N;
-            wr = (int64_t)e * (UP ? U : N) + (vb[i] ? n0 + row : 0);
-        }
-        gb[i] = W + wr * K + c;
+        gb[i] = W + moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]) * K + c;
     }
     int KT = (K + TBK - 1) / TBK;
     auto load = [&](int stage, int kt) {
@@ -696,16 +702,7 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
 #pragma unroll
     for (int i = 0; i < BCH; i++) {
         int row = tid / CPR + i * RPP;
-        int64_t wr;
-        if (UP && gated) { // B row 2j: gate j, 2j + 1: up j
-            int j = n0 / 2 + row / 2;
-            vb[i] = j < I;
-            wr = (int64_t)e * U + (row & 1 ? I : 0) + (vb[i] ? j : 0);
-        } else {
-            vb[i] = n0 + row < N;
-            wr = (int64_t)e * (UP ? U : N) + (vb[i] ? n0 + row : 0);
-        }
-        gb[i] = W + wr * K + c;
+        gb[i] = W + moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]) * K + c;
     }
     int KT = (K + DBK - 1) / DBK;
     auto load = [&](int stage, int kt) {
