@@ -142,3 +142,17 @@ void tu_list_free(char **names, int n) {
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
 }
+
+char *tu_mamba2_dir(void) {
+    char *dir = tu_tmpdir();
+    const char *cfg = "{\"architectures\": [\"Mamba2ForCausalLM\"], \"vocab_size\": 256, \"hidden_size\": 32, "
+                      "\"num_hidden_layers\": 2, \"layer_norm_epsilon\": 1e-5, \"num_heads\": 4, \"head_dim\": 8, "
+                      "\"state_size\": 8, \"n_groups\": 2, \"conv_kernel\": 4, \"chunk_size\": 8, \"expand\": 1, "
+                      "\"use_conv_bias\": true, \"use_bias\": false, \"max_position_embeddings\": 4096}";
+    if (dir && tu_write(dir, "config.json", cfg, strlen(cfg))) {
+        tu_rmdir(dir);
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}

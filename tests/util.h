@@ -38,5 +38,8 @@ int tu_write_raw_safetensors(const char *path, const char *header, const void *d
 // Copies a fixture model dir (config.json + model.safetensors) to a temp dir,
 // applying edit(config) to config.json first when edit is not NULL.
 char *tu_model_copy(const char *fixture, void (*edit)(json_t *cfg));
+// A temp dir holding the config of a Mamba2ForCausalLM of 2 layers, 4 heads
+// of 8, state 8, chunk 8 (load it with --load-format dummy); NULL on error.
+char *tu_mamba2_dir(void);
 
 #endif

@@ -114,17 +114,6 @@ static struct vllm_engine *load(const char *dir, int prefix, int dummy, int64_t 
     return e;
 }
 
-// A Mamba2ForCausalLM of 2 layers, 4 heads of 8, state 8, chunk 8 (random weights).
-static char *mamba2_dir(void) {
-    char *dir = tu_tmpdir();
-    const char *cfg = "{\"architectures\": [\"Mamba2ForCausalLM\"], \"vocab_size\": 256, \"hidden_size\": 32, "
-                      "\"num_hidden_layers\": 2, \"layer_norm_epsilon\": 1e-5, \"num_heads\": 4, \"head_dim\": 8, "
-                      "\"state_size\": 8, \"n_groups\": 2, \"conv_kernel\": 4, \"chunk_size\": 8, \"expand\": 1, "
-                      "\"use_conv_bias\": true, \"use_bias\": false, \"max_position_embeddings\": 4096}";
-    CHECK(tu_write(dir, "config.json", cfg, strlen(cfg)) == 0);
-    return dir;
-}
-
 static void reset_outputs(struct job *jobs) {
     for (int i = 0; i < NREQ; i++) {
         struct job *j = &jobs[i];
@@ -235,7 +224,7 @@ int main(void) {
     // the last request decodes long and arrives alone: its next turn (the first of the second round) finds its blocks
     // and decode checkpoints
     jobs[NREQ - 1].max_tokens = 14, jobs[NREQ - 1].arrival = 2;
-    char *dir = tu_fixture("nh_dense"), *m2 = mamba2_dir();
+    char *dir = tu_fixture("nh_dense"), *m2 = tu_mamba2_dir();
     run_model("nh_dense", dir, 0, 100000, 7, jobs); // checkpoints of 17 KB
     run_model("nh_dense", dir, 0, 100000, 64, jobs);
     run_model("mamba2", m2, 1, 20000, 7, jobs); // of 3.5 KB

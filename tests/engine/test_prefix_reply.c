@@ -161,17 +161,6 @@ static void run_fixture(const char *name, const char *dir, int dummy, int budget
     vllm_engine_free(on);
 }
 
-// A Mamba2ForCausalLM of 2 layers, 4 heads of 8, state 8, chunk 8 (random weights).
-static char *mamba2_dir(void) {
-    char *dir = tu_tmpdir();
-    const char *cfg = "{\"architectures\": [\"Mamba2ForCausalLM\"], \"vocab_size\": 256, \"hidden_size\": 32, "
-                      "\"num_hidden_layers\": 2, \"layer_norm_epsilon\": 1e-5, \"num_heads\": 4, \"head_dim\": 8, "
-                      "\"state_size\": 8, \"n_groups\": 2, \"conv_kernel\": 4, \"chunk_size\": 8, \"expand\": 1, "
-                      "\"use_conv_bias\": true, \"use_bias\": false, \"max_position_embeddings\": 4096}";
-    CHECK(tu_write(dir, "config.json", cfg, strlen(cfg)) == 0);
-    return dir;
-}
-
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--device")) device = argv[2];
     const char *fx[] = {"nh_dense", "kimi_linear"};
@@ -181,7 +170,7 @@ int main(int argc, char **argv) {
         run_fixture(fx[i], dir, 0, 5); // B's prefill after its hit in chunks
         free(dir);
     }
-    char *m2 = mamba2_dir();
+    char *m2 = tu_mamba2_dir();
     run_fixture("mamba2", m2, 1, 2048);
     tu_rmdir(m2);
     free(m2);
