@@ -13,39 +13,26 @@
 
 #include "backend/backend.h"
 #include "core/common.h"
+#include "bench_dev.h"
 
 #ifdef VLLM_HAVE_CUDA
 static struct backend *be;
-
-static void *dev_upload(const void *h, size_t bytes) {
-    void *d = be->ops->alloc(be, bytes);
-    be->ops->upload(be, d, h, bytes);
-    return d;
-}
-
-static float *dev_random(size_t n, float scale, float shift, unsigned seed) {
-    float *h = xmalloc(n * sizeof(float));
-    srand(seed);
-    for (size_t i = 0; i < n; i++) h[i] = scale * ((float)rand() / RAND_MAX) + shift;
-    float *d = dev_upload(h, n * sizeof(float));
-    free(h);
-    return d;
-}
 
 // One sequence of T tokens in slot 0; median of 5 timed calls after a warm one.
 static void bench_prefill(int T, float depth) {
     const int H = 32, K = 128, HK = H * K, ld = 3 * HK + H;
     struct kda_dims d = {H, K, 4, 64};
     int32_t arr[8] = {0, T, 0, 0, -1, 0, 0, 0}; // qsl[2], ctx, slot, src, ckpt_start[2], ckpt_pos
-    int32_t *da = dev_upload(arr, sizeof arr);
+    int32_t *da = bench_upload(be, arr, sizeof arr);
     struct batch b;
     memset(&b, 0, sizeof b);
     b.num_tokens = T, b.num_seqs = 1, b.num_prefills = 1;
     b.query_start_loc = da, b.context_lens = da + 2, b.state_slots = da + 3, b.state_src = da + 4;
     b.ckpt_start = da + 5, b.ckpt_pos = da + 7, b.ckpt_slot = da + 7;
     b.h_query_start_loc = arr, b.h_context_lens = arr + 2, b.h_state_slots = arr + 3, b.h_state_src = arr + 4;
-    float *proj = dev_random((size_t)T * ld, 2.0f, -1.0f, 1), *g = dev_random((size_t)T * HK, -2 * depth, 0.0f, 2);
-    float *st = dev_random((size_t)HK * K, 0.0f, 0.0f, 3), *y = dev_random((size_t)T * HK, 0.0f, 0.0f, 4);
+    float *proj = bench_uniform(be, (size_t)T * ld, -1.0f, 1.0f, 1);
+    float *g = bench_uniform(be, (size_t)T * HK, 0.0f, -2 * depth, 2);
+    float *st = bench_uniform(be, (size_t)HK * K, 0.0f, 0.0f, 3), *y = bench_uniform(be, (size_t)T * HK, 0.0f, 0.0f, 4);
     double t[5];
     be->ops->kda_prefill(be, y, proj, ld, g, st, &b, 0, 1, &d);
     for (int r = 0; r < 5; r++) {

@@ -15,24 +15,10 @@
 
 #include "backend/backend.h"
 #include "core/common.h"
+#include "bench_dev.h"
 
 #ifdef VLLM_HAVE_CUDA
 static struct backend *be;
-
-static void *dev_upload(const void *h, size_t bytes) {
-    void *d = be->ops->alloc(be, bytes);
-    be->ops->upload(be, d, h, bytes);
-    return d;
-}
-
-static float *dev_random(size_t n, float scale, unsigned seed) {
-    float *h = xmalloc(n * sizeof(float));
-    srand(seed);
-    for (size_t i = 0; i < n; i++) h[i] = scale * (2.0f * rand() / RAND_MAX - 1.0f);
-    float *d = dev_upload(h, n * sizeof(float));
-    free(h);
-    return d;
-}
 
 // S sequences of qlen query tokens after ctx cached ones, each over its
 // own blocks; the median of up to 5 timed calls after a warm one (one call
@@ -46,7 +32,7 @@ static void bench_one(const char *what, int S, int qlen, int ctx) {
     for (int s = 0; s <= S; s++) qsl[s] = s * qlen;
     for (int s = 0; s < S; s++) sl[s] = L, cx[s] = ctx;
     for (int i = 0; i < S * mbps; i++) bt[i] = i;
-    int32_t *da = dev_upload(arr, na * sizeof(int32_t));
+    int32_t *da = bench_upload(be, arr, na * sizeof(int32_t));
     struct batch b;
     memset(&b, 0, sizeof b);
     b.num_tokens = T, b.num_seqs = S, b.num_decodes = qlen == 1 ? S : 0, b.num_prefills = qlen == 1 ? 0 : S;
@@ -54,17 +40,18 @@ static void bench_one(const char *what, int S, int qlen, int ctx) {
     b.query_start_loc = da, b.seq_lens = da + S + 1, b.context_lens = da + 2 * S + 1, b.block_tables = da + 3 * S + 1;
     b.h_query_start_loc = qsl, b.h_seq_lens = sl, b.h_context_lens = cx;
     size_t cn = (size_t)S * mbps * bs * W;
-    float *q = dev_random((size_t)T * H * (N + P), 1.0f, 1), *kvb = dev_random((size_t)H * (N + V) * R, 0.05f, 2);
-    float *out = dev_random((size_t)T * H * V, 0.0f, 3);
+    float *q = bench_uniform(be, (size_t)T * H * (N + P), -1.0f, 1.0f, 1);
+    float *kvb = bench_uniform(be, (size_t)H * (N + V) * R, -0.05f, 0.05f, 2);
+    float *out = bench_uniform(be, (size_t)T * H * V, 0.0f, 0.0f, 3);
     void *cache = be->ops->alloc(be, cn * 2);
     { // random bf16 latents: the cache through mla_kv_write from fp32 rows, a block of tokens at a time
         int chunk = 65536, nt = S * L;
-        float *lat = dev_random((size_t)chunk * W, 1.0f, 4);
+        float *lat = bench_uniform(be, (size_t)chunk * W, -1.0f, 1.0f, 4);
         int32_t *slots = xmalloc(sizeof(int32_t) * chunk);
         for (int t0 = 0; t0 < nt; t0 += chunk) {
             int n = nt - t0 < chunk ? nt - t0 : chunk;
             for (int i = 0; i < n; i++) slots[i] = t0 + i;
-            int32_t *ds = dev_upload(slots, sizeof(int32_t) * n);
+            int32_t *ds = bench_upload(be, slots, sizeof(int32_t) * n);
             struct batch w;
             memset(&w, 0, sizeof w);
             w.num_tokens = n, w.slot_mapping = ds;

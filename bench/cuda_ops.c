@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "core/common.h"
+#include "bench_dev.h"
 
 #ifdef VLLM_HAVE_CUDA
 #include <stdarg.h>
@@ -35,14 +36,9 @@ static void die(const char *fmt, ...) {
     exit(1);
 }
 
+// n floats in [-scale / 2, scale / 2] on the device
 static float *dev_random(size_t n, float scale, unsigned seed) {
-    float *h = xmalloc(n * sizeof(float));
-    srand(seed);
-    for (size_t i = 0; i < n; i++) h[i] = scale * ((float)rand() / RAND_MAX - 0.5f);
-    float *d = be->ops->alloc(be, n * sizeof(float));
-    be->ops->upload(be, d, h, n * sizeof(float));
-    free(h);
-    return d;
+    return bench_uniform(be, n, -scale / 2, scale / 2, seed);
 }
 
 // One op call; i picks the copy of its weights (and inputs) to read.
