@@ -156,9 +156,10 @@ static void hash_blocks(struct scheduler *s, struct request *r, int n) {
 // blocks when it allocates them, too). Checkpoints wait for the launch
 // (commit_cached): a state is gathered at the start of the step that writes it.
 static void commit_blocks(struct scheduler *s, struct request *r, int upto) {
-    if (!s->cfg.prefix_caching || !s->cfg.num_blocks) return;
+    if (!s->cfg.prefix_caching) return;
+    hash_blocks(s, r, upto); // checkpoint keys too, on models without attention
+    if (!s->cfg.num_blocks) return;
     int bs = s->cfg.block_size;
-    hash_blocks(s, r, upto);
     int nb = MIN(MIN(r->num_hashed, upto / bs), r->num_blocks);
     for (int j = r->num_committed; j < nb; j++) kv_pool_commit(&s->blocks, r->blocks[j], r->hashes[j]);
     r->num_committed = MAX(r->num_committed, nb);
@@ -173,7 +174,6 @@ static void commit_cached(struct scheduler *s, struct request *r) {
     if (!s->cfg.prefix_caching) return;
     int bs = s->cfg.block_size;
     commit_blocks(s, r, r->num_computed);
-    hash_blocks(s, r, r->num_computed);
     int keep = 0;
     for (int k = 0; k < r->num_pend; k++) {
         int pos = r->pend[2 * k], id = r->pend[2 * k + 1];
