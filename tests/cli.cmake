@@ -1,4 +1,11 @@
 # The `vllm` command's own behavior.
+# `vllm bench --workload throughput`: 6 requests, 2 at a time, every one of
+# them generating its 5 tokens
+add_test(NAME bench_throughput_smoke
+         COMMAND vllm_cli bench --workload throughput --model ${VLLM_FIXTURES}/nh_dense --threads 1 --num-prompts 6
+                 --max-num-seqs 2 --input-len 8 --output-len 5 --json)
+set_tests_properties(bench_throughput_smoke PROPERTIES
+  PASS_REGULAR_EXPRESSION "\"num_prompts\": 6, \"input_len\": 8, \"output_len\": 5, \"output_tokens\": 30, .*\"output_tok_s\": [1-9]")
 add_test(NAME cli_tokenize_chat COMMAND vllm_cli tokenize --model ${VLLM_FIXTURES}/chat/qwen3
          --chat ${VLLM_FIXTURES}/chat_request.json)
 set_tests_properties(cli_tokenize_chat PROPERTIES

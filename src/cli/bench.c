@@ -5,6 +5,10 @@
 // ignored). Prefill tok/s counts prompt tokens until the last request has its
 // first token; decode tok/s counts the remaining tokens over the time after
 // that; TTFT and TPOT are means over requests.
+//
+// --workload throughput (vLLM's offline throughput benchmark): --num-prompts
+// requests submitted at once, --max-num-seqs of them running at a time;
+// output and total tok/s over the whole run, TTFT and TPOT percentiles.
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -26,7 +30,9 @@ static void usage(FILE *f) {
             "  --json               print one JSON object instead of a table\n"
             "  --workload chat      multi-turn chat instead (bench_chat.c), prefix caching off then on:\n"
             "    --conversations N  (default 8)   --turns T (default 4)   --system-len N (default 2000)\n"
-            "    --user-len N (default 100)       --reply-len N (default 100)\n\n"
+            "    --user-len N (default 100)       --reply-len N (default 100)\n"
+            "  --workload throughput  --num-prompts N requests at once (default 1000), --max-num-seqs\n"
+            "                       of them running at a time: output tok/s, TTFT / TPOT p50 and p99\n\n"
             "engine (a config-only directory works with --load-format dummy):\n%s",
             cli_engine_help);
 }
@@ -86,7 +92,9 @@ static void roofline(struct result *r, const struct model_cost *c, int kv_es, in
     r->prefill_frac = fl > 0 ? r->prefill_tps * r->prefill_flops / fl : -1;
 }
 
-static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int vocab, uint64_t seed, struct result *res) {
+// keep: the per-request times, handed to the caller (NULL: freed)
+static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int vocab, uint64_t seed, struct result *res,
+                     struct breq **keep) {
     struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B};
     struct breq *rq = xcalloc(B, sizeof *rq);
     struct bref *refs = xcalloc(B, sizeof *refs);
@@ -134,8 +142,43 @@ static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int 
     res->ttft_ms = 1e3 * ttft / B;
     res->tpot_ms = 1e3 * tpot / B;
     res->wall_s = last_all - t0;
-    free(rq), free(refs), free(h), free(ids);
+    if (keep) *keep = rq;
+    else free(rq);
+    free(refs), free(h), free(ids);
     return rc;
+}
+
+// --workload throughput: n requests at once on a loaded engine.
+static int run_throughput(struct vllm_engine *e, int n, int in_len, int out_len, int vocab, int json) {
+    struct result r;
+    struct breq *rq = NULL;
+    int rc = run_batch(e, n, in_len, out_len, vocab, 2000, &r, &rq);
+    if (rc) {
+        fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
+        free(rq);
+        return 1;
+    }
+    double *ttft = xcalloc(n, sizeof *ttft), *tpot = xcalloc(n, sizeof *tpot);
+    int64_t out = 0;
+    for (int i = 0; i < n; i++) {
+        ttft[i] = 1e3 * (rq[i].t_first - rq[i].t_submit);
+        tpot[i] = rq[i].n > 1 ? 1e3 * (rq[i].t_last - rq[i].t_first) / (rq[i].n - 1) : 0;
+        out += rq[i].n;
+    }
+    double out_tps = out / r.wall_s, tot_tps = ((double)n * in_len + out) / r.wall_s;
+    double t50 = bench_pct(ttft, n, 0.5), t99 = bench_pct(ttft, n, 0.99);
+    double p50 = bench_pct(tpot, n, 0.5), p99 = bench_pct(tpot, n, 0.99);
+    if (json)
+        printf("{\"workload\": \"throughput\", \"num_prompts\": %d, \"input_len\": %d, \"output_len\": %d, "
+               "\"output_tokens\": %lld, \"wall_s\": %.3f, \"requests_per_s\": %.3f, \"output_tok_s\": %.2f, \"total_tok_s\": %.2f, "
+               "\"ttft_p50_ms\": %.2f, \"ttft_p99_ms\": %.2f, \"tpot_p50_ms\": %.3f, \"tpot_p99_ms\": %.3f}\n",
+               n, in_len, out_len, (long long)out, r.wall_s, n / r.wall_s, out_tps, tot_tps, t50, t99, p50, p99);
+    else
+        printf("throughput: %d requests of %d + %d tokens in %.2f s: %.2f req/s, %.1f output tok/s, %.1f total tok/s\n"
+               "TTFT p50 %.1f ms, p99 %.1f ms; TPOT p50 %.2f ms, p99 %.2f ms\n",
+               n, in_len, out_len, r.wall_s, n / r.wall_s, out_tps, tot_tps, t50, t99, p50, p99);
+    free(ttft), free(tpot), free(rq);
+    return 0;
 }
 
 struct int_flag {
@@ -158,7 +201,7 @@ int cli_bench(int argc, char **argv) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     const char *sizes = "1,8,32", *v;
-    int in_len = 512, out_len = 128, json = 0, warmup = 1, chat = 0;
+    int in_len = 512, out_len = 128, json = 0, warmup = 1, chat = 0, nprompts = 0, throughput = 0;
     struct chat_opts co = {8, 4, 2000, 100, 100};
     struct int_flag copts[] = {{"--conversations", &co.conversations}, {"--turns", &co.turns},
         {"--system-len", &co.system_len}, {"--user-len", &co.user_len}, {"--reply-len", &co.reply_len}};
@@ -175,8 +218,11 @@ int cli_bench(int argc, char **argv) {
         else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--workload")) {
             if (!(v = cli_value(argc, argv, &i))) return 2;
-            if (strcmp(v, "chat")) return fprintf(stderr, "vllm bench: unknown workload '%s' (expected chat)\n", v), 2;
-            chat = 1;
+            if (!strcmp(v, "chat")) chat = 1;
+            else if (!strcmp(v, "throughput")) throughput = 1;
+            else return fprintf(stderr, "vllm bench: unknown workload '%s' (expected chat or throughput)\n", v), 2;
+        } else if (!strcmp(f, "--num-prompts")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 20, &nprompts)) return 2;
         } else if (chat_flag(argc, argv, &i, copts, 5, &r)) {
             if (r) return 2;
         }
@@ -193,6 +239,8 @@ int cli_bench(int argc, char **argv) {
         if (!ep.max_model_len) ep.max_model_len = co.system_len + co.turns * (co.user_len + co.reply_len) + 1;
         return bench_chat(&ep, &co, json);
     }
+    if (nprompts && !throughput) return fprintf(stderr, "vllm bench: --num-prompts goes with --workload throughput\n"), 2;
+    if (throughput && !nprompts) nprompts = 1000;
     int32_t *bs;
     int nb = cli_ids(sizes, &bs), bad = nb <= 0;
     for (int i = 0; i < nb; i++) bad |= bs[i] < 1 || bs[i] > 4096;
@@ -207,7 +255,7 @@ int cli_bench(int argc, char **argv) {
     }
     int maxb = 0;
     for (int i = 0; i < nb; i++) maxb = MAX(maxb, bs[i]);
-    if (ep.max_num_seqs < maxb) ep.max_num_seqs = maxb;
+    if (ep.max_num_seqs < maxb && !nprompts) ep.max_num_seqs = maxb; // throughput: --max-num-seqs as given
     if (!ep.max_model_len) ep.max_model_len = in_len + out_len;
     cli_device_memory_default(&ep);
     struct vllm_engine *e;
@@ -224,9 +272,15 @@ int cli_bench(int argc, char **argv) {
     int rc = 0;
     if (warmup) {
         struct result w;
-        rc = run_batch(e, warmup, MIN(in_len, 64), MIN(out_len, 4), info.vocab_size, 7, &w);
+        rc = run_batch(e, warmup, MIN(in_len, 64), MIN(out_len, 4), info.vocab_size, 7, &w, NULL);
     }
-    for (int i = 0; i < nb && !rc; i++) rc = run_batch(e, bs[i], in_len, out_len, info.vocab_size, 1000 + i, &res[i]);
+    if (!rc && nprompts) {
+        rc = run_throughput(e, nprompts, in_len, out_len, info.vocab_size, json);
+        vllm_engine_free(e);
+        free(res), free(bs);
+        return rc;
+    }
+    for (int i = 0; i < nb && !rc; i++) rc = run_batch(e, bs[i], in_len, out_len, info.vocab_size, 1000 + i, &res[i], NULL);
     double bw = 0, fl = 0; // measured in this run, after the timed ones
     if (!rc && engine_peaks(e, &bw, &fl)) bw = fl = 0;
     struct model_cost cost;

@@ -116,7 +116,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double pct(double *v, int n, double p) {
+double bench_pct(double *v, int n, double p) {
     if (!n) return 0;
     qsort(v, n, sizeof *v, cmp_double);
     int i = (int)(p * (n - 1) + 0.5);
@@ -184,8 +184,8 @@ static int run_chat(const struct vllm_engine_params *ep, const struct chat_opts 
         res->seqs[i] = t->ids; // handed over
         res->lens[i] = t->plen + t->nreply;
     }
-    res->ttft1_p50 = pct(first, nf, 0.5), res->ttft1_p99 = pct(first, nf, 0.99);
-    res->ttft2_p50 = pct(later, nl, 0.5), res->ttft2_p99 = pct(later, nl, 0.99);
+    res->ttft1_p50 = bench_pct(first, nf, 0.5), res->ttft1_p99 = bench_pct(first, nf, 0.99);
+    res->ttft2_p50 = bench_pct(later, nl, 0.5), res->ttft2_p99 = bench_pct(later, nl, 0.99);
     res->prefill_tokens = st.prompt_tokens_total;
     res->queries = st.prefix_cache_queries;
     res->hits = st.prefix_cache_hits;

@@ -14,5 +14,7 @@ struct chat_opts {
     int conversations, turns, system_len, user_len, reply_len;
 };
 int bench_chat(const struct vllm_engine_params *base, const struct chat_opts *o, int json);
+// The p-quantile (p in [0, 1]) of v[0..n), nearest rank; sorts v. 0 for n = 0.
+double bench_pct(double *v, int n, double p);
 
 #endif
