@@ -124,9 +124,12 @@ static int run_fixture(const char *fx, int budget, int prefix) {
     return 0;
 }
 
-int main(void) {
+// argv[1]: the environment variable that lists the fixtures (default: the
+// gate fixtures, or the tensor-parallel ones under VLLM_TEST_TP_SIZE > 1).
+int main(int argc, char **argv) {
     char **fx;
     const char *tp = getenv("VLLM_TEST_TP_SIZE"), *list = tp && atoi(tp) > 1 ? "VLLM_TP2_FIXTURES" : "VLLM_GATE_FIXTURES";
+    if (argc > 1) list = argv[1];
     int n = tu_fixture_list(list, &fx);
     CHECKF(n > 0, "no fixtures in %s", list);
     for (int i = 0; i < n; i++) {
