@@ -46,35 +46,46 @@ __device__ float count_above(const float *p, int V, float x, bool strict, bool m
     return block_sum(c, red);
 }
 
+// log-sum-exp of a row of V logits.
+__device__ float row_lse(const float *l, int V, float *red, vi *vred) {
+    vi m = {-INFINITY, 0x7fffffff};
+    for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
+    m = block_argmax(m, vred);
+    float s = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
+    return m.v + logf(block_sum(s, red));
+}
+
+// The top n of a row's log-probs, largest first (ties: lower id), by
+// repeated argmax skipping the ids taken, into ti / tl [cap]: entries past n
+// (or past the vocabulary) are -1 / -inf.
+__device__ void row_top(const float *l, int V, float lse, int n, int cap, int32_t *ti, float *tl, vi *vred) {
+    for (int j = 0; j < cap; j++) {
+        vi x = {-INFINITY, 0x7fffffff};
+        if (j < n)
+            for (int i = threadIdx.x; i < V; i += blockDim.x) {
+                bool taken = false;
+                for (int q = 0; q < j; q++) taken |= ti[q] == i;
+                if (!taken) x = better(x, vi{l[i], i});
+            }
+        x = block_argmax(x, vred);
+        if (threadIdx.x == 0) {
+            bool ok = j < n && x.i < V;
+            ti[j] = ok ? x.i : -1;
+            tl[j] = ok ? x.v - lse : -INFINITY;
+        }
+        __syncthreads();
+    }
+}
+
 // The sampled id's log-probs when asked (log-sum-exp and the top-n of the
 // raw logits), then the id into out and the token table.
 __device__ void sample_finish(const float *l, int V, int id, int r, const sample_params &p, int32_t *table,
                               sample_out out, float *red, vi *vred) {
     if (p.num_logprobs >= 0) {
-        vi m = {-INFINITY, 0x7fffffff};
-        for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
-        m = block_argmax(m, vred);
-        float s = 0;
-        for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
-        float lse = m.v + logf(block_sum(s, red));
-        int nt = min(p.num_logprobs, out.max_top);
-        int32_t *ti = out.top_ids + (int64_t)r * out.max_top;
-        float *tl = out.top_logprobs + (int64_t)r * out.max_top;
-        for (int j = 0; j < out.max_top; j++) { // top-n by repeated argmax, skipping the ones taken
-            vi x = {-INFINITY, 0x7fffffff};
-            if (j < nt)
-                for (int i = threadIdx.x; i < V; i += blockDim.x) {
-                    bool taken = false;
-                    for (int q = 0; q < j; q++) taken |= ti[q] == i;
-                    if (!taken) x = better(x, vi{l[i], i});
-                }
-            x = block_argmax(x, vred);
-            if (threadIdx.x == 0) {
-                ti[j] = j < nt ? x.i : -1;
-                tl[j] = j < nt ? x.v - lse : -INFINITY;
-            }
-            __syncthreads();
-        }
+        float lse = row_lse(l, V, red, vred);
+        row_top(l, V, lse, min(p.num_logprobs, out.max_top), out.max_top, out.top_ids + (int64_t)r * out.max_top,
+                out.top_logprobs + (int64_t)r * out.max_top, vred);
         if (threadIdx.x == 0) out.logprobs[r] = l[id] - lse;
     }
     if (threadIdx.x == 0) {
@@ -225,31 +236,11 @@ __global__ void k_token_logprobs(const float *logits, int V, const int32_t *rows
     __shared__ vi vred[32];
     int r = blockIdx.x;
     const float *l = logits + (int64_t)rows[r] * V;
-    vi m = {-INFINITY, 0x7fffffff};
-    for (int i = threadIdx.x; i < V; i += blockDim.x) m = better(m, vi{l[i], i});
-    m = block_argmax(m, vred);
-    float s = 0, t = l[targets[r]];
-    for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(l[i] - m.v);
-    float lse = m.v + logf(block_sum(s, red));
+    float t = l[targets[r]], lse = row_lse(l, V, red, vred);
     float n = 0;
     for (int i = threadIdx.x; i < V; i += blockDim.x) n += l[i] >= t ? 1.0f : 0.0f;
     n = block_sum(n, red);
-    int32_t *ti = top_ids + (int64_t)r * k;
-    float *tl = top_lp + (int64_t)r * k;
-    for (int j = 0; j < k; j++) {
-        vi x = {-INFINITY, 0x7fffffff};
-        for (int i = threadIdx.x; i < V; i += blockDim.x) {
-            bool taken = false;
-            for (int q = 0; q < j; q++) taken |= ti[q] == i;
-            if (!taken) x = better(x, vi{l[i], i});
-        }
-        x = block_argmax(x, vred);
-        if (threadIdx.x == 0) {
-            ti[j] = x.i < V ? x.i : -1;
-            tl[j] = x.i < V ? x.v - lse : -INFINITY;
-        }
-        __syncthreads();
-    }
+    row_top(l, V, lse, k, k, top_ids + (int64_t)r * k, top_lp + (int64_t)r * k, vred);
     if (threadIdx.x == 0) {
         lp[r] = t - lse;
         rank[r] = (int32_t)n;
