@@ -51,7 +51,7 @@ struct step_slot {
     int masked;
 };
 
-#define MAX_GRAPH_BATCH 256
+#define MAX_GRAPH_BATCH 512 // vLLM's default largest captured size
 // Graphs by padded batch size, twice: without and with the token mask
 // (constrained decoding adds mask_logits before the sampler).
 #define NUM_GRAPHS (2 * (MAX_GRAPH_BATCH + 1))
@@ -565,10 +565,15 @@ static int graph_size(const struct runner *r, const struct sched_output *so) {
     if (!r->cfg.use_graphs || !op->graph_begin || r->hook || diag_on("1") || diag_on("time")) return 0;
     for (int i = 0; i < so->num_entries; i++)
         if (!so->entries[i].is_decode) return 0;
-    int n = so->num_entries, p = 1;
-    while (p < n) p *= 2;
     // padded rows must fit the step buffers: tokens, sequences, logit rows
-    return p <= MAX_GRAPH_BATCH && p <= r->cfg.max_num_batched_tokens && p <= r->cfg.max_num_seqs ? p : 0;
+    int n = so->num_entries, cap = MIN(MAX_GRAPH_BATCH, MIN(r->cfg.max_num_batched_tokens, r->cfg.max_num_seqs));
+    if (n > cap) return 0;
+    // sizes 1, 2, 4, then multiples of 8 (as vLLM captures): a step pads at
+    // most 7 rows, where powers of two padded 129 sequences to 256
+    int p = 1;
+    while (p < n && p < 8) p *= 2;
+    if (p < n) p = CDIV(n, 8) * 8;
+    return MIN(p, cap);
 }
 
 // Rank k's part of a launch (on its own thread): the rows of admitted
