@@ -345,19 +345,24 @@ template <typename E> __global__ void k_ssd_gather(ssd_args a, const ssd_chunk *
 
 // dt and its running sum times A, [c][L][H]: a thread per (chunk, head)
 // sums in row order as the reference does (the fp32 gates need its bits),
-// a warp's loads and stores one row apart; zero past the length
+// 8 rows' loads issued before their sums; zero past the length
 __global__ void k_ssd_dt(ssd_args a, const ssd_chunk *ch, int nc, float *dt, float *ac) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= nc * a.H) return;
     int c = idx / a.H, h = idx % a.H, L = a.chunk;
     ssd_chunk k = ch[c];
     float run = 0, A = a.A[h];
-#pragma unroll 8
-    for (int i = 0; i < L; i++) {
-        float d = i < k.len ? dt_of(a, a.zx + (int64_t)(k.t + i) * a.ld, h) : 0.0f;
-        run += d * A;
-        dt[((int64_t)c * L + i) * a.H + h] = d;
-        ac[((int64_t)c * L + i) * a.H + h] = run;
+    for (int i0 = 0; i0 < L; i0 += 8) {
+        float d[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) d[u] = i0 + u < k.len ? dt_of(a, a.zx + (int64_t)(k.t + i0 + u) * a.ld, h) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (i0 + u < L) {
+                run += d[u] * A;
+                dt[((int64_t)c * L + i0 + u) * a.H + h] = d[u];
+                ac[((int64_t)c * L + i0 + u) * a.H + h] = run;
+            }
     }
 }
 
@@ -404,14 +409,25 @@ __global__ void k_ssd_pass(ssd_args a, const ssd_chunk *ch, const int32_t *first
     float *gst = a.ssm + ((int64_t)a.slots[s] * a.H + h) * PN + k;
     float v = lo > first[i] ? *gst : a.src[s] >= 0 ? a.ssm[((int64_t)a.src[s] * a.H + h) * PN + k] : 0.0f;
     int q = a.ck_start[s], k1 = a.ck_start[s + 1], pos0 = a.ctx[s] - a.qsl[s]; // position of token row t: pos0 + t
-    for (int c = lo; c < hi; c++) {
-        ssd_chunk kc = ch[c];
-        int64_t o = ((int64_t)(c - c0) * a.H + h) * PN + k;
-        sin[o] = (E)v;
-        v = expf(ac[((int64_t)(c - c0) * L + kc.len - 1) * a.H + h]) * v + sc[o];
-        int end = pos0 + kc.t + kc.len;
-        for (; q < k1 && a.ck_pos[q] <= end; q++)
-            if (a.ck_pos[q] == end) a.ssm[((int64_t)a.ck_slot[q] * a.H + h) * PN + k] = v;
+    for (int c = lo; c < hi; c += 4) { // 4 chunks' loads issued, then their steps in turn
+        float dec[4], add[4];
+        int end[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int cu = min(c + u, hi - 1);
+            ssd_chunk kc = ch[cu];
+            dec[u] = ac[((int64_t)(cu - c0) * L + kc.len - 1) * a.H + h];
+            add[u] = sc[((int64_t)(cu - c0) * a.H + h) * PN + k];
+            end[u] = pos0 + kc.t + kc.len;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c + u < hi) {
+                sin[((int64_t)(c + u - c0) * a.H + h) * PN + k] = (E)v;
+                v = expf(dec[u]) * v + add[u];
+                for (; q < k1 && a.ck_pos[q] <= end[u]; q++)
+                    if (a.ck_pos[q] == end[u]) a.ssm[((int64_t)a.ck_slot[q] * a.H + h) * PN + k] = v;
+            }
     }
     *gst = v;
 }
