@@ -24,4 +24,15 @@ static inline float *bench_uniform(struct backend *be, size_t n, float lo, float
     return d;
 }
 
+// The median of n timings (sorts t).
+static inline double bench_median(double *t, int n) {
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (t[j] < t[i]) {
+                double x = t[i];
+                t[i] = t[j], t[j] = x;
+            }
+    return t[n / 2];
+}
+
 #endif

@@ -42,14 +42,9 @@ static void bench_prefill(int T, float depth) {
         be->ops->sync(be);
         t[r] = now_s() - t0;
     }
-    for (int i = 0; i < 5; i++) // median
-        for (int j = i + 1; j < 5; j++)
-            if (t[j] < t[i]) {
-                double x = t[i];
-                t[i] = t[j], t[j] = x;
-            }
-    printf("  kda_prefill g>=%-5g %6d tokens  %10.3f ms  %8.3f us/token  %10.0f tok/s\n", -2 * depth, T, t[2] * 1e3,
-           t[2] * 1e6 / T, T / t[2]);
+    double m = bench_median(t, 5);
+    printf("  kda_prefill g>=%-5g %6d tokens  %10.3f ms  %8.3f us/token  %10.0f tok/s\n", -2 * depth, T, m * 1e3,
+           m * 1e6 / T, T / m);
     void *all[] = {da, proj, g, st, y};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->free(be, all[i]);
 }

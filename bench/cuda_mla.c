@@ -72,13 +72,7 @@ static void bench_one(const char *what, int S, int qlen, int ctx) {
         be->ops->sync(be);
         t[r] = now_s() - t0;
     }
-    for (int i = 0; i < reps; i++) // median
-        for (int j = i + 1; j < reps; j++)
-            if (t[j] < t[i]) {
-                double x = t[i];
-                t[i] = t[j], t[j] = x;
-            }
-    double m = t[reps / 2];
+    double m = bench_median(t, reps);
     printf("  mla %-7s %3d seqs x %5d tokens, context %6d  %12.1f us  %10.0f tok/s\n", what, S, qlen, L, m * 1e6, T / m);
     void *all[] = {da, q, kvb, out, cache};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->free(be, all[i]);

@@ -61,13 +61,7 @@ static double time_graph(op_fn f, void *ctx, int calls) {
         t[r] = (now_s() - t0) * 1e6 / calls;
     }
     o->graph_free(be, g);
-    for (int a = 0; a < 5; a++) // median
-        for (int b = a + 1; b < 5; b++)
-            if (t[b] < t[a]) {
-                double x = t[a];
-                t[a] = t[b], t[b] = x;
-            }
-    return t[2];
+    return bench_median(t, 5);
 }
 
 static void report(const char *what, double us, double bytes) {

@@ -4,6 +4,9 @@ if(VLLM_CUDA)
   set(GPU ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh)
   vllm_test_exe(test_cuda_ops cuda/test_cuda_ops.c)
   add_test(NAME gpu_ops COMMAND ${GPU} $<TARGET_FILE:test_cuda_ops>)
+  # the SSD chunked-scan prefill at Nemotron-3-Nano's shapes, fp32 and bf16 modes, against the CPU reference op
+  vllm_test_exe(test_cuda_ssd cuda/test_cuda_ssd.c)
+  add_test(NAME gpu_ssd COMMAND ${GPU} $<TARGET_FILE:test_cuda_ssd>)
   # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
   vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
   add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)

@@ -3,7 +3,9 @@
 # oracle gates, and checks that each breakage turns at least one gate red.
 # A patch named noop_*.patch changes nothing the gates can see: it must stay
 # GREEN, which checks this script's own count. Only failed tests count as red
-# (skipped GPU tests are listed by ctest too, under "did not run").
+# (skipped GPU tests are listed by ctest too, under "did not run"). A patch
+# named cuda_*.patch breaks a CUDA kernel only: the CPU gates cannot see it,
+# so it is skipped here and proven on the GPU (tools/device_run.sh MUTATE=NAME).
 # Usage: tests/mutations/run.sh [NAME...]   (not part of `make test`: ~1 min each)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,6 +17,7 @@ names=("$@")
 [ ${#names[@]} -eq 0 ] && names=($(ls tests/mutations/*.patch | xargs -n1 basename | sed 's/\.patch$//'))
 status=0
 for n in "${names[@]}"; do
+    case "$n" in cuda_*) echo "$n: a CUDA kernel's mutation, for the GPU gates (tools/device_run.sh MUTATE=$n)"; continue ;; esac
     git apply tests/mutations/$n.patch || { echo "$n: patch does not apply"; status=1; continue; }
     make BUILD=build-mut >/dev/null 2>&1 || { echo "$n: build failed"; git apply -R tests/mutations/$n.patch; status=1; continue; }
     # the names listed after "The following tests FAILED:", and nothing else

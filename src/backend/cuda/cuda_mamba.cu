@@ -4,7 +4,6 @@
 //
 // zxbcdt rows (ld floats): z [I] | x [H*P] | B [G*N] | C [G*N] | dt [H].
 #include <algorithm>
-#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -186,119 +185,312 @@ __device__ __forceinline__ float dt_of(const ssd_args &a, const float *row, int 
     return fminf(fmaxf(v, a.dt_min), a.dt_max);
 }
 
-// The SSD chunked scan as batched matrix products (fp32, cuBLAS), over the
-// chunks of every prefill sequence at once. Chunks end at absolute multiples
-// of chunk_size and are padded to L rows. Per chunk c, head h (group g):
-//   CB = C B^T                         [L, L]   per (c, g)
-//   M  = CB * exp(acum_i - acum_j) dt_j, j <= i  (causal decay)
-//   Yd = M X                            [L, P]   intra-chunk
-//   Sc = (exp(acum_L - acum_j) dt_j X)^T B       [P, N]   the chunk's own state
-//   S_in(c+1) = exp(acum_L) S_in(c) + Sc          sequential over chunks
-//   Yo = C S_in^T                       [L, P];  y = Yd + exp(acum_i) Yo + D x
+// The SSD chunked scan as batched matrix products over the chunks of every
+// prefill sequence at once (cuBLAS strided-batched GEMMs): bf16 inputs with
+// fp32 accumulation on tensor cores, or fp32 throughout in the fp32 mode
+// (kv_dtype float32, the exactness gates). Chunks end at absolute multiples of
+// chunk_size and are padded to L rows. Per chunk c, head h (group g; the
+// group's hpg = H/G heads side by side make [., hpg*P] products per (c, g)):
+//   CB = C B^T                                    [L, L]        per (c, g)
+//   M  = CB * exp(acum_i - acum_j) dt_j, j <= i   [L, L]        causal decay
+//   Yd = M X                                      [L, P]        per (c, h)
+//   Sc = Xs^T B, Xs_j = exp(acum_L - acum_j) dt_j X_j   [hpg*P, N] per (c, g)
+//   S_in(c+1) = exp(acum_L) S_in(c) + Sc          fp32, in turn over a sequence's chunks
+//   Yo = C S_in^T                                 [L, hpg*P]    per (c, g)
+//   y  = Yd + exp(acum_i) Yo + D x
+// Buffers (E: the products' inputs, bf16 or fp32) are laid out so that one
+// stride steps each product's batch: x, Yd [c][h][L][P]; B, C [c][g][L][N];
+// Xs, Yo [c][g][L][hpg*P]; Sc, S_in [c][h][P][N]; M [c][h][L][L]; dt and
+// acum [c][L][H]. The chunk
+// table is made on the device from the batch's arrays (the host counts the
+// chunks from its mirrors for launch sizes): no copy, no wait for the stream.
+// The chunks run in passes of at most ssd_cap (the scratch is bounded: a
+// batch of short prompts can have a chunk per token); a sequence split
+// between passes carries its state in its slot.
 struct ssd_chunk {
     int seq, t, len; // sequence, first token row, tokens (<= L)
 };
 
-struct ssd_bufs {
-    float *xp, *bp, *cp, *dt, *ac, *cb, *m, *xs, *sc, *sin, *yd, *yo;
-    struct ssd_chunk *chunks;
-    int32_t *first; // [nseq + 1] first chunk of each sequence
-    const float **ptr;
+template <typename E> struct ssd_bufs {
+    E *x, *b, *c, *m, *xs, *sin;
+    float *dt, *ac, *cb, *sc, *yd, *yo;
 };
 
-// padded copies of x, B, C of each chunk (zero rows past its length)
-__global__ void k_ssd_gather(ssd_args a, const ssd_chunk *ch, float *xp, float *bp, float *cp) {
-    int c = blockIdx.x, i = blockIdx.y, L = a.chunk, HP = a.I, GN = a.G * a.N;
+#define SSD_PASS_BYTES ((size_t)1 << 30) // a pass's buffers (at least one chunk's)
+
+// Carving of the scratch, 256-byte aligned pieces (base NULL: sizes only).
+struct ssd_carver {
+    char *base;
+    size_t off;
+};
+static void *ssd_take(ssd_carver *cv, size_t bytes) {
+    void *p = cv->base ? cv->base + cv->off : NULL;
+    cv->off += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+
+// The buffers of nb chunks from cv; M is dead once Yd is made, so Yo takes its place.
+template <typename E>
+static void ssd_carve(ssd_carver *cv, int64_t nb, const struct mamba_dims *d, ssd_bufs<E> *s) {
+    int64_t L = d->chunk_size, H = d->heads, P = d->head_dim, G = d->groups, N = d->state;
+    int64_t hlp = nb * H * L * P, gln = nb * G * L * N, hpn = nb * H * P * N, hl = nb * H * L;
+    s->x = (E *)ssd_take(cv, sizeof(E) * hlp);
+    s->b = (E *)ssd_take(cv, sizeof(E) * gln);
+    s->c = (E *)ssd_take(cv, sizeof(E) * gln);
+    s->xs = (E *)ssd_take(cv, sizeof(E) * hlp);
+    s->sin = (E *)ssd_take(cv, sizeof(E) * hpn);
+    s->dt = (float *)ssd_take(cv, sizeof(float) * hl);
+    s->ac = (float *)ssd_take(cv, sizeof(float) * hl);
+    s->cb = (float *)ssd_take(cv, sizeof(float) * nb * G * L * L);
+    s->sc = (float *)ssd_take(cv, sizeof(float) * hpn);
+    s->yd = (float *)ssd_take(cv, sizeof(float) * hlp);
+    void *my = ssd_take(cv, std::max(sizeof(E) * nb * H * L * L, sizeof(float) * hlp));
+    s->m = (E *)my, s->yo = (float *)my;
+}
+
+// Chunks of a pass, for a step of nc chunks.
+template <typename E> static int64_t ssd_cap(const struct mamba_dims *d, int64_t nc) {
+    ssd_carver cv = {NULL, 0};
+    ssd_bufs<E> s;
+    ssd_carve(&cv, 1, d, &s);
+    return std::min(nc, std::max<int64_t>(1, (int64_t)(SSD_PASS_BYTES / cv.off)));
+}
+
+// Scratch of a step of nc chunks over ns sequences: the chunk table, the
+// sequences' first chunks, one pass's buffers.
+template <typename E>
+static size_t ssd_layout(char *base, const struct mamba_dims *d, int64_t nc, int64_t ns, ssd_chunk **ch,
+                         int32_t **first, ssd_bufs<E> *s) {
+    ssd_carver cv = {base, 0};
+    *ch = (ssd_chunk *)ssd_take(&cv, sizeof(ssd_chunk) * nc);
+    *first = (int32_t *)ssd_take(&cv, sizeof(int32_t) * (ns + 1));
+    ssd_carve(&cv, ssd_cap<E>(d, nc), d, s);
+    return cv.off;
+}
+
+size_t cuda_ssd_scratch(struct backend *be, const struct mamba_dims *d, int max_tokens) {
+    int64_t T = std::max(max_tokens, 1); // a chunk holds a token at least, and so does a sequence
+    ssd_chunk *ch;
+    int32_t *first;
+    if (be->kv_dtype == DT_F32) {
+        ssd_bufs<float> s;
+        return ssd_layout(NULL, d, T, T, &ch, &first, &s);
+    }
+    ssd_bufs<__nv_bfloat16> s;
+    return ssd_layout(NULL, d, T, T, &ch, &first, &s);
+}
+
+// Chunks of a prompt of len tokens after p0 (chunk boundaries at multiples of L)
+__host__ __device__ __forceinline__ int ssd_nchunks(int p0, int len, int L) {
+    return len > 0 ? (p0 + len - 1) / L - p0 / L + 1 : 0;
+}
+
+// The chunk table, from the batch's device arrays: first[i], the first chunk
+// of sequence seq0 + i (an exclusive prefix sum of the chunk counts; first[ns]:
+// all of them), and each chunk's sequence, first row and length. One block of
+// 1024 threads, a sequence a thread, in rounds of 1024 sequences.
+__global__ void __launch_bounds__(1024) k_ssd_chunks(ssd_args a, int ns, int32_t *first, ssd_chunk *ch) {
+    __shared__ int wsum[32], carry;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, L = a.chunk;
+    if (threadIdx.x == 0) carry = 0;
+    for (int r0 = 0; r0 < ns; r0 += blockDim.x) {
+        int i = r0 + threadIdx.x, s = a.seq0 + i, t0 = 0, len = 0, p0 = 0, n = 0;
+        if (i < ns) t0 = a.qsl[s], len = a.qsl[s + 1] - t0, p0 = a.ctx[s], n = ssd_nchunks(p0, len, L);
+        int v = n; // inclusive sum over the warp
+        for (int o = 1; o < 32; o <<= 1) {
+            int u = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += u;
+        }
+        __syncthreads(); // carry set, the last round's wsum read
+        if (lane == 31) wsum[w] = v;
+        __syncthreads();
+        if (w == 0) {
+            int x = wsum[lane];
+            for (int o = 1; o < 32; o <<= 1) {
+                int u = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += u;
+            }
+            wsum[lane] = x;
+        }
+        __syncthreads();
+        int at = carry + (w ? wsum[w - 1] : 0) + v - n;
+        if (i < ns) {
+            first[i] = at;
+            for (int j = 0; j < n; j++) {
+                int c0 = (p0 / L + j) * L - p0; // the chunk's absolute start, from the prompt's first token
+                int lo = max(c0, 0), hi = min(c0 + L, len);
+                ch[at + j] = ssd_chunk{s, t0 + lo, hi - lo};
+            }
+        }
+        __syncthreads(); // carry read
+        if (threadIdx.x == blockDim.x - 1) carry = at + n;
+    }
+    if (threadIdx.x == blockDim.x - 1) first[ns] = carry;
+}
+
+// x, B, C of each chunk in the products' type (zero rows past its length)
+template <typename E> __global__ void k_ssd_gather(ssd_args a, const ssd_chunk *ch, E *x, E *bm, E *cm) {
+    int c = blockIdx.x, i = blockIdx.y, L = a.chunk, P = a.P, N = a.N, GN = a.G * a.N;
     ssd_chunk k = ch[c];
     const float *row = a.zx + (int64_t)(k.t + i) * a.ld;
     bool in = i < k.len;
-    for (int j = threadIdx.x; j < HP; j += blockDim.x) xp[((int64_t)c * L + i) * HP + j] = in ? row[a.I + j] : 0.0f;
+    for (int j = threadIdx.x; j < a.I; j += blockDim.x)
+        x[(((int64_t)c * a.H + j / P) * L + i) * P + j % P] = (E)(in ? row[a.I + j] : 0.0f);
     for (int j = threadIdx.x; j < GN; j += blockDim.x) {
-        bp[((int64_t)c * L + i) * GN + j] = in ? row[2 * a.I + j] : 0.0f;
-        cp[((int64_t)c * L + i) * GN + j] = in ? row[2 * a.I + GN + j] : 0.0f;
+        int64_t o = (((int64_t)c * a.G + j / N) * L + i) * N + j % N;
+        bm[o] = (E)(in ? row[2 * a.I + j] : 0.0f);
+        cm[o] = (E)(in ? row[2 * a.I + GN + j] : 0.0f);
     }
 }
 
-// dt and its running sum times A, per (chunk, head); zero past the length
+// dt and its running sum times A, [c][L][H]: a thread per (chunk, head)
+// sums in row order as the reference does (the fp32 gates need its bits),
+// 8 rows' loads issued before their sums; zero past the length
 __global__ void k_ssd_dt(ssd_args a, const ssd_chunk *ch, int nc, float *dt, float *ac) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= nc * a.H) return;
     int c = idx / a.H, h = idx % a.H, L = a.chunk;
     ssd_chunk k = ch[c];
     float run = 0, A = a.A[h];
-    for (int i = 0; i < L; i++) {
-        float d = i < k.len ? dt_of(a, a.zx + (int64_t)(k.t + i) * a.ld, h) : 0.0f;
-        run += d * A;
-        dt[(int64_t)idx * L + i] = d;
-        ac[(int64_t)idx * L + i] = run;
+    for (int i0 = 0; i0 < L; i0 += 8) {
+        float d[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) d[u] = i0 + u < k.len ? dt_of(a, a.zx + (int64_t)(k.t + i0 + u) * a.ld, h) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (i0 + u < L) {
+                run += d[u] * A;
+                dt[((int64_t)c * L + i0 + u) * a.H + h] = d[u];
+                ac[((int64_t)c * L + i0 + u) * a.H + h] = run;
+            }
     }
 }
 
-// M (causal, decayed, dt-weighted) and the scaled x for the chunk states
-__global__ void k_ssd_mask(ssd_args a, const ssd_chunk *ch, const float *cb, const float *dt, const float *ac,
-                           const float *xp, float *m, float *xs) {
-    int c = blockIdx.x, h = blockIdx.y, L = a.chunk, P = a.P, g = h / (a.H / a.G);
-    int len = ch[c].len;
-    const float *d = dt + ((int64_t)c * a.H + h) * L, *q = ac + ((int64_t)c * a.H + h) * L;
+// M (causal, decayed, dt-weighted) from CB, and the scaled x of the chunk
+// states (from zxbcdt's fp32 x), per (chunk, head)
+template <typename E>
+__global__ void k_ssd_mask(ssd_args a, const ssd_chunk *ch, const float *cb, const float *dt, const float *ac, E *m,
+                           E *xs) {
+    extern __shared__ float sh[]; // dt, acum: [2][L]
+    int c = blockIdx.x, h = blockIdx.y, L = a.chunk, P = a.P, hpg = a.H / a.G, g = h / hpg;
+    ssd_chunk k = ch[c];
+    float *d = sh, *q = sh + L;
+    for (int i = threadIdx.x; i < L; i += blockDim.x) {
+        d[i] = dt[((int64_t)c * L + i) * a.H + h];
+        q[i] = ac[((int64_t)c * L + i) * a.H + h];
+    }
+    __syncthreads();
     const float *cbc = cb + ((int64_t)c * a.G + g) * L * L;
-    float *mc = m + ((int64_t)c * a.H + h) * L * L;
-    float last = q[len - 1];
-    for (int k = threadIdx.x; k < L * L; k += blockDim.x) {
-        int i = k / L, j = k % L;
-        mc[k] = (j <= i && i < len) ? cbc[k] * expf(q[i] - q[j]) * d[j] : 0.0f;
+    E *mc = m + ((int64_t)c * a.H + h) * L * L;
+    for (int e = threadIdx.x; e < L * L; e += blockDim.x) {
+        int i = e / L, j = e % L;
+        mc[e] = (E)((j <= i && i < k.len) ? cbc[e] * expf(q[i] - q[j]) * d[j] : 0.0f);
     }
-    for (int k = threadIdx.x; k < L * P; k += blockDim.x) {
-        int j = k / P, p = k % P;
-        int64_t o = ((int64_t)c * L + j) * a.I + h * P + p;
-        xs[o] = j < len ? expf(last - q[j]) * d[j] * xp[o] : 0.0f;
+    float last = q[k.len - 1];
+    E *xc = xs + ((int64_t)c * a.G + g) * L * hpg * P + (h % hpg) * P;
+    for (int e = threadIdx.x; e < L * P; e += blockDim.x) {
+        int j = e / P, p = e % P;
+        float v = j < k.len ? expf(last - q[j]) * d[j] * a.zx[(int64_t)(k.t + j) * a.ld + a.I + h * P + p] : 0.0f;
+        xc[(int64_t)j * hpg * P + p] = (E)v;
     }
 }
 
-// states entering each chunk, sequentially over a sequence's chunks; slot
-// state_src's state (zeros for -1) enters the first, a chunk's exit state
-// goes to each checkpoint at its end, and the last one's to the state slot
-__global__ void k_ssd_pass(ssd_args a, const ssd_chunk *ch, const int32_t *first, const float *sc, const float *ac,
-                           float *sin) {
-    int s = a.seq0 + blockIdx.x, h = blockIdx.y, PN = a.P * a.N, L = a.chunk;
-    float *gst = a.ssm + ((int64_t)a.slots[s] * a.H + h) * PN;
-    const float *sst = a.ssm + ((int64_t)max(a.src[s], 0) * a.H + h) * PN;
-    int init = a.src[s] >= 0, c0 = first[blockIdx.x], c1 = first[blockIdx.x + 1];
-    int k1 = a.ck_start[s + 1], pos0 = a.ctx[s] - a.qsl[s]; // position of token row t: pos0 + t
-    for (int k = threadIdx.x; k < PN; k += blockDim.x) {
-        float v = init ? sst[k] : 0.0f; // a fresh slot reads as zeros
-        int q = a.ck_start[s];
-        for (int c = c0; c < c1; c++) {
-            int64_t o = ((int64_t)c * a.H + h) * PN + k;
-            sin[o] = v;
-            v = expf(ac[((int64_t)c * a.H + h) * L + ch[c].len - 1]) * v + sc[o];
-            int end = pos0 + ch[c].t + ch[c].len;
-            for (; q < k1 && a.ck_pos[q] <= end; q++)
-                if (a.ck_pos[q] == end) a.ssm[((int64_t)a.ck_slot[q] * a.H + h) * PN + k] = v;
+// The states entering chunks [c0, c1) (this pass), in turn over each
+// sequence's chunks, a thread per (sequence, head, state element): a
+// sequence's first chunk starts from slot state_src (zeros for -1), a later
+// pass from what the last one left in its slot; a chunk's exit state goes to
+// each checkpoint at its end, and the last one's to the state slot.
+template <typename E>
+__global__ void k_ssd_pass(ssd_args a, const ssd_chunk *ch, const int32_t *first, int c0, int c1, const float *sc,
+                           const float *ac, E *sin) {
+    int i = blockIdx.x, s = a.seq0 + i, h = blockIdx.y, PN = a.P * a.N, L = a.chunk;
+    int k = blockIdx.z * blockDim.x + threadIdx.x, lo = max(first[i], c0), hi = min(first[i + 1], c1);
+    if (k >= PN || lo >= hi) return;
+    float *gst = a.ssm + ((int64_t)a.slots[s] * a.H + h) * PN + k;
+    float v = lo > first[i] ? *gst : a.src[s] >= 0 ? a.ssm[((int64_t)a.src[s] * a.H + h) * PN + k] : 0.0f;
+    int q = a.ck_start[s], k1 = a.ck_start[s + 1], pos0 = a.ctx[s] - a.qsl[s]; // position of token row t: pos0 + t
+    for (int c = lo; c < hi; c += 4) { // 4 chunks' loads issued, then their steps in turn
+        float dec[4], add[4];
+        int end[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int cu = min(c + u, hi - 1);
+            ssd_chunk kc = ch[cu];
+            dec[u] = ac[((int64_t)(cu - c0) * L + kc.len - 1) * a.H + h];
+            add[u] = sc[((int64_t)(cu - c0) * a.H + h) * PN + k];
+            end[u] = pos0 + kc.t + kc.len;
         }
-        gst[k] = v;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c + u < hi) {
+                sin[((int64_t)(c + u - c0) * a.H + h) * PN + k] = (E)v;
+                v = expf(dec[u]) * v + add[u];
+                for (; q < k1 && a.ck_pos[q] <= end[u]; q++)
+                    if (a.ck_pos[q] == end[u]) a.ssm[((int64_t)a.ck_slot[q] * a.H + h) * PN + k] = v;
+            }
     }
+    *gst = v;
 }
 
-__global__ void k_ssd_out(ssd_args a, const ssd_chunk *ch, const float *yd, const float *yo, const float *ac,
-                          const float *xp) {
-    int c = blockIdx.x, i = blockIdx.y, L = a.chunk, P = a.P;
+__global__ void k_ssd_out(ssd_args a, const ssd_chunk *ch, const float *yd, const float *yo, const float *ac) {
+    int c = blockIdx.x, i = blockIdx.y, L = a.chunk, P = a.P, hpg = a.H / a.G;
     ssd_chunk k = ch[c];
     if (i >= k.len) return;
+    const float *x = a.zx + (int64_t)(k.t + i) * a.ld + a.I;
     for (int j = threadIdx.x; j < a.I; j += blockDim.x) {
-        int h = j / P;
-        int64_t o = ((int64_t)c * L + i) * a.I + j;
-        float e = expf(ac[((int64_t)c * a.H + h) * L + i]);
-        a.y[(int64_t)(k.t + i) * a.I + j] = yd[o] + e * yo[o] + a.D[h] * xp[o];
+        int h = j / P, g = h / hpg;
+        float e = expf(ac[((int64_t)c * L + i) * a.H + h]);
+        float vd = yd[(((int64_t)c * a.H + h) * L + i) * P + j % P];
+        float vo = yo[(((int64_t)c * a.G + g) * L + i) * hpg * P + j - g * hpg * P];
+        a.y[(int64_t)(k.t + i) * a.I + j] = vd + e * vo + a.D[h] * x[j];
     }
 }
 
-static void sgemm_batched(struct backend *be, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                          const float **A, int lda, const float **B, int ldb, float **C, int ldc, int batch) {
+// C = op(A) op(B) for batch matrices a stride apart (cuBLAS column-major
+// terms), inputs of type t, fp32 output and accumulation.
+static void ssd_gemm(struct backend *be, cudaDataType_t t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                     int k, const void *A, int lda, int64_t sa, const void *B, int ldb, int64_t sb, float *C, int ldc,
+                     int64_t sc, int batch) {
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasSgemmBatched(cu(be)->blas, ta, tb, m, n, k, &one, A, lda, B, ldb, &zero, C, ldc, batch);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "vllm: cublasSgemmBatched failed (%d)\n", (int)st);
-        abort();
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(cu(be)->blas, ta, tb, m, n, k, &one, A, t, lda, sa, B, t, ldb, sb, &zero, C,
+                                            CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+template <typename E>
+static void ssd_run(struct backend *be, const ssd_args &a, int ns, int64_t nc, const struct mamba_dims *d,
+                    cudaDataType_t et) {
+    const cublasOperation_t T_ = CUBLAS_OP_T, N_ = CUBLAS_OP_N;
+    int L = a.chunk, H = a.H, P = a.P, G = a.G, N = a.N, hp = H / G * P;
+    int64_t cap = ssd_cap<E>(d, nc);
+    ssd_chunk *ch;
+    int32_t *first;
+    ssd_bufs<E> s;
+    char *base = (char *)cuda_scratch(be, ssd_layout(NULL, d, nc, ns, &ch, &first, &s)); // reserved at load
+    ssd_layout(base, d, nc, ns, &ch, &first, &s);
+    cudaStream_t st = cu(be)->stream;
+    k_ssd_chunks<<<1, 1024, 0, st>>>(a, ns, first, ch);
+    LAUNCH_CHECK();
+    for (int64_t c0 = 0; c0 < nc; c0 += cap) {
+        int nb = (int)std::min(cap, nc - c0);
+        const ssd_chunk *pc = ch + c0;
+        k_ssd_gather<E><<<dim3(nb, L), 256, 0, st>>>(a, pc, s.x, s.b, s.c);
+        k_ssd_dt<<<cdiv(nb * H, 128), 128, 0, st>>>(a, pc, nb, s.dt, s.ac);
+        LAUNCH_CHECK();
+        ssd_gemm(be, et, T_, N_, L, L, N, s.b, N, (int64_t)L * N, s.c, N, (int64_t)L * N, s.cb, L, (int64_t)L * L,
+                 nb * G); // CB^T = B C^T: [L, L] per (c, g)
+        k_ssd_mask<E><<<dim3(nb, H), 256, 2 * L * sizeof(float), st>>>(a, pc, s.cb, s.dt, s.ac, s.m, s.xs);
+        LAUNCH_CHECK();
+        ssd_gemm(be, et, N_, N_, P, L, L, s.x, P, (int64_t)L * P, s.m, L, (int64_t)L * L, s.yd, P, (int64_t)L * P,
+                 nb * H); // Yd^T = X^T M^T: [P, L] per (c, h)
+        ssd_gemm(be, et, N_, T_, N, hp, L, s.b, N, (int64_t)L * N, s.xs, hp, (int64_t)L * hp, s.sc, N,
+                 (int64_t)hp * N, nb * G); // Sc^T = B^T Xs: [N, hpg*P] per (c, g)
+        k_ssd_pass<E><<<dim3(ns, H, cdiv(P * N, 256)), 256, 0, st>>>(a, ch, first, (int)c0, (int)c0 + nb, s.sc, s.ac,
+                                                                      s.sin);
+        LAUNCH_CHECK();
+        ssd_gemm(be, et, T_, N_, hp, L, N, s.sin, N, (int64_t)hp * N, s.c, N, (int64_t)L * N, s.yo, hp,
+                 (int64_t)L * hp, nb * G); // Yo^T = S_in C^T: [hpg*P, L] per (c, g)
+        k_ssd_out<<<dim3(nb, L), 256, 0, st>>>(a, pc, s.yd, s.yo, s.ac);
+        LAUNCH_CHECK();
     }
 }
 
@@ -306,108 +498,15 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
                       const float *D, float *ssm_state, const struct batch *b, int seq0, int seq1,
                       const struct mamba_dims *d) {
     int ns = seq1 - seq0;
-    if (ns <= 0) return;
-    int L = d->chunk_size, H = d->heads, P = d->head_dim, G = d->groups, N = d->state, HP = H * P, GN = G * N;
-    // the chunks, from the host mirrors of the batch
-    int nc = 0;
-    for (int s = seq0; s < seq1; s++) {
-        int len = b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], p0 = b->h_context_lens[s];
-        for (int i0 = 0; i0 < len;) nc++, i0 += std::min(len - i0, L - (p0 + i0) % L);
-    }
-    std::vector<ssd_chunk> ch(nc);
-    std::vector<int32_t> first(ns + 1);
-    nc = 0;
-    for (int s = seq0; s < seq1; s++) {
-        int t0 = b->h_query_start_loc[s], len = b->h_query_start_loc[s + 1] - t0, p0 = b->h_context_lens[s];
-        first[s - seq0] = nc;
-        for (int i0 = 0; i0 < len;) {
-            int lc = std::min(len - i0, L - (p0 + i0) % L);
-            ch[nc++] = {s, t0 + i0, lc};
-            i0 += lc;
-        }
-    }
-    first[ns] = nc;
-    // one scratch allocation, carved
-    size_t f_xp = (size_t)nc * L * HP, f_bc = (size_t)nc * L * GN, f_dt = (size_t)nc * H * L;
-    size_t f_cb = (size_t)nc * G * L * L, f_m = (size_t)nc * H * L * L, f_st = (size_t)nc * H * P * N;
-    size_t nptr = (size_t)nc * (G + 3 * H) * 3;
-    size_t floats = 4 * f_xp + 2 * f_bc + 2 * f_dt + f_cb + f_m + 2 * f_st;
-    size_t bytes = floats * 4 + sizeof(ssd_chunk) * nc + 4 * (ns + 1) + sizeof(void *) * nptr + 1024;
-    char *base = (char *)cuda_scratch(be, bytes);
-    ssd_bufs s;
-    float *f = (float *)base;
-    s.xp = f, f += f_xp;
-    s.xs = f, f += f_xp;
-    s.yd = f, f += f_xp;
-    s.yo = f, f += f_xp;
-    s.bp = f, f += f_bc;
-    s.cp = f, f += f_bc;
-    s.dt = f, f += f_dt;
-    s.ac = f, f += f_dt;
-    s.cb = f, f += f_cb;
-    s.m = f, f += f_m;
-    s.sc = f, f += f_st;
-    s.sin = f, f += f_st;
-    char *tail = (char *)f;
-    tail = (char *)(((uintptr_t)tail + 255) & ~(uintptr_t)255);
-    s.ptr = (const float **)tail;
-    tail += sizeof(void *) * nptr;
-    s.chunks = (ssd_chunk *)tail;
-    tail += sizeof(ssd_chunk) * nc;
-    s.first = (int32_t *)tail;
-    // pointer arrays of the four batched products
-    std::vector<const float *> hp(nptr);
-    const float **pa = hp.data();
-    size_t o = 0;
-    int nb1 = nc * G, nbh = nc * H;
-    size_t cbA = o, cbB = o + nb1, cbC = o + 2 * nb1;
-    o += 3 * nb1;
-    size_t ydA = o, ydB = o + nbh, ydC = o + 2 * nbh;
-    o += 3 * nbh;
-    size_t scA = o, scB = o + nbh, scC = o + 2 * nbh;
-    o += 3 * nbh;
-    size_t yoA = o, yoB = o + nbh, yoC = o + 2 * nbh;
-    for (int c = 0; c < nc; c++) {
-        for (int g = 0; g < G; g++) { // CB[c,g] (row-major [i][j]) = C_i . B_j
-            int q = c * G + g;
-            pa[cbA + q] = s.bp + (size_t)c * L * GN + g * N;
-            pa[cbB + q] = s.cp + (size_t)c * L * GN + g * N;
-            pa[cbC + q] = s.cb + (size_t)q * L * L;
-        }
-        for (int h = 0; h < H; h++) {
-            int q = c * H + h, g = h / (H / G);
-            pa[ydA + q] = s.xp + (size_t)c * L * HP + h * P; // Yd^T = X^T M^T
-            pa[ydB + q] = s.m + (size_t)q * L * L;
-            pa[ydC + q] = s.yd + (size_t)c * L * HP + h * P;
-            pa[scA + q] = s.bp + (size_t)c * L * GN + g * N; // Sc^T = B^T Xs
-            pa[scB + q] = s.xs + (size_t)c * L * HP + h * P;
-            pa[scC + q] = s.sc + (size_t)q * P * N;
-            pa[yoA + q] = s.sin + (size_t)q * P * N; // Yo^T = S_in C^T
-            pa[yoB + q] = s.cp + (size_t)c * L * GN + g * N;
-            pa[yoC + q] = s.yo + (size_t)c * L * HP + h * P;
-        }
-    }
-    cudaStream_t st = cu(be)->stream;
-    CUDA_CHECK(cudaMemcpyAsync(s.ptr, hp.data(), sizeof(void *) * nptr, cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaMemcpyAsync(s.chunks, ch.data(), sizeof(ssd_chunk) * nc, cudaMemcpyHostToDevice, st));
-    CUDA_CHECK(cudaMemcpyAsync(s.first, first.data(), 4 * (ns + 1), cudaMemcpyHostToDevice, st));
-    ssd_args a = {y, zxbcdt, ld, H, P, G, N, L, HP, d->conv_dim, dt_bias, A, D, ssm_state,
-                  b->query_start_loc, b->context_lens, b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos,
-                  b->ckpt_slot, seq0, d->dt_min, d->dt_max, NULL};
-    k_ssd_gather<<<dim3(nc, L), 256, 0, st>>>(a, s.chunks, s.xp, s.bp, s.cp);
-    k_ssd_dt<<<cdiv(nbh, 128), 128, 0, st>>>(a, s.chunks, nc, s.dt, s.ac);
-    LAUNCH_CHECK();
-    float **P_ = (float **)s.ptr;
-    sgemm_batched(be, CUBLAS_OP_T, CUBLAS_OP_N, L, L, N, s.ptr + cbA, GN, s.ptr + cbB, GN, P_ + cbC, L, nb1);
-    k_ssd_mask<<<dim3(nc, H), 256, 0, st>>>(a, s.chunks, s.cb, s.dt, s.ac, s.xp, s.m, s.xs);
-    LAUNCH_CHECK();
-    sgemm_batched(be, CUBLAS_OP_N, CUBLAS_OP_N, P, L, L, s.ptr + ydA, HP, s.ptr + ydB, L, P_ + ydC, HP, nbh);
-    sgemm_batched(be, CUBLAS_OP_N, CUBLAS_OP_T, N, P, L, s.ptr + scA, GN, s.ptr + scB, HP, P_ + scC, N, nbh);
-    k_ssd_pass<<<dim3(ns, H), 256, 0, st>>>(a, s.chunks, s.first, s.sc, s.ac, s.sin);
-    LAUNCH_CHECK();
-    sgemm_batched(be, CUBLAS_OP_T, CUBLAS_OP_N, P, L, N, s.ptr + yoA, N, s.ptr + yoB, GN, P_ + yoC, HP, nbh);
-    k_ssd_out<<<dim3(nc, L), 256, 0, st>>>(a, s.chunks, s.yd, s.yo, s.ac, s.xp);
-    LAUNCH_CHECK();
+    int64_t nc = 0; // from the host mirrors, for launch sizes
+    for (int s = seq0; s < seq1; s++)
+        nc += ssd_nchunks(b->h_context_lens[s], b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], d->chunk_size);
+    if (nc == 0) return;
+    ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
+                  d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
+                  b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot, seq0, d->dt_min, d->dt_max, NULL};
+    if (be->kv_dtype == DT_F32) ssd_run<float>(be, a, ns, nc, d, CUDA_R_32F); // the fp32 mode: fp32 products
+    else ssd_run<__nv_bfloat16>(be, a, ns, nc, d, CUDA_R_16BF);
 }
 
 // One block per (decode sequence, head, slice of SSD_SPLIT of the P rows):
