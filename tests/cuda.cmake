@@ -4,9 +4,9 @@ if(VLLM_CUDA)
   set(GPU ${CMAKE_CURRENT_SOURCE_DIR}/cuda/gpu_or_skip.sh)
   vllm_test_exe(test_cuda_ops cuda/test_cuda_ops.c)
   add_test(NAME gpu_ops COMMAND ${GPU} $<TARGET_FILE:test_cuda_ops>)
-  # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
-  vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
-  add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)
+  # quantized dense weights (FP8, FP8 blocks, NVFP4) against the CPU reference's matmul on the same weight
+  vllm_test_exe(test_cuda_quant cuda/test_cuda_quant.c)
+  add_test(NAME gpu_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_quant>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode

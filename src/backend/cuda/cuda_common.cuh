@@ -274,9 +274,14 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
 // 128 (cuda_flash.cu); 0 when the shape is not one it runs.
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
-// y [n, N] = x [n, K] W^T for a WF_FP8 weight: the weight-only FP8 GEMV
-// (cuda_quant.cu), 16 rows of x per pass.
-void cuda_matmul_fp8(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+// Quantized dense weights (cuda_quant.cu). cuda_gemv_quant: y [n, N] = x [n,
+// K] W^T (+ W.bias) for n <= CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
+// (cuda_dequant: into dst, cuda_dequant_bytes of device memory, as a dense
+// weight of the model's --dtype) and runs the dense GEMM on it.
+#define CUDA_QGEMV_MAXB 16
+void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w);
+struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst);
 // Kimi-Linear's ops, in cuda_kimi.cu and cuda_mla.cu, and the dynamic shared memory they take
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
