@@ -13,6 +13,7 @@
 // - exactness: a weight holding every code (and NVFP4 block scale) times
 //   one-hot rows of x gives each value of wfmt_dequant, bit for bit (fp32
 //   mode; bf16 mode: that value rounded to bf16), in the GEMV and the GEMM;
+// - W8A8 (VLLM_FP8_W8A8=1) for WF_FP8 prefill in bf16 mode (test_w8a8);
 // - refusals: an NVFP4 weight of 1000 columns (not a multiple of 16), the
 //   embedding of a quantized table, each naming it.
 // Exits 77 (skip) without a GPU.
@@ -58,20 +59,27 @@ static void make_pair(enum wfmt f, int64_t N, int64_t K, uint64_t seed, int rows
     CHECKF(gpu->ops->supports(gpu, &q) == 0, "%s", vllm_last_error());
 }
 
-// GPU (in mode m: fp32 or bf16 dense GEMMs) against the reference result yc [n, M]
-static void compare(const char *what, enum wfmt f, int64_t N, int64_t K, int n, enum wfmt m, const float *yc,
-                    const float *ydev, int64_t M) {
+// A GPU result ydev [n, M] of backend be against the reference's yc: its
+// largest error over the largest |yc| within tol (mode: what ran, printed).
+// Returns the result, downloaded (the caller frees it).
+static float *compare(struct backend *be, const char *what, enum wfmt f, int64_t N, int64_t K, int n,
+                      const char *mode, double tol, const float *yc, const float *ydev, int64_t M) {
     float *yg = xmalloc(sizeof(float) * (size_t)(n * M));
-    gpu->ops->download(gpu, yg, ydev, sizeof(float) * (size_t)(n * M));
+    be->ops->download(be, yg, ydev, sizeof(float) * (size_t)(n * M));
     int bad = 0;
     for (int64_t i = 0; i < n * M; i++) bad |= !isfinite(yg[i]);
-    double e = bad ? INFINITY : test_max_rel(yg, yc, (size_t)(n * M)), tol = m == WF_F32 ? 1e-5 : 2e-2;
+    double e = bad ? INFINITY : test_max_rel(yg, yc, (size_t)(n * M));
     printf("  %-14s %-9s [%5lld, %5lld] n=%-4d %s rel err %.2e\n", what, wfmt_name(f), (long long)N, (long long)K, n,
-           m == WF_F32 ? "fp32" : "bf16", e);
-    CHECKF(e <= tol, "%s %s [%lld, %lld] n=%d (%s mode): %.3g", what, wfmt_name(f), (long long)N, (long long)K, n,
-           wfmt_name(m), e);
+           mode, e);
+    CHECKF(e <= tol, "%s %s [%lld, %lld] n=%d (%s): %.3g", what, wfmt_name(f), (long long)N, (long long)K, n, mode, e);
     compared++;
-    free(yg);
+    return yg;
+}
+// fp32 mode (the exactness gates) within 1e-5, bf16 mode within 2e-2
+static void compare_mode(const char *what, enum wfmt f, int64_t N, int64_t K, int n, const float *yc,
+                         const float *ydev, int64_t M) {
+    int f32 = gpu->weight_dtype == WF_F32;
+    free(compare(gpu, what, f, N, K, n, f32 ? "fp32" : "bf16", f32 ? 1e-5 : 2e-2, yc, ydev, M));
 }
 
 static const int row_counts[] = {1, 3, 8, 16, 17, 40, 300, 2048};
@@ -95,7 +103,7 @@ static void test_matmul(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
             if (mode && n <= 16) break;
             gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
             gpu->ops->matmul(gpu, yd, xd, &wg, n);
-            compare(with_bias ? "matmul+bias" : "matmul", f, N, K, n, gpu->weight_dtype, yc, yd, N);
+            compare_mode(with_bias ? "matmul+bias" : "matmul", f, N, K, n, yc, yd, N);
         }
         gpu->ops->free(gpu, xd), gpu->ops->free(gpu, yd);
         free(x), free(yc);
@@ -109,7 +117,7 @@ static void test_matmul(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
         wg.bias = NULL;
         gpu->weight_dtype = WF_F32;
         gpu->ops->matmul(gpu, yd, xd + 1, &wg, n);
-        compare("matmul x+4B", f, N, K, n, WF_F32, yc, yd, N);
+        compare_mode("matmul x+4B", f, N, K, n, yc, yd, N);
         gpu->ops->free(gpu, xd), gpu->ops->free(gpu, yd);
         free(x), free(yc);
     }
@@ -134,7 +142,7 @@ static void test_act_mul(enum wfmt f, int64_t I, int64_t K, enum act kind) {
             if (mode && n <= 16) break;
             gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
             gpu->ops->matmul_act_mul(gpu, kind, od, xd, &wg, n, gud);
-            compare(kind == ACT_SILU ? "act_mul silu" : "act_mul relu2", f, 2 * I, K, n, gpu->weight_dtype, oc, od, I);
+            compare_mode(kind == ACT_SILU ? "act_mul silu" : "act_mul relu2", f, 2 * I, K, n, oc, od, I);
         }
         gpu->ops->free(gpu, xd), gpu->ops->free(gpu, od), gpu->ops->free(gpu, gud);
         free(x), free(oc), free(guc);
@@ -205,6 +213,48 @@ static void test_exact(enum wfmt f, int64_t K) {
     free(codes), free(bs), free(sc);
 }
 
+// W8A8 (VLLM_FP8_W8A8=1, bf16 mode): WF_FP8 prefill on FP8 tensor cores, x
+// quantized per token. Bound 5e-2 of the largest |y| (emulated on the host
+// with these weights and x: 2.5e-2 at K 1856..4096; the dequantized bf16
+// GEMM: 2.5e-3). Its result must differ from the dequantized path's: equal,
+// cuBLASLt refused the FP8 GEMM and it fell back (stderr says so).
+static void test_w8a8(void) {
+    struct backend *g8 = NULL;
+    setenv("VLLM_FP8_W8A8", "1", 1);
+    CHECK(backend_create("cuda", 0, DT_F32, &g8) == 0);
+    unsetenv("VLLM_FP8_W8A8");
+    g8->weight_dtype = gpu->weight_dtype = WF_BF16;
+    const int64_t shapes[][2] = {{10304, 2688}, {2688, 4096}, {2688, 1856}};
+    const int ns[] = {17, 300, 2048};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s][0], K = shapes[s][1];
+        struct weight wc, wg, w8;
+        make_pair(WF_FP8, N, K, 300 + s, 2048, &wc, &wg);
+        CHECK(g8->ops->weight_alloc(g8, &w8, WF_FP8, N, K) == 0);
+        CHECK(g8->ops->weight_random(g8, &w8, 300 + s, 0.02f) == 0);
+        struct op_query q = {.op = OP_MATMUL, .max_tokens = 2048, .max_seq_len = 1, .w = &w8};
+        CHECK(g8->ops->supports(g8, &q) == 0);
+        for (int i = 0; i < 3; i++) {
+            int n = ns[i];
+            float *x = test_rnd((size_t)(n * K), 1), *yc = xmalloc(sizeof(float) * (size_t)(n * N));
+            float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *yd = gpu->ops->alloc(gpu, sizeof(float) * n * N);
+            float *x8 = g8->ops->alloc(g8, sizeof(float) * n * K), *y8 = g8->ops->alloc(g8, sizeof(float) * n * N);
+            g8->ops->upload(g8, x8, x, sizeof(float) * (size_t)(n * K));
+            cpu->ops->matmul(cpu, yc, x, &wc, n);
+            gpu->ops->matmul(gpu, yd, xd, &wg, n);
+            g8->ops->matmul(g8, y8, x8, &w8, n);
+            float *a = compare(gpu, "matmul", WF_FP8, N, K, n, "bf16", 2e-2, yc, yd, N);
+            float *b = compare(g8, "matmul", WF_FP8, N, K, n, "w8a8", 5e-2, yc, y8, N);
+            CHECKF(memcmp(a, b, sizeof(float) * (size_t)(n * N)), "W8A8 [%lld, %lld] n=%d: the dequantized path's "
+                   "result (cuBLASLt refused the FP8 GEMM?)", (long long)N, (long long)K, n);
+            gpu->ops->free(gpu, xd), gpu->ops->free(gpu, yd), g8->ops->free(g8, x8), g8->ops->free(g8, y8);
+            free(x), free(yc), free(a), free(b);
+        }
+        wfree(cpu, &wc), wfree(gpu, &wg), wfree(g8, &w8);
+    }
+    backend_free(g8);
+}
+
 static void test_refusals(void) {
     struct weight w;
     int rc = gpu->ops->weight_alloc(gpu, &w, WF_NVFP4, 256, 1000);
@@ -238,6 +288,7 @@ int main(void) {
         test_exact(fmts[i], 1856);
         if (fmts[i] != WF_NVFP4) test_exact(fmts[i], 1000);
     }
+    test_w8a8();
     test_refusals();
     CHECKF(compared > 0, "nothing compared");
     backend_free(gpu);

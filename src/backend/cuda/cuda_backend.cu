@@ -426,10 +426,10 @@ static cudaDataType_t cuda_type(enum wfmt f) {
     return CUDA_R_32F;
 }
 
-// The cuBLASLt plan (descriptors + the heuristic's algorithm) of a shape,
-// made once. Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N,
-// transposed; 16-bit or fp32 inputs, fp32 output and accumulation (no TF32).
-static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum wfmt fmt) {
+// Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N, transposed
+// (the TN layout FP8 needs too); fp32 output and accumulation (no TF32).
+struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
+                             const float *b_scale) {
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
         if (p->N == N && p->K == K && p->n == n && p->fmt == (int)fmt) return p;
@@ -438,11 +438,17 @@ static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum wfmt 
     struct lt_plan *p = &c->plans[c->num_plans++];
     memset(p, 0, sizeof *p);
     p->N = N, p->K = K, p->n = n, p->fmt = fmt;
-    cudaDataType_t in = cuda_type(fmt);
+    cudaDataType_t in = fmt == WF_FP8 ? CUDA_R_8F_E4M3 : cuda_type(fmt);
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F; // W8A8: y[t][r] = a_scale[r] b_scale[t] sum
     if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+        (fmt == WF_FP8 &&
+         (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer) ||
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer) ||
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale) ||
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale))) ||
         cublasLtMatrixLayoutCreate(&p->la, in, K, N, K) || cublasLtMatrixLayoutCreate(&p->lb, in, K, n, K) ||
         cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, n, N))
         return p;
@@ -467,7 +473,7 @@ static void blas_matmul(struct backend *be, float *y, const float *x, const stru
     cuda_impl *c = cu(be);
     int N = (int)w->rows, K = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
-    struct lt_plan *p = lt_plan_for(c, N, K, n, w->fmt);
+    struct lt_plan *p = cuda_lt_plan(c, N, K, n, w->fmt, NULL, NULL);
     int64_t nk = (int64_t)n * K;
     int grid = (int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536);
     if (w->fmt != WF_F32 && !x16) x16 = cuda_scratch(be, (size_t)nk * 2);
@@ -533,10 +539,12 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     bool quant = wfmt_quantized(w->fmt), gemv = quant ? n <= CUDA_QGEMV_MAXB : gemv_fits(x, w, n);
     cudaStream_t s = cu(be)->stream;
     if (quant && gemv) cuda_gemv_quant(be, y, x, w, n);
-    else if (quant) { // prefill: dequantized, then the dense GEMM
+    else if (quant) { // prefill: W8A8 when asked, else dequantized, then the dense GEMM
         char *sc = (char *)cuda_scratch(be, matmul_scratch(be, w, n));
-        struct weight d = cuda_dequant(be, w, sc);
-        blas_matmul(be, y, x, &d, n, sc + cuda_dequant_bytes(be, w));
+        if (!cuda_matmul_w8a8(be, y, x, w, n, sc)) {
+            struct weight d = cuda_dequant(be, w, sc);
+            blas_matmul(be, y, x, &d, n, sc + cuda_dequant_bytes(be, w));
+        }
     } else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, w->bias, N, K, n);
     else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n);
     else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, w->bias, N, K, n);
@@ -971,6 +979,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     const char *no_pdl = getenv("VLLM_NO_PDL");
     cuda_pdl = prop.major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 &&
                !(no_pdl && *no_pdl && strcmp(no_pdl, "0"));
+    const char *w8a8 = getenv("VLLM_FP8_W8A8");
+    c->w8a8 = w8a8 && *w8a8 && strcmp(w8a8, "0");
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
