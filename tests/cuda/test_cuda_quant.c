@@ -32,6 +32,9 @@ static struct backend *cpu, *gpu;
 static int compared; // results compared: a run that compared none fails
 
 static const enum wfmt fmts[] = {WF_FP8, WF_FP8_B128, WF_NVFP4};
+static const char *qname(enum wfmt f) { // as --quantization names them
+    return f == WF_FP8 ? "fp8" : f == WF_FP8_B128 ? "fp8_block" : "nvfp4";
+}
 
 static void *dev_copy(const void *h, size_t bytes) {
     void *d = gpu->ops->alloc(gpu, bytes);
@@ -69,9 +72,9 @@ static float *compare(struct backend *be, const char *what, enum wfmt f, int64_t
     int bad = 0;
     for (int64_t i = 0; i < n * M; i++) bad |= !isfinite(yg[i]);
     double e = bad ? INFINITY : test_max_rel(yg, yc, (size_t)(n * M));
-    printf("  %-14s %-9s [%5lld, %5lld] n=%-4d %s rel err %.2e\n", what, wfmt_name(f), (long long)N, (long long)K, n,
+    printf("  %-14s %-9s [%5lld, %5lld] n=%-4d %s rel err %.2e\n", what, qname(f), (long long)N, (long long)K, n,
            mode, e);
-    CHECKF(e <= tol, "%s %s [%lld, %lld] n=%d (%s): %.3g", what, wfmt_name(f), (long long)N, (long long)K, n, mode, e);
+    CHECKF(e <= tol, "%s %s [%lld, %lld] n=%d (%s): %.3g", what, qname(f), (long long)N, (long long)K, n, mode, e);
     compared++;
     return yg;
 }
@@ -199,10 +202,10 @@ static void test_exact(enum wfmt f, int64_t K) {
                     if (y[b * N + r] != v && first < 0) first = b * N + r;
                     wrong += y[b * N + r] != v;
                 }
-            printf("  exact          %-9s [%5lld, %5lld] n=%-4d %s: %lld of %lld values differ\n", wfmt_name(f),
+            printf("  exact          %-9s [%5lld, %5lld] n=%-4d %s: %lld of %lld values differ\n", qname(f),
                    (long long)N, (long long)K, n, mode ? "bf16" : "fp32", (long long)wrong, (long long)(n * N));
             CHECKF(wrong == 0, "exact %s K=%lld n=%d (%s mode): %lld values differ, first y[%lld][%lld] = %a",
-                   wfmt_name(f), (long long)K, n, mode ? "bf16" : "fp32", (long long)wrong,
+                   qname(f), (long long)K, n, mode ? "bf16" : "fp32", (long long)wrong,
                    (long long)(first / N), (long long)(first % N), first < 0 ? 0.0 : y[first]);
             compared++;
         }
