@@ -99,7 +99,7 @@ __device__ __forceinline__ qchunk<F> q_load(const qweight &w, int64_t r, int k, 
 // NVFP4: two codes of a byte pair at a time as a half2 of e2m1 * 2^-14
 // (e2m1_f's bits), times the block scale in fp16 -- exact: e2m1 * bscale has
 // at most 6 significant bits and is a multiple of 2^-10 (bscale of 2^-9),
-// so with the 2^-14 it is a multiple of 2^-24 below 2^-3, which fp16 holds --
+// so with the 2^-14 it is a multiple of 2^-24 below 2^-2, which fp16 holds --
 // then times scale * 2^14 in fp32: the one rounding of (e2m1 * bscale) * scale.
 template <enum wfmt F>
 __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float *v) {
