@@ -8,7 +8,11 @@
 // and that as a fraction of the device's measured copy bandwidth.
 //
 // Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)] [moe: the routed experts only |
-//        fp8: the routed experts in bf16, then with FP8 weights (e4m3 + a scale per row: half the bytes)]
+//        fp8: the routed experts in bf16, then with FP8 weights (e4m3 + a scale per row: half the bytes) |
+//        quant: the dense linears (Mamba in / out_proj, the shared expert) in bf16, FP8, FP8 blocks and NVFP4
+//        (decode up to 16 rows: the GEMVs; prefill above: dequantized to bf16, then the GEMM), then above 16
+//        rows FP8 again as W8A8 (VLLM_FP8_W8A8=1: cuBLASLt's FP8 GEMM); TFLOP/s too]
+// e.g. cuda_ops 8192 4 quant (prefill at --max-num-batched-tokens 8192), cuda_ops 1 64 quant (decode)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,10 +68,13 @@ static double time_graph(op_fn f, void *ctx, int calls) {
     return bench_median(t, 5);
 }
 
-static void report(const char *what, double us, double bytes) {
+// flops: of a matrix product (printed as TFLOP/s), else 0
+static void report(const char *what, double us, double bytes, double flops) {
     double gbs = bytes / (us * 1e-6) / 1e9;
-    printf("  %-30s %9.2f us  %8.2f MB  %7.0f GB/s  %5.1f%% of copy\n", what, us, bytes / 1e6, gbs,
+    printf("  %-30s %9.2f us  %8.2f MB  %7.0f GB/s  %5.1f%% of copy", what, us, bytes / 1e6, gbs,
            100 * gbs * 1e9 / bw_peak);
+    if (flops > 0) printf("  %6.1f TFLOP/s", flops / (us * 1e-6) / 1e12);
+    printf("\n");
 }
 
 // ---- matmul over copies of one weight shape ----
@@ -90,7 +97,7 @@ static void bench_matmul(const char *what, enum wfmt f, int64_t rows, int64_t co
     }
     c.x = dev_random((size_t)n * cols, 1, 1);
     c.y = be->ops->alloc(be, sizeof(float) * n * rows);
-    report(what, time_graph(mm_call, &c, calls), (double)bytes);
+    report(what, time_graph(mm_call, &c, calls), (double)bytes, n > 16 ? 2.0 * rows * cols * n : 0);
     for (int k = 0; k < c.copies; k++) be->ops->free(be, c.w[k].data);
     be->ops->free(be, c.x), be->ops->free(be, c.y);
 }
@@ -144,7 +151,7 @@ static void bench_moe(int n, int calls, enum wfmt f) {
     double bytes = distinct / c.sets * (f == WF_FP8 ? 2.0 * I * D + 4.0 * (I + D) : 2.0 * I * D * 2);
     char what[64];
     snprintf(what, sizeof what, "moe_experts%s (%.1f experts)", f == WF_FP8 ? " fp8" : "", distinct / c.sets);
-    report(what, time_graph(moe_call, &c, calls), bytes);
+    report(what, time_graph(moe_call, &c, calls), bytes, 0);
     be->ops->free(be, c.w.up.data), be->ops->free(be, c.w.down.data);
     if (c.w.up.scale) be->ops->free(be, c.w.up.scale), be->ops->free(be, c.w.down.scale);
     be->ops->free(be, c.ids), be->ops->free(be, c.x), be->ops->free(be, c.wts), be->ops->free(be, c.out);
@@ -220,9 +227,9 @@ static void bench_small(int n, int calls) {
     c.route = (struct moe_route_cfg){.kind = ROUTE_SIGMOID_GROUPED, .num_experts = E, .top_k = K, .n_group = 1,
                                      .topk_group = 1, .norm_topk_prob = 1, .routed_scaling_factor = 2.5f};
     double act = (double)n * D * 4;
-    report("add_rmsnorm", time_graph(add_rmsnorm_call, &c, calls), 4 * act);
-    report("add", time_graph(add_call, &c, calls), 3 * act);
-    report("moe_route", time_graph(route_call, &c, calls), (double)n * E * 4);
+    report("add_rmsnorm", time_graph(add_rmsnorm_call, &c, calls), 4 * act, 0);
+    report("add", time_graph(add_call, &c, calls), 3 * act, 0);
+    report("moe_route", time_graph(route_call, &c, calls), (double)n * E * 4, 0);
     c.md = (struct mamba_dims){.heads = H, .head_dim = P, .groups = G, .state = N, .conv_kernel = CONV,
                                .chunk_size = 128, .conv_dim = H * P + 2 * G * N, .dt_min = 0, .dt_max = 1e30f};
     c.ld = 2 * H * P + 2 * G * N + H;
@@ -235,14 +242,42 @@ static void bench_small(int n, int calls) {
     c.norm_w = dev_random(H * P, 1, 25);
     make_batch(&c);
     double state = (double)n * H * P * N * 4;
-    report("conv1d_update", time_graph(conv_call, &c, calls), (double)n * c.md.conv_dim * 4 * 4);
-    report("ssd_decode (state r+w)", time_graph(ssd_call, &c, calls), 2 * state);
-    report("gated_rmsnorm", time_graph(gnorm_call, &c, calls), (double)n * H * P * 4 * 3);
+    report("conv1d_update", time_graph(conv_call, &c, calls), (double)n * c.md.conv_dim * 4 * 4, 0);
+    report("ssd_decode (state r+w)", time_graph(ssd_call, &c, calls), 2 * state, 0);
+    report("gated_rmsnorm", time_graph(gnorm_call, &c, calls), (double)n * H * P * 4 * 3, 0);
+}
+
+// The dense linears in each weight format (the model's --dtype bf16: what
+// quantized prefill dequantizes to); above 16 rows FP8 also as W8A8, on a
+// backend made again with VLLM_FP8_W8A8=1.
+static void bench_quant(int n, int calls) {
+    static const struct {
+        const char *name;
+        int64_t rows, cols;
+    } sh[] = {{"mamba in_proj", 2 * H * P + 2 * G * N + H, D}, {"mamba out_proj", D, H * P}, {"shared up", SI, D},
+              {"shared down", D, SI}};
+    static const enum wfmt fmts[] = {WF_BF16, WF_FP8, WF_FP8_B128, WF_NVFP4};
+    char what[64];
+    be->weight_dtype = WF_BF16;
+    for (int s = 0; s < 4; s++)
+        for (int f = 0; f < 4; f++) {
+            snprintf(what, sizeof what, "%s %s", sh[s].name, wfmt_name(fmts[f]));
+            bench_matmul(what, fmts[f], sh[s].rows, sh[s].cols, n, calls);
+        }
+    if (n <= 16) return;
+    backend_free(be);
+    setenv("VLLM_FP8_W8A8", "1", 1);
+    if (backend_cuda_create(DT_BF16, &be)) die("cuda: %s", vllm_last_error());
+    be->weight_dtype = WF_BF16;
+    for (int s = 0; s < 4; s++) {
+        snprintf(what, sizeof what, "%s fp8 w8a8", sh[s].name);
+        bench_matmul(what, WF_FP8, sh[s].rows, sh[s].cols, n, calls);
+    }
 }
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1, calls = argc > 2 ? atoi(argv[2]) : 64;
-    if (n < 1 || n > 512 || calls < 1) die("usage: cuda_ops [ROWS 1..512] [CALLS]");
+    if (n < 1 || n > 16384 || calls < 1) die("usage: cuda_ops [ROWS 1..16384] [CALLS] [moe|fp8|quant]");
     if (backend_cuda_create(DT_BF16, &be)) {
         printf("cuda_ops: no GPU (%s)\n", vllm_last_error());
         return 0;
@@ -253,6 +288,11 @@ int main(int argc, char **argv) {
     if (argc > 3 && (!strcmp(argv[3], "moe") || !strcmp(argv[3], "fp8"))) { // the routed experts only (sweeps)
         bench_moe(n, calls, WF_BF16);
         if (!strcmp(argv[3], "fp8")) bench_moe(n, calls, WF_FP8);
+        backend_free(be);
+        return 0;
+    }
+    if (argc > 3 && !strcmp(argv[3], "quant")) {
+        bench_quant(n, calls);
         backend_free(be);
         return 0;
     }

@@ -7,9 +7,12 @@ if(VLLM_CUDA)
   # the SSD chunked-scan prefill at Nemotron-3-Nano's shapes, fp32 and bf16 modes, against the CPU reference op
   vllm_test_exe(test_cuda_ssd cuda/test_cuda_ssd.c)
   add_test(NAME gpu_ssd COMMAND ${GPU} $<TARGET_FILE:test_cuda_ssd>)
-  # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
-  vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
-  add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)
+  # quantized dense weights (FP8, FP8 blocks, NVFP4) against the CPU reference's matmul on the same weight
+  vllm_test_exe(test_cuda_quant cuda/test_cuda_quant.c)
+  add_test(NAME gpu_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_quant>)
+  # the quantized qwen3 checkpoints of every layout through the engine in fp32 on the device, against the CPU
+  # reference on their dequantized fp32 checkpoints (logits within 1e-4)
+  add_test(NAME gpu_quant_checkpoints COMMAND ${GPU} $<TARGET_FILE:test_quant_checkpoints>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
@@ -51,5 +54,6 @@ if(VLLM_CUDA)
       endif()
     endif()
   endforeach()
-  set_tests_properties(gpu_prompt_logprobs PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
+  set_tests_properties(gpu_prompt_logprobs gpu_quant_checkpoints PROPERTIES
+                       ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
 endif()

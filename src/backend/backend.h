@@ -361,6 +361,11 @@ struct backend {
     const struct backend_ops *ops;
     int num_threads;
     enum dtype kv_dtype; // of the KV cache
+    // The model's --dtype (engine_init sets it; WF_F32 until then, the exact
+    // choice): a backend that multiplies quantized weights through a dense
+    // GEMM dequantizes them to it (CUDA prefill: fp32 in the exactness gates,
+    // bf16 or fp16 for speed). kv_dtype cannot say it: it is its own flag.
+    enum wfmt weight_dtype;
     int graph_epoch;     // bumped when device buffers recorded graphs use move: re-record them
     int tp_rank, tp_size; // this backend's rank in its tensor-parallel group; 0, 1 alone
     void *impl;

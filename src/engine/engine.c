@@ -236,6 +236,7 @@ static int engine_init(struct vllm_engine *e) {
     e->be = xcalloc(e->tp, sizeof *e->be);
     e->model = xcalloc(e->tp, sizeof *e->model);
     TRY(backend_create_group(p->device, e->tp, p->num_threads, kvdt, e->be));
+    for (int k = 0; k < e->tp; k++) e->be[k]->weight_dtype = wfmt;
     enum quant_mode qm = QUANT_AUTO;
     TRY(quant_mode_parse(p->quantization, &qm));
     struct model_load_opts o = {wfmt, p->load_format && !strcmp(p->load_format, "dummy"), p->seed,

@@ -21,6 +21,13 @@
 //    quantized, --quantization against the checkpoint, a tensor-parallel
 //    split inside an NVFP4 block: each an error naming the tensor / algo /
 //    mode.
+// VLLM_TEST_DEVICE=cuda (ctest gpu_quant_checkpoints) runs instead the qwen3
+// checkpoints of every layout on the GPU in fp32 (--dtype float32: dense
+// linears dequantized exactly, src/backend/cuda/cuda_quant.cu) against the
+// CPU reference on the dequantized checkpoint, within 1e-4: steps of up to 64
+// tokens (prefill: the dequantized weight's fp32 GEMM) and of 8 (the GEMV).
+// (nh_moe's routed experts: CUDA runs them in FP8 per row only, with bf16
+// activations above 32 tokens: not this test's bound.) Exits 77 without a GPU.
 #include <math.h>
 
 #include "backend/cpu/cpu.h"
@@ -231,6 +238,8 @@ static int make_pair(const char *fx, enum layout L, const char *qdir, const char
 // ---- logits ----
 
 static int tp_size = 1; // tensor-parallel ranks of the next loads
+static const char *device; // of the next loads: NULL the CPU, else in fp32 (VLLM_TEST_DEVICE)
+static int max_batched = 64; // tokens a step
 
 static struct vllm_engine *load(const char *dir, int reference, const char *quant) {
     if (reference) setenv("VLLM_CPU_REFERENCE", "1", 1);
@@ -240,8 +249,9 @@ static struct vllm_engine *load(const char *dir, int reference, const char *quan
     ep.model = dir;
     ep.num_threads = 2;
     ep.quantization = quant;
-    ep.max_num_batched_tokens = 64;
+    ep.max_num_batched_tokens = max_batched;
     ep.tensor_parallel_size = tp_size;
+    if (device) ep.device = device, ep.dtype = "float32";
     struct vllm_engine *e = NULL;
     int rc = vllm_engine_load(&ep, &e);
     unsetenv("VLLM_CPU_REFERENCE");
@@ -258,19 +268,14 @@ static void forced(const char *dir, int reference, json_t *g, struct fl_rows *ou
 static void expect_error(const char *dir, const char *quant, const char *want, const char *what);
 static double worst_fast;
 
-static void run_model(const char *fx, enum layout L) {
-    char *qdir = tu_tmpdir(), *ddir = tu_tmpdir(), rel[128];
-    snprintf(rel, sizeof rel, "%s/golden.json", fx);
-    char *gp = tu_fixture(rel);
-    json_t *g = NULL;
-    CHECK(json_load_path(gp, &g) == 0);
-    CHECK(make_pair(fx, L, qdir, ddir) == 0);
-    struct fl_rows rd, rq, fq;
-    forced(ddir, 1, g, &rd);
+// The reference and the fast path on the quantized checkpoint qdir, and two
+// tensor-parallel ranks, against the reference on the dequantized one (rd).
+static void check_cpu(const char *fx, enum layout L, const char *qdir, json_t *g, const struct fl_rows *rd) {
+    struct fl_rows rq, fq;
     forced(qdir, 1, g, &rq);
     forced(qdir, 0, g, &fq);
     long n1 = 0, n2 = 0;
-    double d1 = fl_max_diff(&rq, &rd, 3, &n1), d2 = fl_max_diff(&fq, &rd, 3, &n2);
+    double d1 = fl_max_diff(&rq, rd, 3, &n1), d2 = fl_max_diff(&fq, rd, 3, &n2);
     CHECKF(n1 > 1000 && d1 <= REF_BOUND, "%s %s: reference on the quantized checkpoint vs the dequantized: %g over %ld", fx,
            layout_names[L], d1, n1);
     CHECKF(n2 > 1000 && d2 <= FAST_BOUND, "%s %s: fast path vs the dequantized reference: %g over %ld (bound %g)", fx,
@@ -287,13 +292,48 @@ static void run_model(const char *fx, enum layout L) {
         forced(qdir, 1, g, &tq);
         tp_size = 1;
         long n3 = 0;
-        double d3 = fl_max_diff(&tq, &rd, 3, &n3);
+        double d3 = fl_max_diff(&tq, rd, 3, &n3);
         CHECKF(n3 > 1000 && d3 <= REF_BOUND, "%s %s: 2 ranks vs the dequantized reference: %g over %ld", fx,
                layout_names[L], d3, n3);
         printf("%-7s %-15s 2 ranks (reference) max |dlogit| %.3g\n", fx, layout_names[L], d3);
         fl_free(&tq);
     }
-    fl_free(&rd), fl_free(&rq), fl_free(&fq);
+    fl_free(&rq), fl_free(&fq);
+}
+
+// The quantized checkpoint on device dev (fp32) against the same, in steps of
+// 64 and of 8 tokens.
+static void check_device(const char *fx, enum layout L, const char *dev, const char *qdir, json_t *g,
+                         const struct fl_rows *rd) {
+    for (int k = 0; k < 2; k++) {
+        struct fl_rows rq;
+        device = dev, max_batched = k ? 8 : 64;
+        forced(qdir, 0, g, &rq);
+        device = NULL, max_batched = 64;
+        long n = 0;
+        double d = fl_max_diff(&rq, rd, 3, &n);
+        CHECKF(n > 1000 && d <= REF_BOUND, "%s %s on %s, steps of %d: vs the dequantized reference: %g over %ld", fx,
+               layout_names[L], dev, k ? 8 : 64, d, n);
+        printf("%-7s %-15s %s fp32, steps of %2d tokens: max |dlogit| %.3g (%ld logits)\n", fx, layout_names[L], dev,
+               k ? 8 : 64, d, n);
+        fl_free(&rq);
+    }
+}
+
+// Fixture fx quantized in layout L beside its dequantized fp32 checkpoint:
+// check_cpu, or check_device on dev.
+static void run_model(const char *fx, enum layout L, const char *dev) {
+    char *qdir = tu_tmpdir(), *ddir = tu_tmpdir(), rel[128];
+    snprintf(rel, sizeof rel, "%s/golden.json", fx);
+    char *gp = tu_fixture(rel);
+    json_t *g = NULL;
+    CHECK(json_load_path(gp, &g) == 0);
+    CHECK(make_pair(fx, L, qdir, ddir) == 0);
+    struct fl_rows rd;
+    forced(ddir, 1, g, &rd);
+    if (dev) check_device(fx, L, dev, qdir, g, &rd);
+    else check_cpu(fx, L, qdir, g, &rd);
+    fl_free(&rd);
     json_decref(g);
     tu_rmdir(qdir), tu_rmdir(ddir);
     free(qdir), free(ddir), free(gp);
@@ -438,10 +478,18 @@ static void run_errors(void) {
 }
 
 int main(void) {
+    const char *dev = getenv("VLLM_TEST_DEVICE");
+    if (dev) { // tests/cuda.cmake: gpu_quant_checkpoints
+        struct backend *be = NULL;
+        if (backend_create(dev, 1, DT_F32, &be)) TEST_SKIP("no %s device: %s", dev, vllm_last_error());
+        backend_free(be);
+        for (int L = 0; L < L_N; L++) run_model("qwen3", (enum layout)L, dev);
+        return test_summary("gpu_quant_checkpoints");
+    }
     for (int L = 0; L < L_N; L++) run_loader((enum layout)L);
     const char *fx[] = {"qwen3", "nh_moe"};
     for (int f = 0; f < 2; f++)
-        for (int L = 0; L < L_N; L++) run_model(fx[f], (enum layout)L);
+        for (int L = 0; L < L_N; L++) run_model(fx[f], (enum layout)L, NULL);
     printf("fast path: worst max |dlogit| %.3g (bound %g)\n", worst_fast, FAST_BOUND);
     run_errors();
     return test_summary("test_quant_checkpoints");

@@ -3,9 +3,11 @@
 # oracle gates, and checks that each breakage turns at least one gate red.
 # A patch named noop_*.patch changes nothing the gates can see: it must stay
 # GREEN, which checks this script's own count. Only failed tests count as red
-# (skipped GPU tests are listed by ctest too, under "did not run"). A patch
-# named cuda_*.patch breaks a CUDA kernel only: the CPU gates cannot see it,
-# so it is skipped here and proven on the GPU (tools/device_run.sh MUTATE=NAME).
+# (skipped GPU tests are listed by ctest too, under "did not run").
+# A patch that touches only src/backend/cuda/ breaks a CUDA kernel: the CPU
+# gates cannot see it, and the GPU tests (op tests against the reference op,
+# the fp32 gates) must turn red, so it needs a GPU (nvidia-smi); without one
+# it is skipped, and says so (tools/device_run.sh MUTATE=NAME runs one there).
 # Usage: tests/mutations/run.sh [NAME...]   (not part of `make test`: ~1 min each)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,11 +19,15 @@ names=("$@")
 [ ${#names[@]} -eq 0 ] && names=($(ls tests/mutations/*.patch | xargs -n1 basename | sed 's/\.patch$//'))
 status=0
 for n in "${names[@]}"; do
-    case "$n" in cuda_*) echo "$n: a CUDA kernel's mutation, for the GPU gates (tools/device_run.sh MUTATE=$n)"; continue ;; esac
+    regex='^gate_|ops_cpu|^rows$|^quant_'
+    if ! grep '^+++ b/' tests/mutations/$n.patch | grep -qv '^+++ b/src/backend/cuda/'; then
+        nvidia-smi >/dev/null 2>&1 || { echo "$n: skipped (a CUDA kernel's mutation: needs a GPU)"; continue; }
+        regex='^gpu_(ops|ssd|quant|moe_quant|kv_fp8|gate_fp32)'
+    fi
     git apply tests/mutations/$n.patch || { echo "$n: patch does not apply"; status=1; continue; }
     make BUILD=build-mut >/dev/null 2>&1 || { echo "$n: build failed"; git apply -R tests/mutations/$n.patch; status=1; continue; }
     # the names listed after "The following tests FAILED:", and nothing else
-    red=$(cd build-mut && ctest -R '^gate_|ops_cpu|^rows$|^quant_' -j "$(nproc)" 2>&1 |
+    red=$(cd build-mut && ctest -R "$regex" -j "$(nproc)" 2>&1 |
           awk '/The following tests FAILED:/{f=1; next} /^[^ \t]/{f=0} f && $2 == "-" {print $3}' | tr '\n' ' ')
     git apply -R tests/mutations/$n.patch
     count=$(echo $red | wc -w)

@@ -104,36 +104,43 @@ static void cu_download(struct backend *be, void *dst, const void *src, size_t n
 
 static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be)->stream)); }
 
+// Every format is stored as backend.h lays it out: quantized weights keep
+// their codes row-major and their scales beside them (scale [rows,
+// wfmt_scale_cols] fp32, NVFP4's bscale [rows, cols/16] e4m3), whatever op
+// reads them (cuda_quant.cu, the routed experts of cuda_moe.cu); an op that
+// cannot read a format refuses it in cu_supports, naming it.
 static int cu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
     memset(w, 0, sizeof *w);
-    // FP8 with per-row scales runs weight-only (cuda_quant.cu); the block and
-    // NVFP4 formats are refused at load, naming the format (docs/QUANTIZATION.md)
-    if (wfmt_quantized(fmt) && fmt != WF_FP8)
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend has no %s weights yet (the CPU backend runs them)",
-                        wfmt_name(fmt));
+    if (fmt == WF_NVFP4 && cols % WF_NVFP4_GROUP)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "an nvfp4 weight needs columns in multiples of 16, not %lld",
+                        (long long)cols);
     size_t bytes = (size_t)rows * wfmt_bytes(fmt, cols);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
     w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
-    if (fmt == WF_FP8 && !(w->scale = (float *)cu_alloc(be, sizeof(float) * (size_t)rows)))
-        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the scales of a weight on the GPU");
+    if (!wfmt_quantized(fmt)) return VLLM_OK;
+    w->scale = (float *)cu_alloc(be, sizeof(float) * (size_t)(rows * wfmt_scale_cols(fmt, cols)));
+    if (fmt == WF_NVFP4) w->bscale = (uint8_t *)cu_alloc(be, (size_t)(rows * (cols / WF_NVFP4_GROUP)));
+    if (!w->scale || (fmt == WF_NVFP4 && !w->bscale))
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the scales of a %s weight on the GPU", wfmt_name(fmt));
     return VLLM_OK;
 }
 
 // Rows as they are when the formats match (one 2D copy straight from the
-// checkpoint's mapping), else converted on the host in slabs of rows.
+// checkpoint's mapping; quantized codes only so), else converted on the host
+// in slabs of rows. ld: elements (wfmt_bytes of them apart).
 static int cu_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
                                 enum wfmt src_fmt, int64_t ld) {
     cudaStream_t s = cu(be)->stream; // after the zeroing memset cu_alloc queued here
-    size_t es = wfmt_size(w->fmt), ss = wfmt_size(src_fmt), row = (size_t)w->cols * es;
+    size_t ss = wfmt_size(src_fmt), row = wfmt_bytes(w->fmt, w->cols);
     char *dst = (char *)w->data + (size_t)row0 * row;
     if (wfmt_quantized(w->fmt) && src_fmt != w->fmt)
         return vllm_err(VLLM_ERR_UNSUPPORTED, "a %s weight cannot be made from %s rows", wfmt_name(w->fmt),
                         wfmt_name(src_fmt));
     if (src_fmt == w->fmt) {
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, row, src, (size_t)ld * ss, row, (size_t)n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, row, src, wfmt_bytes(src_fmt, ld), row, (size_t)n, cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
         return VLLM_OK;
     }
@@ -209,7 +216,7 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
     case WF_F16: launch_pdl(k_embed<__half>, n, 256, 0, s, out, (const __half *)table->data, ids, d); break;
     case WF_FP8:
     case WF_FP8_B128:
-    case WF_NVFP4: break; // refused by cu_weight_alloc
+    case WF_NVFP4: break; // refused by cu_supports (OP_EMBED)
     }
 }
 
@@ -414,15 +421,15 @@ static cudaDataType_t cuda_type(enum wfmt f) {
     case WF_F16: return CUDA_R_16F;
     case WF_FP8:
     case WF_FP8_B128:
-    case WF_NVFP4: break; // refused by cu_weight_alloc
+    case WF_NVFP4: break; // dequantized first (cuda_dequant)
     }
     return CUDA_R_32F;
 }
 
-// The cuBLASLt plan (descriptors + the heuristic's algorithm) of a shape,
-// made once. Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N,
-// transposed; 16-bit or fp32 inputs, fp32 output and accumulation (no TF32).
-static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum wfmt fmt) {
+// Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N, transposed
+// (the TN layout FP8 needs too); fp32 output and accumulation (no TF32).
+struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
+                             const float *b_scale) {
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
         if (p->N == N && p->K == K && p->n == n && p->fmt == (int)fmt) return p;
@@ -431,11 +438,17 @@ static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum wfmt 
     struct lt_plan *p = &c->plans[c->num_plans++];
     memset(p, 0, sizeof *p);
     p->N = N, p->K = K, p->n = n, p->fmt = fmt;
-    cudaDataType_t in = cuda_type(fmt);
+    cudaDataType_t in = fmt == WF_FP8 ? CUDA_R_8F_E4M3 : cuda_type(fmt);
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t outer = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F; // W8A8: y[t][r] = a_scale[r] b_scale[t] sum
     if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+        (fmt == WF_FP8 &&
+         (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer, sizeof outer) ||
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer, sizeof outer) ||
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof a_scale) ||
+          cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof b_scale))) ||
         cublasLtMatrixLayoutCreate(&p->la, in, K, N, K) || cublasLtMatrixLayoutCreate(&p->lb, in, K, n, K) ||
         cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, N, n, N))
         return p;
@@ -453,29 +466,25 @@ static struct lt_plan *lt_plan_for(cuda_impl *c, int N, int K, int n, enum wfmt 
     return p;
 }
 
-// y: [n, N] = x: [n, K] @ W[N, K]^T through cuBLAS(Lt): fp32 as it is, 16-bit
-// with x rounded to the weight's type first.
-static void blas_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+// y: [n, N] = x: [n, K] @ W[N, K]^T through cuBLAS(Lt), W dense: fp32 as it
+// is, 16-bit with x rounded to the weight's type first, into x16 ([n, K]
+// 16-bit of device memory; NULL: the scratch).
+static void blas_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n, void *x16) {
     cuda_impl *c = cu(be);
     int N = (int)w->rows, K = (int)w->cols;
     const float one = 1.0f, zero = 0.0f;
-    struct lt_plan *p = lt_plan_for(c, N, K, n, w->fmt);
-    const void *xin = x;
+    struct lt_plan *p = cuda_lt_plan(c, N, K, n, w->fmt, NULL, NULL);
     int64_t nk = (int64_t)n * K;
     int grid = (int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536);
+    if (w->fmt != WF_F32 && !x16) x16 = cuda_scratch(be, (size_t)nk * 2);
+    const void *xin = w->fmt == WF_F32 ? (const void *)x : x16;
     switch (w->fmt) {
     case WF_F32: break;
-    case WF_BF16:
-        xin = cuda_scratch(be, (size_t)nk * 2);
-        k_to_16<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)xin, x, nk);
-        break;
-    case WF_F16:
-        xin = cuda_scratch(be, (size_t)nk * 2);
-        k_to_16<<<grid, 256, 0, c->stream>>>((__half *)xin, x, nk);
-        break;
+    case WF_BF16: k_to_16<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)x16, x, nk); break;
+    case WF_F16: k_to_16<<<grid, 256, 0, c->stream>>>((__half *)x16, x, nk); break;
     case WF_FP8:
     case WF_FP8_B128:
-    case WF_NVFP4: return; // refused by cu_weight_alloc
+    case WF_NVFP4: return; // dequantized first (cu_matmul)
     }
     LAUNCH_CHECK();
     if (p && p->ok &&
@@ -517,18 +526,30 @@ static bool gemv_fits(const float *x, const struct weight *w, int n) {
     return n <= 4 && w->cols % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
 }
 
+// The scratch a matmul of up to T rows takes: x rounded to 16 bits, after
+// the dequantized weight when quantized weights run through the GEMM.
+static size_t matmul_scratch(const struct backend *be, const struct weight *w, int64_t T) {
+    bool dq = wfmt_quantized(w->fmt) && T > CUDA_QGEMV_MAXB;
+    return (dq ? cuda_dequant_bytes(be, w) : 0) + (size_t)(T * w->cols * 2);
+}
+
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     if (n <= 0) return;
     int N = (int)w->rows, K = (int)w->cols;
-    bool gemv = gemv_fits(x, w, n);
+    bool quant = wfmt_quantized(w->fmt), gemv = quant ? n <= CUDA_QGEMV_MAXB : gemv_fits(x, w, n);
     cudaStream_t s = cu(be)->stream;
-    bool fused_bias = gemv && (w->fmt == WF_F32 || w->fmt == WF_BF16 || w->fmt == WF_F16); // in the GEMV's epilogue
-    if (w->fmt == WF_FP8) cuda_matmul_fp8(be, y, x, w, n);
-    else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, w->bias, N, K, n);
+    if (quant && gemv) cuda_gemv_quant(be, y, x, w, n);
+    else if (quant) { // prefill: W8A8 when asked, else dequantized, then the dense GEMM
+        char *sc = (char *)cuda_scratch(be, matmul_scratch(be, w, n));
+        if (!cuda_matmul_w8a8(be, y, x, w, n, sc)) {
+            struct weight d = cuda_dequant(be, w, sc);
+            blas_matmul(be, y, x, &d, n, sc + cuda_dequant_bytes(be, w));
+        }
+    } else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, w->bias, N, K, n);
     else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n);
     else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, w->bias, N, K, n);
-    else blas_matmul(be, y, x, w, n);
-    if (w->bias && !fused_bias) {
+    else blas_matmul(be, y, x, w, n, NULL);
+    if (w->bias && !gemv) { // else in the GEMV's epilogue
         int64_t m = (int64_t)n * N;
         launch_pdl(k_bias, (int)(m < 4096LL * 256 ? cdiv(m, 256) : 4096), 256, 0, s, y, w->bias, n, N);
     }
@@ -787,7 +808,7 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
     char buf[160];
     size_t T = (size_t)MAX(q->max_tokens, 1), S = (size_t)MAX(q->max_seq_len, 1), need = 0;
     switch (q->op) {
-    case OP_MATMUL: need = T * q->w->cols * 2; break; // x rounded to 16 bits
+    case OP_MATMUL: need = matmul_scratch(be, q->w, (int64_t)T); break;
     case OP_EMBED:                                   // fp32, bf16 and fp16 weights
         if (wfmt_quantized(q->w->fmt))
             snprintf(buf, sizeof buf, "embedding: %s table", wfmt_name(q->w->fmt)), why = buf;
@@ -959,6 +980,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     const char *no_pdl = getenv("VLLM_NO_PDL");
     cuda_pdl = prop.major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 &&
                !(no_pdl && *no_pdl && strcmp(no_pdl, "0"));
+    const char *w8a8 = getenv("VLLM_FP8_W8A8");
+    c->w8a8 = w8a8 && *w8a8 && strcmp(w8a8, "0");
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

@@ -17,7 +17,7 @@ extern "C" {
 
 #define CUDA_FENCES 16
 
-// A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T.
+// A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T (cuda_lt_plan).
 struct lt_plan {
     int N, K, n, fmt; // key (fmt: enum wfmt of W)
     cublasLtMatmulDesc_t op;
@@ -43,6 +43,7 @@ struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
+    int w8a8;        // VLLM_FP8_W8A8=1: WF_FP8 prefill as W8A8 (cuda_quant.cu); 2 once a refusal was reported
     unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };
 
@@ -105,16 +106,23 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-// Block-wide sum; every thread gets the result. blockDim.x multiple of 32, <= 1024.
-__device__ __forceinline__ float block_sum(float v, float *red /* >= 32 floats shared */) {
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum (MAX: maximum); every thread gets the result. blockDim.x
+// multiple of 32, <= 1024.
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float *red /* >= 32 floats shared */) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
-    v = lane < nw ? red[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nw ? red[lane] : MAX ? -INFINITY : 0.0f;
+    return MAX ? warp_max(v) : warp_sum(v);
 }
+__device__ __forceinline__ float block_sum(float v, float *red) { return block_reduce<false>(v, red); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_th(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 __device__ __forceinline__ float load_f(const float *p) { return *p; }
@@ -276,9 +284,25 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
 // 128 (cuda_flash.cu); 0 when the shape is not one it runs.
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
-// y [n, N] = x [n, K] W^T for a WF_FP8 weight: the weight-only FP8 GEMV
-// (cuda_quant.cu), 16 rows of x per pass.
-void cuda_matmul_fp8(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+// Quantized dense weights (cuda_quant.cu). cuda_gemv_quant: y [n, N] = x [n,
+// K] W^T (+ W.bias) for n <= CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
+// (cuda_dequant: into dst, cuda_dequant_bytes of device memory, as a dense
+// weight of the model's --dtype) and runs the dense GEMM on it.
+// cuda_matmul_w8a8: the same for WF_FP8 in 16-bit mode under VLLM_FP8_W8A8=1
+// (scratch: at least the dequantization's); 0 (nothing run) where it does
+// not apply or cuBLASLt refuses the shape.
+#define CUDA_QGEMV_MAXB 16
+void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w);
+struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst);
+int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct weight *w, int n, void *scratch);
+// The cuBLASLt plan of y [n, N] = x [n, K] W^T (cuda_backend.cu), made once
+// per shape: W of a dense format fmt (x rounded to it), or WF_FP8 for W8A8
+// (e4m3 W and x, each with a vector of fp32 scales: W's rows' a_scale, x's
+// rows' b_scale; pointers the caller sets again before each call). NULL when
+// the plan table is full; p->ok 0 when cuBLASLt has no algorithm for it.
+struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
+                             const float *b_scale);
 // Kimi-Linear's ops, in cuda_kimi.cu and cuda_mla.cu, and the dynamic shared memory they take
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d);

@@ -1,114 +1,398 @@
-// cuda_quant.cu - FP8 weights on CUDA, weight-only (WF_FP8: e4m3 codes [N, K]
-// and a per-row scale, backend.h): a decode GEMV that reads 1 byte per weight,
-// widens codes in registers (e4m3 -> half -> float: exact) and accumulates in
-// fp32; the CPU reference's matmul on the same weight is its ground truth
-// (tests/cuda/test_cuda_fp8.c). Up to 16 rows of x per pass; more rows run in
-// passes of 16 (prefill with FP8 weights is correct on CUDA, not fast: the
-// FP8 tensor-core GEMM is not written yet).
+// cuda_quant.cu - quantized dense weights on CUDA (backend.h: WF_FP8 with a
+// scale per row, WF_FP8_B128 with 128x128 block scales, WF_NVFP4 with e4m3
+// scales per 16 and one per row). Every weight value is wfmt_dequant's
+// (src/backend/wquant.c), bit for bit, made in registers from the codes; the
+// CPU reference's matmul on the same weight is the ground truth
+// (tests/cuda/test_cuda_quant.c).
+// - 1..16 rows of x (decode): a GEMV that reads each code once (1 byte a
+//   weight; NVFP4 half a byte and an e4m3 scale per 16), x in fp32, fp32
+//   accumulation, the bias in its epilogue.
+// - More rows (prefill): the weight dequantized into scratch in the model's
+//   --dtype (be->weight_dtype: fp32 in the exactness gates, else bf16 / fp16),
+//   then the GEMM the dense weights of that type run (cuda_backend.cu). At 16
+//   rows the GEMV still does less: it does ~20 fp32 operations a weight
+//   against the ~5 bytes a weight the dequantization moves (codes in, 16 bits
+//   out and read back).
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
-#define FP8_GEMV_ROWS 4   // weight rows per block (each x value loaded serves 4)
-#define FP8_GEMV_MAXB 16  // rows of x per pass
+#define QCHUNK 16     // columns a lane loads per step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
+#define QGEMV_ROWS 4  // weight rows per block (each x value loaded serves 4)
 
-// 16 codes of a uint4 -> 16 floats (e4m3 -> half -> float, both exact).
-__device__ __forceinline__ void fp8x16(const uint4 &u, float *f) {
-    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        __half2 h(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3));
-        float2 v = __half22float2(h);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+// A quantized weight as its kernels take it (device pointers, struct weight's).
+struct qweight {
+    const uint8_t *codes;  // [N, K] e4m3, or [N, K/2] two e2m1 a byte (element 2i in the low nibble)
+    const float *scale;    // [N] (WF_FP8, WF_NVFP4) or [N, ceil(K/128)] (WF_FP8_B128)
+    const uint8_t *bscale; // WF_NVFP4: [N, K/16] e4m3
+    int K;
+};
+
+static qweight qweight_of(const struct weight *w) {
+    return {(const uint8_t *)w->data, w->scale, w->bscale, (int)w->cols};
+}
+
+__device__ __forceinline__ float e4m3_f(uint8_t b) { // exact (e4m3 -> half -> float)
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3)));
+}
+
+// An e2m1 code's bits as an fp16 of value e2m1 * 2^-14: the sign to bit 15,
+// exponent and mantissa (3 bits) to bits 9..11, so that the e2m1 exponent
+// becomes the fp16 one (e2m1's 0.5, exponent 0, is the fp16 subnormal 2^-15).
+__device__ __forceinline__ float e2m1_f(unsigned c) {
+    __half_raw h;
+    h.x = (unsigned short)(((c & 7) << 9) | ((c & 8) << 12));
+    return __half2float(__half(h)) * 16384.0f; // exact: a power of two
+}
+
+// Element [r][c] as wfmt_dequant makes it, in the same order (any K).
+template <enum wfmt F>
+__device__ __forceinline__ float q_value(const qweight &w, int64_t r, int c) {
+    if constexpr (F == WF_NVFP4) {
+        uint8_t b = w.codes[r * (w.K / 2) + c / 2];
+        float block = e4m3_f(w.bscale[r * (w.K / WF_NVFP4_GROUP) + c / WF_NVFP4_GROUP]);
+        return (e2m1_f((c & 1) ? b >> 4 : b & 15) * block) * w.scale[r];
+    } else if constexpr (F == WF_FP8_B128) {
+        return e4m3_f(w.codes[r * w.K + c]) * w.scale[r * ((w.K + WF_B128 - 1) / WF_B128) + c / WF_B128];
+    } else {
+        return e4m3_f(w.codes[r * w.K + c]) * w.scale[r];
     }
 }
 
-// A block owns FP8_GEMV_ROWS weight rows; its 8 warps split K (16 codes a
-// lane a load) and reduce through shared memory in a fixed order
-// (deterministic). nb <= NB rows of x; K % 16 == 0, x 16-byte aligned.
-template <int NB>
-__global__ void __launch_bounds__(256) k_gemv_fp8(float *y, const float *x, const uint8_t *w, const float *scale,
-                                                  int N, int K, int nb) {
-    __shared__ float red[8][FP8_GEMV_ROWS][NB];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * FP8_GEMV_ROWS;
-    const uint4 *wr[FP8_GEMV_ROWS];
+// One chunk (QCHUNK columns) of a row: its codes and the scale its values need.
+template <enum wfmt F> struct qchunk {
+    uint4 c;    // 16 e4m3 codes
+    float s;    // WF_FP8: the row's scale; WF_FP8_B128: the 128-column block's
+};
+template <> struct qchunk<WF_NVFP4> {
+    uint2 c;    // 16 e2m1 codes (element 2i in the low nibble of byte i)
+    uint8_t b;  // the block's e4m3 scale
+};
+
+// What a row's chunks share: WF_FP8 its scale; WF_NVFP4 its scale * 2^14
+// (the codes decode to e2m1 * 2^-14, q_dq8); WF_FP8_B128 nothing.
+template <enum wfmt F>
+__device__ __forceinline__ float q_row_scale(const qweight &w, int64_t r) {
+    if constexpr (F == WF_NVFP4) return w.scale[r] * 16384.0f; // exact: a power of two
+    else if constexpr (F == WF_FP8) return w.scale[r];
+    else return 0.0f;
+}
+
+template <enum wfmt F>
+__device__ __forceinline__ qchunk<F> q_load(const qweight &w, int64_t r, int k, float rs) {
+    qchunk<F> q;
+    if constexpr (F == WF_NVFP4) {
+        q.c = __ldg((const uint2 *)(w.codes + r * (w.K / 2)) + k);
+        q.b = __ldg(w.bscale + r * (w.K / WF_NVFP4_GROUP) + k);
+    } else if constexpr (F == WF_FP8_B128) {
+        q.c = __ldg((const uint4 *)(w.codes + r * w.K) + k);
+        q.s = __ldg(w.scale + r * ((w.K + WF_B128 - 1) / WF_B128) + k * QCHUNK / WF_B128);
+    } else {
+        q.c = __ldg((const uint4 *)(w.codes + r * w.K) + k);
+        q.s = rs;
+    }
+    return q;
+}
+
+// Values 8h .. 8h + 7 of a chunk into v, each wfmt_dequant's to the bit.
+// FP8: e4m3 -> half -> float (exact), times the scale (the one rounding).
+// NVFP4: two codes of a byte pair at a time as a half2 of e2m1 * 2^-14
+// (e2m1_f's bits), times the block scale in fp16 -- exact: e2m1 * bscale has
+// at most 6 significant bits and is a multiple of 2^-10 (bscale of 2^-9),
+// so with the 2^-14 it is a multiple of 2^-24 below 2^-2, which fp16 holds --
+// then times scale * 2^14 in fp32: the one rounding of (e2m1 * bscale) * scale.
+template <enum wfmt F>
+__device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float *v) {
+    if constexpr (F == WF_NVFP4) {
+        uint32_t u = h ? q.c.y : q.c.x; // element j at bits 4j..4j+3
+        __half2 bs = __half2half2(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q.b, __NV_E4M3)));
 #pragma unroll
-    for (int r = 0; r < FP8_GEMV_ROWS; r++) wr[r] = (const uint4 *)(w + (int64_t)min(row0 + r, N - 1) * K);
-    float acc[FP8_GEMV_ROWS][NB];
+        for (int j = 0; j < 4; j++) { // elements j and j + 4: their nibbles to bits 12..15 of each half
+            uint32_t t = u << (12 - 4 * j);
+            uint32_t bits = (t & 0x80008000u) | ((t >> 3) & 0x0E000E00u);
+            __half2 e;
+            memcpy(&e, &bits, sizeof e);
+            float2 f = __half22float2(__hmul2(e, bs));
+            v[j] = f.x * rs, v[j + 4] = f.y * rs;
+        }
+    } else {
+        (void)rs;
+        uint32_t p[2] = {h ? q.c.z : q.c.x, h ? q.c.w : q.c.y};
 #pragma unroll
-    for (int r = 0; r < FP8_GEMV_ROWS; r++)
+        for (int i = 0; i < 4; i++) {
+            __nv_fp8x2_storage_t c2 = (__nv_fp8x2_storage_t)(p[i / 2] >> (16 * (i % 2)));
+            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c2, __NV_E4M3)));
+            v[2 * i] = f.x * q.s, v[2 * i + 1] = f.y * q.s;
+        }
+    }
+}
+
+// y [nb, N] = x [nb, K] W^T (+ bias), nb <= NB. A block owns QGEMV_ROWS
+// weight rows; its 8 warps split K a chunk a lane a step, the next step's
+// chunks in flight while this one computes, and reduce through shared memory
+// in a fixed order (deterministic). K % 16 == 0, codes and x 16-byte aligned.
+template <enum wfmt F, int NB>
+__global__ void __launch_bounds__(256) k_gemv_q(float *y, const float *x, qweight w, const float *bias, int N,
+                                                int nb) {
+    __shared__ float red[8][QGEMV_ROWS][NB];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * QGEMV_ROWS, K = w.K, nk = K / QCHUNK;
+    int64_t row[QGEMV_ROWS];
+    float rs[QGEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < QGEMV_ROWS; r++) row[r] = min(row0 + r, N - 1), rs[r] = q_row_scale<F>(w, row[r]);
+    float acc[QGEMV_ROWS][NB];
+#pragma unroll
+    for (int r = 0; r < QGEMV_ROWS; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[r][b] = 0;
-    for (int k16 = warp * 32 + lane; k16 < K / 16; k16 += 256) {
-        uint4 u[FP8_GEMV_ROWS];
+    int k = warp * 32 + lane;
+    qchunk<F> nxt[QGEMV_ROWS];
+    if (k < nk)
 #pragma unroll
-        for (int r = 0; r < FP8_GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k16); // all loads in flight first
-        float wf[FP8_GEMV_ROWS][16];
+        for (int r = 0; r < QGEMV_ROWS; r++) nxt[r] = q_load<F>(w, row[r], k, rs[r]);
+    pdl_wait(); // x is the previous kernel's output
+    pdl_trigger();
+    for (; k < nk; k += 256) {
+        qchunk<F> cur[QGEMV_ROWS];
 #pragma unroll
-        for (int r = 0; r < FP8_GEMV_ROWS; r++) fp8x16(u[r], wf[r]);
+        for (int r = 0; r < QGEMV_ROWS; r++) cur[r] = nxt[r];
+        if (k + 256 < nk)
 #pragma unroll
-        for (int b = 0; b < NB; b++) {
-            if (b >= nb) break;
-            const float4 *xp = (const float4 *)(x + (int64_t)b * K + (int64_t)k16 * 16);
-            float4 x4[4] = {xp[0], xp[1], xp[2], xp[3]};
-            const float *xs = (const float *)x4;
+            for (int r = 0; r < QGEMV_ROWS; r++) nxt[r] = q_load<F>(w, row[r], k + 256, rs[r]);
 #pragma unroll
-            for (int r = 0; r < FP8_GEMV_ROWS; r++)
+        for (int h = 0; h < 2; h++) {
+            float v[QGEMV_ROWS][8];
 #pragma unroll
-                for (int i = 0; i < 16; i++) acc[r][b] += wf[r][i] * xs[i];
+            for (int r = 0; r < QGEMV_ROWS; r++) q_dq8<F>(cur[r], h, rs[r], v[r]);
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                if (b >= nb) break;
+                const float4 *xp = (const float4 *)(x + (int64_t)b * K + k * QCHUNK + h * 8);
+                float4 x0 = xp[0], x1 = xp[1];
+                float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int r = 0; r < QGEMV_ROWS; r++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[r][b] = fmaf(v[r][i], xs[i], acc[r][b]);
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < FP8_GEMV_ROWS; r++)
+    for (int r = 0; r < QGEMV_ROWS; r++)
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            float v = warp_sum(acc[r][b]);
-            if (lane == 0) red[warp][r][b] = v;
+            float s = warp_sum(acc[r][b]);
+            if (lane == 0) red[warp][r][b] = s;
         }
     __syncthreads();
-    if (threadIdx.x < FP8_GEMV_ROWS * NB) {
+    if (threadIdx.x < QGEMV_ROWS * NB) {
         int r = threadIdx.x / NB, b = threadIdx.x % NB;
-        float v = 0;
-        for (int q = 0; q < 8; q++) v += red[q][r][b];
-        if (row0 + r < N && b < nb) y[(int64_t)b * N + row0 + r] = v * scale[row0 + r];
+        float s = 0;
+        for (int q = 0; q < 8; q++) s += red[q][r][b];
+        if (bias && row0 + r < N) s += bias[row0 + r];
+        if (row0 + r < N && b < nb) y[(int64_t)b * N + row0 + r] = s;
     }
 }
 
-// Any K and alignment: a warp per weight row, one code a lane a step.
-__global__ void __launch_bounds__(256) k_gemv_fp8_any(float *y, const float *x, const uint8_t *w, const float *scale,
-                                                      int N, int K, int nb) {
-    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+// Any K and alignment: a warp per weight row, one value a lane a step.
+template <enum wfmt F>
+__global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qweight w, const float *bias, int N,
+                                                    int nb) {
+    pdl_wait();
+    pdl_trigger();
+    int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, K = w.K;
     if (row >= N) return;
-    float acc[FP8_GEMV_MAXB];
+    float acc[CUDA_QGEMV_MAXB];
 #pragma unroll
-    for (int b = 0; b < FP8_GEMV_MAXB; b++) acc[b] = 0;
+    for (int b = 0; b < CUDA_QGEMV_MAXB; b++) acc[b] = 0;
     for (int k = lane; k < K; k += 32) {
-        __half h(__nv_cvt_fp8_to_halfraw(w[(int64_t)row * K + k], __NV_E4M3));
-        float v = __half2float(h);
+        float v = q_value<F>(w, row, k);
 #pragma unroll
-        for (int b = 0; b < FP8_GEMV_MAXB; b++)
-            if (b < nb) acc[b] += v * x[(int64_t)b * K + k];
+        for (int b = 0; b < CUDA_QGEMV_MAXB; b++)
+            if (b < nb) acc[b] = fmaf(v, x[(int64_t)b * K + k], acc[b]);
     }
 #pragma unroll
-    for (int b = 0; b < FP8_GEMV_MAXB; b++) {
+    for (int b = 0; b < CUDA_QGEMV_MAXB; b++) {
         float s = warp_sum(acc[b]);
-        if (lane == 0 && b < nb) y[(int64_t)b * N + row] = s * scale[row];
+        if (lane == 0 && b < nb) y[(int64_t)b * N + row] = s + (bias ? bias[row] : 0.0f);
     }
 }
 
-void cuda_matmul_fp8(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
+// The chunked kernels' conditions: K a multiple of 16, the codes and x (the
+// GEMV's input, the dequantization's output) 16-byte aligned.
+static bool q_chunked(const void *x, const struct weight *w) {
+    return w->cols % QCHUNK == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+}
+
+template <enum wfmt F>
+static void gemv_q(cudaStream_t s, float *y, const float *x, const struct weight *w, int n) {
+    qweight q = qweight_of(w);
+    int N = (int)w->rows;
+    dim3 g(cdiv(N, QGEMV_ROWS));
+    if (!q_chunked(x, w)) launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, s, y, x, q, w->bias, N, n);
+    else if (n == 1) launch_pdl(k_gemv_q<F, 1>, g, 256, 0, s, y, x, q, w->bias, N, n);
+    else if (n == 2) launch_pdl(k_gemv_q<F, 2>, g, 256, 0, s, y, x, q, w->bias, N, n);
+    else if (n <= 4) launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
+    else if (n <= 8) launch_pdl(k_gemv_q<F, 8>, g, 256, 0, s, y, x, q, w->bias, N, n);
+    else launch_pdl(k_gemv_q<F, 16>, g, 256, 0, s, y, x, q, w->bias, N, n);
+}
+
+void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cudaStream_t s = cu(be)->stream;
-    int N = (int)w->rows, K = (int)w->cols;
-    const uint8_t *codes = (const uint8_t *)w->data;
-    for (int r0 = 0; r0 < n; r0 += FP8_GEMV_MAXB) {
-        int nb = min(FP8_GEMV_MAXB, n - r0);
-        const float *xr = x + (int64_t)r0 * K;
-        float *yr = y + (int64_t)r0 * N;
-        bool vec = K % 16 == 0 && !((uintptr_t)xr & 15) && !((uintptr_t)codes & 15);
-        if (!vec) k_gemv_fp8_any<<<cdiv(N, 8), 256, 0, s>>>(yr, xr, codes, w->scale, N, K, nb);
-        else if (nb <= 4) k_gemv_fp8<4><<<cdiv(N, FP8_GEMV_ROWS), 256, 0, s>>>(yr, xr, codes, w->scale, N, K, nb);
-        else if (nb <= 8) k_gemv_fp8<8><<<cdiv(N, FP8_GEMV_ROWS), 256, 0, s>>>(yr, xr, codes, w->scale, N, K, nb);
-        else k_gemv_fp8<16><<<cdiv(N, FP8_GEMV_ROWS), 256, 0, s>>>(yr, xr, codes, w->scale, N, K, nb);
-        LAUNCH_CHECK();
+    switch (w->fmt) {
+    case WF_FP8: gemv_q<WF_FP8>(s, y, x, w, n); break;
+    case WF_FP8_B128: gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
+    case WF_NVFP4: gemv_q<WF_NVFP4>(s, y, x, w, n); break;
+    case WF_F32:
+    case WF_BF16:
+    case WF_F16: break; // dense: cuda_backend.cu's GEMVs
     }
+}
+
+// ---- prefill: the weight dequantized to a dense one ----
+
+__device__ __forceinline__ void store8(float *o, const float *v) {
+    ((float4 *)o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <typename T>
+__device__ __forceinline__ void store8(T *o, const float *v) { // 16-bit: rounded to nearest even
+    T t[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) t[i] = (T)v[i];
+    *(uint4 *)o = *(const uint4 *)t;
+}
+
+// out [N, K] = W, a chunk a thread (the chunked kernels' conditions).
+template <enum wfmt F, typename T>
+__global__ void k_dequant(T *out, qweight w, int N) {
+    int nk = w.K / QCHUNK;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)N * nk;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / nk;
+        int k = (int)(i % nk);
+        float rs = q_row_scale<F>(w, r), v[8];
+        qchunk<F> q = q_load<F>(w, r, k, rs);
+        T *o = out + r * w.K + (int64_t)k * QCHUNK;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            q_dq8<F>(q, h, rs, v);
+            store8(o + 8 * h, v);
+        }
+    }
+}
+
+// Any K and alignment: a value a thread.
+template <enum wfmt F, typename T>
+__global__ void k_dequant_any(T *out, qweight w, int N) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (int64_t)N * w.K;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = (T)q_value<F>(w, i / w.K, (int)(i % w.K));
+}
+
+// The dense format a quantized weight's GEMM runs in: the model's --dtype.
+static enum wfmt dq_fmt(const struct backend *be) {
+    switch (be->weight_dtype) {
+    case WF_BF16: return WF_BF16;
+    case WF_F16: return WF_F16;
+    case WF_F32:
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break; // a --dtype is never quantized
+    }
+    return WF_F32;
+}
+
+size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w) {
+    size_t b = (size_t)w->rows * w->cols * wfmt_size(dq_fmt(be));
+    return (b + 255) / 256 * 256;
+}
+
+template <enum wfmt F, typename T>
+static void dequant_t(cudaStream_t s, T *out, const struct weight *w) {
+    qweight q = qweight_of(w);
+    int N = (int)w->rows;
+    bool chunked = q_chunked(out, w);
+    int64_t n = chunked ? (int64_t)N * (w->cols / QCHUNK) : (int64_t)N * w->cols;
+    int grid = (int)MIN(cdiv(n, 256), 65536);
+    if (chunked) k_dequant<F, T><<<grid, 256, 0, s>>>(out, q, N);
+    else k_dequant_any<F, T><<<grid, 256, 0, s>>>(out, q, N);
+    LAUNCH_CHECK();
+}
+
+template <enum wfmt F>
+static void dequant_f(cudaStream_t s, void *out, enum wfmt to, const struct weight *w) {
+    switch (to) {
+    case WF_BF16: dequant_t<F>(s, (__nv_bfloat16 *)out, w); break;
+    case WF_F16: dequant_t<F>(s, (__half *)out, w); break;
+    case WF_F32:
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: dequant_t<F>(s, (float *)out, w); break; // dq_fmt gives F32 for these
+    }
+}
+
+struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst) {
+    cudaStream_t s = cu(be)->stream;
+    enum wfmt to = dq_fmt(be);
+    switch (w->fmt) {
+    case WF_FP8: dequant_f<WF_FP8>(s, dst, to, w); break;
+    case WF_FP8_B128: dequant_f<WF_FP8_B128>(s, dst, to, w); break;
+    case WF_NVFP4: dequant_f<WF_NVFP4>(s, dst, to, w); break;
+    case WF_F32:
+    case WF_BF16:
+    case WF_F16: break; // not quantized: never asked
+    }
+    struct weight d = {};
+    d.data = dst, d.fmt = to, d.rows = w->rows, d.cols = w->cols;
+    return d;
+}
+
+// ---- prefill as W8A8 (WF_FP8, VLLM_FP8_W8A8=1) ----
+
+// x [n, K] fp32 -> q [n, K] e4m3 and s [n]: each row's largest |x| / 448
+// (1 for a zero row), q = e4m3(x / s) rounded to nearest. A block a row.
+__global__ void k_quant_rows(uint8_t *q, float *s, const float *x, int K) {
+    __shared__ float red[32];
+    const float *xr = x + (int64_t)blockIdx.x * K;
+    float m = 0;
+    for (int i = threadIdx.x; i < K; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+    m = block_reduce<true>(m, red);
+    float sc = m > 0 ? m / 448.0f : 1.0f;
+    if (threadIdx.x == 0) s[blockIdx.x] = sc;
+    for (int i = threadIdx.x; i < K; i += blockDim.x)
+        q[(int64_t)blockIdx.x * K + i] = __nv_cvt_float_to_fp8(xr[i] / sc, __NV_SATFINITE, __NV_E4M3);
+}
+
+// y [n, N] = x W^T on FP8 tensor cores: x quantized per token (k_quant_rows,
+// into scratch), then cuBLASLt's e4m3 x e4m3 GEMM with fp32 accumulation,
+// the weight's row scales and the tokens' scales applied as outer vectors,
+// fp32 out. Less exact than the dequantized bf16 GEMM (x rounded to 3
+// mantissa bits, not 7: ~2.5e-2 of max |y| against ~2.5e-3, emulated on the
+// host at nano30b's K), so only on request, and never in fp32 mode.
+int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct weight *w, int n, void *scratch) {
+    cuda_impl *c = cu(be);
+    int N = (int)w->rows, K = (int)w->cols;
+    if (!c->w8a8 || w->fmt != WF_FP8 || dq_fmt(be) == WF_F32 || K % 16) return 0;
+    uint8_t *q = (uint8_t *)scratch;
+    float *ts = (float *)(q + ((size_t)n * K + 255) / 256 * 256);
+    struct lt_plan *p = cuda_lt_plan(c, N, K, n, WF_FP8, w->scale, ts);
+    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (p && p->ok) {
+        k_quant_rows<<<n, 256, 0, c->stream>>>(q, ts, x, K);
+        LAUNCH_CHECK();
+        const float one = 1.0f, zero = 0.0f;
+        const float *a = w->scale;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a, sizeof a));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ts, sizeof ts));
+        st = cublasLtMatmul(c->lt, p->op, &one, w->data, p->la, q, p->lb, &zero, y, p->lc, y, p->lc, &p->algo,
+                            c->blas_ws, c->blas_ws_bytes, c->stream);
+        if (st != CUBLAS_STATUS_SUCCESS) p->ok = 0; // not again for this shape
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) return 1;
+    if (c->w8a8 == 1) // said once: the run goes on dequantized
+        fprintf(stderr, "vllm: VLLM_FP8_W8A8: cuBLASLt runs no FP8 GEMM of [%d, %d] x [%d, %d]^T (status %d): "
+                "dequantized to 16 bits instead\n", n, K, N, K, (int)st);
+    c->w8a8 = 2;
+    return 0;
 }
