@@ -4,8 +4,8 @@
 // 2688, Mamba in_proj 10304 x 2688, out_proj 2688 x 4096; a K not a multiple
 // of 16 for the any-shape kernel), 1..16 rows (decode) and 40 (passes of 16).
 // Tolerance: relative 1e-5 (fp32 accumulation in another order; the scale
-// applied to the row's sum). Also: the formats CUDA refuses are refused at
-// weight_alloc, naming the format. Exits 77 (skip) without a GPU.
+// applied to the row's sum). Also: the formats CUDA has no matmul for are
+// refused at load (supports), naming the format. Exits 77 (skip) without a GPU.
 #include <math.h>
 
 #include "backend/backend.h"
@@ -61,8 +61,8 @@ int main(void) {
     }
     enum wfmt refused[] = {WF_FP8_B128, WF_NVFP4};
     for (int i = 0; i < 2; i++) {
-        struct weight w;
-        int rc = gpu->ops->weight_alloc(gpu, &w, refused[i], 256, 256);
+        struct weight w = {.fmt = refused[i], .rows = 256, .cols = 256};
+        int rc = gpu->ops->supports(gpu, &(struct op_query){.op = OP_MATMUL, .max_tokens = 4, .w = &w});
         const char *msg = vllm_last_error();
         CHECKF(rc != 0 && msg && strstr(msg, wfmt_name(refused[i])), "%s: refused naming it (got %s)",
                wfmt_name(refused[i]), rc ? msg : "success");

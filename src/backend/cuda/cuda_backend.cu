@@ -106,18 +106,21 @@ static void cu_sync(struct backend *be) { CUDA_CHECK(cudaStreamSynchronize(cu(be
 
 static int cu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
     memset(w, 0, sizeof *w);
-    // FP8 with per-row scales runs weight-only (cuda_quant.cu); the block and
-    // NVFP4 formats are refused at load, naming the format (docs/QUANTIZATION.md)
-    if (wfmt_quantized(fmt) && fmt != WF_FP8)
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend has no %s weights yet (the CPU backend runs them)",
-                        wfmt_name(fmt));
+    // Quantized formats keep their scales beside the codes (struct weight):
+    // scale [rows, wfmt_scale_cols], NVFP4's bscale [rows, cols / 16]. Which
+    // ops run them is cu_supports' to say (docs/QUANTIZATION.md).
+    if (fmt == WF_NVFP4 && cols % WF_NVFP4_GROUP)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "an nvfp4 weight needs columns in multiples of 16, not %lld",
+                        (long long)cols);
     size_t bytes = (size_t)rows * wfmt_bytes(fmt, cols);
     w->data = cu_alloc(be, bytes);
     if (!w->data) return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of GPU memory for a weight", bytes);
     w->fmt = fmt;
     w->rows = rows;
     w->cols = cols;
-    if (fmt == WF_FP8 && !(w->scale = (float *)cu_alloc(be, sizeof(float) * (size_t)rows)))
+    size_t g = (size_t)wfmt_scale_cols(fmt, cols), nb = fmt == WF_NVFP4 ? (size_t)(cols / WF_NVFP4_GROUP) : 0;
+    if ((g && !(w->scale = (float *)cu_alloc(be, sizeof(float) * (size_t)rows * g))) ||
+        (nb && !(w->bscale = (uint8_t *)cu_alloc(be, (size_t)rows * nb))))
         return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "cannot allocate the scales of a weight on the GPU");
     return VLLM_OK;
 }
@@ -127,13 +130,13 @@ static int cu_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, 
 static int cu_weight_upload_raw(struct backend *be, struct weight *w, int64_t row0, int64_t n, const void *src,
                                 enum wfmt src_fmt, int64_t ld) {
     cudaStream_t s = cu(be)->stream; // after the zeroing memset cu_alloc queued here
-    size_t es = wfmt_size(w->fmt), ss = wfmt_size(src_fmt), row = (size_t)w->cols * es;
+    size_t ss = wfmt_size(src_fmt), row = wfmt_bytes(w->fmt, w->cols); // NVFP4: half a byte an element
     char *dst = (char *)w->data + (size_t)row0 * row;
     if (wfmt_quantized(w->fmt) && src_fmt != w->fmt)
         return vllm_err(VLLM_ERR_UNSUPPORTED, "a %s weight cannot be made from %s rows", wfmt_name(w->fmt),
                         wfmt_name(src_fmt));
     if (src_fmt == w->fmt) {
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, row, src, (size_t)ld * ss, row, (size_t)n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, row, src, wfmt_bytes(src_fmt, ld), row, (size_t)n, cudaMemcpyHostToDevice, s));
         CUDA_CHECK(cudaStreamSynchronize(s));
         return VLLM_OK;
     }
@@ -209,7 +212,7 @@ static void cu_embed(struct backend *be, float *out, const struct weight *table,
     case WF_F16: launch_pdl(k_embed<__half>, n, 256, 0, s, out, (const __half *)table->data, ids, d); break;
     case WF_FP8:
     case WF_FP8_B128:
-    case WF_NVFP4: break; // refused by cu_weight_alloc
+    case WF_NVFP4: break; // refused by cu_supports (OP_EMBED)
     }
 }
 
@@ -787,7 +790,12 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
     char buf[160];
     size_t T = (size_t)MAX(q->max_tokens, 1), S = (size_t)MAX(q->max_seq_len, 1), need = 0;
     switch (q->op) {
-    case OP_MATMUL: need = T * q->w->cols * 2; break; // x rounded to 16 bits
+    case OP_MATMUL: // fp32, bf16, fp16 and FP8 with a scale per row (cuda_quant.cu)
+        if (q->w->fmt == WF_FP8_B128 || q->w->fmt == WF_NVFP4)
+            snprintf(buf, sizeof buf, "a matmul of %s weights (CUDA runs them in the MoE experts only)",
+                     wfmt_name(q->w->fmt)), why = buf;
+        need = T * q->w->cols * 2; // x rounded to 16 bits
+        break;
     case OP_EMBED:                                   // fp32, bf16 and fp16 weights
         if (wfmt_quantized(q->w->fmt))
             snprintf(buf, sizeof buf, "embedding: %s table", wfmt_name(q->w->fmt)), why = buf;
@@ -822,15 +830,13 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         const struct moe_experts *w = q->moe;
         enum wfmt fu = w->up.fmt, fd = w->down.fmt;
         bool qu = wfmt_quantized(fu), qd = wfmt_quantized(fd);
-        if ((qu && fu != WF_FP8) || (qd && fd != WF_FP8)) // FP8 per row only (cuda_moe.cu)
-            snprintf(buf, sizeof buf, "MoE experts: %s weights (CUDA runs FP8 experts with per-row scales only)",
-                     wfmt_name(qu && fu != WF_FP8 ? fu : fd)), why = buf;
-        else if ((qu || qd) && fu != fd)
-            snprintf(buf, sizeof buf, "MoE experts: %s up and %s down weights (FP8 experts need both FP8)",
-                     wfmt_name(fu), wfmt_name(fd)), why = buf;
-        else if (qu && (w->dim % 16 || w->inter % 16)) // 16 codes a 16-byte load
-            snprintf(buf, sizeof buf, "MoE experts: FP8 weights need hidden and expert sizes that are multiples of "
-                     "16 (%d, %d)", w->dim, w->inter), why = buf;
+        int mult = fu == WF_NVFP4 ? 32 : 16; // codes a 16-byte load of the GEMV (NVFP4: 32, and 2 block scales)
+        if ((qu || qd) && fu != fd) // cuda_moe.cu: one weight type for both
+            snprintf(buf, sizeof buf, "MoE experts: %s up and %s down weights (quantized experts need both in one "
+                     "format)", wfmt_name(fu), wfmt_name(fd)), why = buf;
+        else if (qu && (w->dim % mult || w->inter % mult))
+            snprintf(buf, sizeof buf, "MoE experts: %s weights need hidden and expert sizes that are multiples of "
+                     "%d (%d, %d)", wfmt_name(fu), mult, w->dim, w->inter), why = buf;
         else if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
             snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
         else if (w->up.fmt != WF_F32 && cuda_moe_smem() > cu(be)->smem_optin)
