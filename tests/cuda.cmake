@@ -7,6 +7,9 @@ if(VLLM_CUDA)
   # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
   vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
   add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)
+  # the routed experts with FP8, FP8-block and NVFP4 weights against the CPU reference op
+  vllm_test_exe(test_cuda_moe_quant cuda/test_cuda_moe_quant.c)
+  add_test(NAME gpu_moe_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_moe_quant>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
