@@ -8,7 +8,9 @@
 // and that as a fraction of the device's measured copy bandwidth.
 //
 // Usage: build-cuda/cuda_ops [ROWS (1)] [CALLS per graph (64)] [moe: the routed experts only |
-//        fp8: the routed experts in bf16, then with FP8 weights (e4m3 + a scale per row: half the bytes) |
+//        fp8 | fp8_block | nvfp4: the routed experts in bf16, then with weights in that format (fp8: e4m3 +
+//        a scale per row, half the bytes; fp8_block: e4m3 + a scale per row and 128 columns; nvfp4: e2m1 +
+//        an e4m3 scale per 16 columns + a scale per row, 0.28 of the bytes) |
 //        quant: the dense linears (Mamba in / out_proj, the shared expert) in bf16, FP8, FP8 blocks and NVFP4
 //        (decode up to 16 rows: the GEMVs; prefill above: dequantized to bf16, then the GEMM), then above 16
 //        rows FP8 again as W8A8 (VLLM_FP8_W8A8=1: cuBLASLt's FP8 GEMM); TFLOP/s too]
@@ -113,7 +115,7 @@ static void moe_call(void *p, int i) {
     struct moe_ctx *c = p;
     be->ops->moe_experts(be, c->out, c->x, &c->w, c->ids + (size_t)(i % c->sets) * c->n * K, c->wts, c->n, K, NULL);
 }
-static void bench_moe(int n, int calls, enum wfmt f) {
+static void bench_moe(int n, int calls, enum wfmt f, const char *fname) {
     struct moe_ctx c = {.n = n, .sets = 16};
     c.w = (struct moe_experts){.num_experts = E, .inter = I, .dim = D, .gated = 0, .act = ACT_RELU2};
     if (be->ops->weight_alloc(be, &c.w.up, f, (int64_t)E * I, D) || be->ops->weight_random(be, &c.w.up, 3, 0.02f) ||
@@ -147,13 +149,18 @@ static void bench_moe(int n, int calls, enum wfmt f) {
     c.x = dev_random((size_t)n * D, 1, 2);
     c.wts = dev_random((size_t)n * K, 1, 3);
     c.out = be->ops->alloc(be, sizeof(float) * n * D);
-    // the experts' up and down rows read (FP8: 1 byte a weight and a 4-byte scale a row)
-    double bytes = distinct / c.sets * (f == WF_FP8 ? 2.0 * I * D + 4.0 * (I + D) : 2.0 * I * D * 2);
+    // the experts' up and down weights read, codes and scales
+    double bytes = distinct / c.sets * (double)(wfmt_weight_bytes(f, I, D) + wfmt_weight_bytes(f, D, I));
     char what[64];
-    snprintf(what, sizeof what, "moe_experts%s (%.1f experts)", f == WF_FP8 ? " fp8" : "", distinct / c.sets);
+    snprintf(what, sizeof what, "moe_experts%s%s (%.1f experts)", fname ? " " : "", fname ? fname : "",
+             distinct / c.sets);
     report(what, time_graph(moe_call, &c, calls), bytes, 0);
-    be->ops->free(be, c.w.up.data), be->ops->free(be, c.w.down.data);
-    if (c.w.up.scale) be->ops->free(be, c.w.up.scale), be->ops->free(be, c.w.down.scale);
+    struct weight *ws[2] = {&c.w.up, &c.w.down};
+    for (int i = 0; i < 2; i++) {
+        be->ops->free(be, ws[i]->data);
+        if (ws[i]->scale) be->ops->free(be, ws[i]->scale);
+        if (ws[i]->bscale) be->ops->free(be, ws[i]->bscale);
+    }
     be->ops->free(be, c.ids), be->ops->free(be, c.x), be->ops->free(be, c.wts), be->ops->free(be, c.out);
 }
 
@@ -277,7 +284,7 @@ static void bench_quant(int n, int calls) {
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1, calls = argc > 2 ? atoi(argv[2]) : 64;
-    if (n < 1 || n > 16384 || calls < 1) die("usage: cuda_ops [ROWS 1..16384] [CALLS] [moe|fp8|quant]");
+    if (n < 1 || n > 16384 || calls < 1) die("usage: cuda_ops [ROWS 1..16384] [CALLS] [moe|fp8|fp8_block|nvfp4|quant]");
     if (backend_cuda_create(DT_BF16, &be)) {
         printf("cuda_ops: no GPU (%s)\n", vllm_last_error());
         return 0;
@@ -285,14 +292,22 @@ int main(int argc, char **argv) {
     double fl;
     be->ops->peaks(be, &bw_peak, &fl);
     printf("cuda_ops: %d rows, %d calls per graph; copy %.0f GB/s\n", n, calls, bw_peak / 1e9);
-    if (argc > 3 && (!strcmp(argv[3], "moe") || !strcmp(argv[3], "fp8"))) { // the routed experts only (sweeps)
-        bench_moe(n, calls, WF_BF16);
-        if (!strcmp(argv[3], "fp8")) bench_moe(n, calls, WF_FP8);
+    if (argc > 3 && !strcmp(argv[3], "quant")) {
+        bench_quant(n, calls);
         backend_free(be);
         return 0;
     }
-    if (argc > 3 && !strcmp(argv[3], "quant")) {
-        bench_quant(n, calls);
+    if (argc > 3) { // the routed experts only (sweeps), in bf16 then a quantized format
+        static const struct {
+            const char *name;
+            enum wfmt f;
+        } q[] = {{"fp8", WF_FP8}, {"fp8_block", WF_FP8_B128}, {"nvfp4", WF_NVFP4}};
+        int qi = -1;
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(argv[3], q[i].name)) qi = i;
+        if (qi < 0 && strcmp(argv[3], "moe")) die("cuda_ops: %s: not moe, fp8, fp8_block, nvfp4 or quant", argv[3]);
+        bench_moe(n, calls, WF_BF16, NULL);
+        if (qi >= 0) bench_moe(n, calls, q[qi].f, q[qi].name);
         backend_free(be);
         return 0;
     }
@@ -302,7 +317,7 @@ int main(int argc, char **argv) {
     bench_matmul("matmul shared down", WF_BF16, D, SI, n, calls);
     bench_matmul("matmul router (fp32)", WF_F32, E, D, n, calls);
     bench_matmul("matmul lm_head", WF_BF16, 131072, D, n, 8);
-    bench_moe(n, calls, WF_BF16);
+    bench_moe(n, calls, WF_BF16, NULL);
     bench_small(n, calls);
     backend_free(be);
     return 0;

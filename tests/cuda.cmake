@@ -13,6 +13,9 @@ if(VLLM_CUDA)
   # the quantized qwen3 checkpoints of every layout through the engine in fp32 on the device, against the CPU
   # reference on their dequantized fp32 checkpoints (logits within 1e-4)
   add_test(NAME gpu_quant_checkpoints COMMAND ${GPU} $<TARGET_FILE:test_quant_checkpoints>)
+  # the routed experts with FP8, FP8-block and NVFP4 weights against the CPU reference op
+  vllm_test_exe(test_cuda_moe_quant cuda/test_cuda_moe_quant.c)
+  add_test(NAME gpu_moe_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_moe_quant>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode

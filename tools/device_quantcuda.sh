@@ -13,7 +13,7 @@
 #   bench   vllm bench h8b (dense: every format runs) and nano30b (FP8 blocks and NVFP4 experts are
 #           refused at load until the routed experts run them: expect that error), --quantization
 #           none, fp8, fp8_block, nvfp4, 1 and 64 sequences
-#   mutate  tests/mutations/gpu_quant_nibble_swap.patch (the NVFP4 kernels' nibble order swapped):
+#   mutate  tests/mutations/cuda_quant_nibble_swap.patch (the NVFP4 kernels' nibble order swapped):
 #           gpu_quant must go red on every NVFP4 case, no other; restored after
 # `tools/device_quantcuda.sh` runs them all; `tools/device_quantcuda.sh STEP...` those (build first if
 # needed). Logs go to $OUT. Estimated (not measured): build ~2 min cold, test ~3 min (gpu_quant's CPU
@@ -57,10 +57,10 @@ step_bench() {
     done
 }
 step_mutate() {
-    git apply tests/mutations/gpu_quant_nibble_swap.patch || { echo "mutation does not apply"; return 1; }
+    git apply tests/mutations/cuda_quant_nibble_swap.patch || { echo "mutation does not apply"; return 1; }
     cmake --build build-cuda -j "$(nproc)" --target test_cuda_quant >"$OUT/mutate_build.log" 2>&1 &&
         timeout 400 build-cuda/tests/test_cuda_quant >"$OUT/mutate.log" 2>&1
-    git apply -R tests/mutations/gpu_quant_nibble_swap.patch
+    git apply -R tests/mutations/cuda_quant_nibble_swap.patch
     echo "mutation: $(grep -c "CHECK failed" "$OUT/mutate.log") checks failed (expect every nvfp4 case)," \
         "$(grep "CHECK failed" "$OUT/mutate.log" | grep -vc nvfp4) of them not NVFP4 (expect 0)"
     grep "CHECK failed" "$OUT/mutate.log" | head -5

@@ -2,51 +2,18 @@
 // name, on random inputs at real shapes (Nemotron-3-Nano: hidden 2688, 64
 // Mamba heads of 64, state 128, 8 groups, 128 experts top-6, 32/2 heads of
 // 128; Kimi-Linear-48B's KDA and MLA). fp32 weights: relative error <= 1e-5; bf16: the tolerances vLLM's
-// tests use for these ops (2e-2); FP8 experts against the reference op (test_experts_fp8 says why its
-// tolerances). Exits 77 (skip) without a GPU.
+// tests use for these ops (2e-2). The quantized experts: test_cuda_moe_quant.c. Exits 77 (skip) without
+// a GPU.
 #include <math.h>
 #include <stdlib.h>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu.h"
 #include "core/common.h"
+#include "cuda/cuda_pair.h"
 #include "io/dtype.h"
 #include "op_util.h"
 #include "test.h"
-
-static struct backend *cpu, *gpu;
-struct pair {
-    void *c, *g;
-    size_t bytes;
-};
-static struct pair up(const void *host, size_t bytes) {
-    struct pair p = {cpu->ops->alloc(cpu, bytes), gpu->ops->alloc(gpu, bytes), bytes};
-    cpu->ops->upload(cpu, p.c, host, bytes);
-    gpu->ops->upload(gpu, p.g, host, bytes);
-    return p;
-}
-static void pfree(struct pair p) {
-    cpu->ops->free(cpu, p.c);
-    gpu->ops->free(gpu, p.g);
-}
-// max |gpu - cpu| / max |cpu| over n floats
-static double cmp(const char *what, struct pair p, size_t n, double tol) {
-    float *h = xmalloc(sizeof(float) * n);
-    gpu->ops->download(gpu, h, p.g, sizeof(float) * n);
-    const float *r = p.c;
-    double m = 0, s = 1e-30;
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        s = fmax(s, fabs(r[i]));
-        if (!isfinite(h[i])) bad = 1;
-    }
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)h[i] - r[i]));
-    double e = bad ? INFINITY : m / s;
-    printf("  %-28s rel err %.2e (tol %.0e) over %zu values\n", what, e, tol, n);
-    CHECKF(e <= tol && n > 0, "%s: %.3g > %.0g", what, e, tol);
-    free(h);
-    return e;
-}
 
 // A batch whose arrays live on both backends.
 struct tb {
@@ -503,87 +470,6 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     free(x), free(up_w), free(down_w);
 }
 
-// w (WF_FP8, on the reference backend: host memory) as the fp32 weight the
-// reference dequantizes it to, value for value (wfmt_dequant's
-// fp8e4m3_to_f32(code) * scale[row], through a table of the 256 codes: the
-// op's own element-by-element dequantization takes ~10-40 ns a value):
-// malloc'd, row-major, in a struct weight of the reference.
-static struct weight deq_f32(const struct weight *w) {
-    float lut[256], *d = xmalloc(sizeof(float) * (size_t)(w->rows * w->cols));
-    for (int i = 0; i < 256; i++) lut[i] = fp8e4m3_to_f32((uint8_t)i);
-    const uint8_t *q = w->data;
-    for (int64_t r = 0; r < w->rows; r++)
-        for (int64_t c = 0; c < w->cols; c++) d[r * w->cols + c] = lut[q[r * w->cols + c]] * w->scale[r];
-    return (struct weight){.data = d, .fmt = WF_F32, .rows = w->rows, .cols = w->cols};
-}
-
-// FP8 experts (WF_FP8: e4m3 codes, a scale per row, the same host-made
-// codes and scales on both sides) against the CPU reference op, which
-// dequantizes exactly and runs fp32 (ref): at n = 1 the op itself on the
-// FP8 weights, elsewhere the op on their fp32 dequantization made once
-// (deq_f32: the same values; the op would dequantize each expert's rows
-// again per call, seconds a call at 100+ experts). The GEMV (n <= 32) reads x in
-// fp32 and widens codes exactly, so it differs only in summation order
-// (expected ~1e-6, tol 1e-4); the grouped GEMMs (n > 32) round x and h to
-// bf16 (expected a few 1e-3, tol 2e-2 as bf16). Random routing at 1, 7,
-// 32 (the GEMV; passes of 8 rows when shared), 33, 64 (thin tiles) and T
-// (600: the 128-row tiles), shared routing at 32 and 64, and + add (the
-// shared expert's output) on the three paths.
-static void test_experts_fp8(struct backend *ref, const struct moe_shape *m, struct pair pids, struct pair pw, int T) {
-    int E = m->E, k = m->k, I = m->I, L = m->L, U = m->gated ? 2 * I : I;
-    struct moe_experts mc = {{0}, {0}, E, I, L, m->gated, m->act}, mg = mc;
-    CHECK(ref->ops->weight_alloc(ref, &mc.up, WF_FP8, (int64_t)E * U, L) == 0);
-    CHECK(ref->ops->weight_alloc(ref, &mc.down, WF_FP8, (int64_t)E * L, I) == 0);
-    CHECK(gpu->ops->weight_alloc(gpu, &mg.up, WF_FP8, (int64_t)E * U, L) == 0);
-    CHECK(gpu->ops->weight_alloc(gpu, &mg.down, WF_FP8, (int64_t)E * L, I) == 0);
-    CHECK(ref->ops->weight_random(ref, &mc.up, 31, 0.02f) == 0 && gpu->ops->weight_random(gpu, &mg.up, 31, 0.02f) == 0);
-    CHECK(ref->ops->weight_random(ref, &mc.down, 32, 0.02f) == 0 &&
-          gpu->ops->weight_random(gpu, &mg.down, 32, 0.02f) == 0);
-    struct op_query q = {.op = OP_MOE_EXPERTS, .max_tokens = T, .route = &(struct moe_route_cfg){.top_k = k},
-                         .moe = &mg};
-    CHECKF(gpu->ops->supports(gpu, &q) == 0, "FP8 experts %s refused: %s", m->name, vllm_last_error());
-    struct moe_experts mf = mc; // the fp32 dequantization
-    mf.up = deq_f32(&mc.up), mf.down = deq_f32(&mc.down);
-    float *x = test_rnd((size_t)T * L, 1);
-    struct pair px = up(x, sizeof(float) * T * L), po = up(x, sizeof(float) * T * L);
-    int32_t *same = xmalloc(sizeof(int32_t) * T * k);
-    cpu->ops->download(cpu, same, pids.c, sizeof(int32_t) * k);
-    for (int t = k; t < T * k; t++) same[t] = same[t % k];
-    struct pair psame = up(same, sizeof(int32_t) * T * k);
-    enum { NR = 6, NC = 11 };
-    int ns[NC] = {1, 7, 32, 33, 64, T, 32, 64, 7, 64, T};
-    for (int i = 0; i < NC; i++) {
-        char name[96];
-        struct pair pi = i >= NR && i < NR + 2 ? psame : pids;
-        const float *ac = i >= NR + 2 ? px.c : NULL, *ag = i >= NR + 2 ? px.g : NULL;
-        ref->ops->moe_experts(ref, po.c, px.c, ns[i] == 1 ? &mc : &mf, pi.c, pw.c, ns[i], k, ac);
-        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, ag);
-        snprintf(name, sizeof name, "moe_experts %s fp8 n=%d%s", m->name, ns[i],
-                 i >= NR + 2 ? " + add" : i >= NR ? " shared" : "");
-        cmp(name, po, (size_t)ns[i] * L, ns[i] <= 32 ? 1e-4 : 2e-2);
-    }
-    pfree(psame), pfree(px), pfree(po);
-    free(same), free(x), free(mf.up.data), free(mf.down.data);
-    ref->ops->free(ref, mc.up.data), ref->ops->free(ref, mc.up.scale);
-    ref->ops->free(ref, mc.down.data), ref->ops->free(ref, mc.down.scale);
-    gpu->ops->free(gpu, mg.up.data), gpu->ops->free(gpu, mg.up.scale);
-    gpu->ops->free(gpu, mg.down.data), gpu->ops->free(gpu, mg.down.scale);
-}
-
-// What the FP8 experts cannot do is refused at load, naming it: widths not
-// multiples of 16, FP8 up with bf16 down.
-static void test_experts_fp8_refused(void) {
-    struct moe_experts w = {{0}, {0}, 8, 12, 44, 1, ACT_SILU};
-    w.up.fmt = WF_FP8, w.down.fmt = WF_FP8;
-    struct op_query q = {.op = OP_MOE_EXPERTS, .max_tokens = 4, .route = &(struct moe_route_cfg){.top_k = 2}, .moe = &w};
-    int rc = gpu->ops->supports(gpu, &q);
-    CHECKF(rc != 0 && strstr(vllm_last_error(), "multiples of 16"), "FP8 experts of width 12: %s",
-           rc ? vllm_last_error() : "accepted");
-    w.inter = 64, w.dim = 128, w.down.fmt = WF_BF16;
-    rc = gpu->ops->supports(gpu, &q);
-    CHECKF(rc != 0 && strstr(vllm_last_error(), "both FP8"), "FP8 up, bf16 down: %s", rc ? vllm_last_error() : "accepted");
-}
-
 // moe_gate_route: the router GEMV and softmax top-k (one kernel at 1-4
 // tokens and up to 256 experts: Qwen3-30B-A3B's 128 top-8 from 2,048, then
 // 8 of 16 and 256 experts), each twice in a row (its block count must be
@@ -623,17 +509,14 @@ static void test_moe_gate_route(void) {
         }
 }
 
-// fp8: the routers, then the FP8 experts (run last in main: a fault there
-// hides no other op's result); else the routers and the fp32 / bf16 experts.
-static void test_moe(int fp8) {
+// The routers, and the fp32 / bf16 experts on their routes.
+static void test_moe(void) {
     int T = 600, E = 128, kmax = 8; // T > 512: the 128-row grouped GEMM
     struct moe_route_cfg cfgs[4] = {{ROUTE_SIGMOID_GROUPED, E, 6, 8, 4, 0, 1.5f},
                                     {ROUTE_SIGMOID_GROUPED, E, 6, 1, 1, 1, 2.5f},
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 1, 1.0f},
                                     {ROUTE_SOFTMAX_TOPK, E, 8, 1, 1, 0, 1.0f}};
     const char *names[4] = {"grouped sigmoid", "sigmoid", "softmax renorm", "softmax"};
-    struct backend *ref; // the reference ops (the FP8 experts' ground truth)
-    if (cpu_backend_create(0, 1, -1, &ref)) return;
     float *lg = test_rnd((size_t)T * E, 3), *bias = test_rnd(E, 0.1f);
     struct pair pl = up(lg, sizeof(float) * T * E), pb = up(bias, sizeof(float) * E);
     struct pair pids = up(lg, sizeof(int32_t) * T * kmax), pw = up(lg, sizeof(float) * T * kmax);
@@ -652,14 +535,10 @@ static void test_moe(int fp8) {
         snprintf(name, sizeof name, "moe_route weights (%s)", names[c]);
         cmp(name, pw, (size_t)T * k, 1e-6);
         free(gi);
-        if (c == 1 && !fp8) test_experts(&shapes[0], pids, pw, T);
-        if (c == 2 && !fp8) test_experts(&shapes[1], pids, pw, T);
-        if (c == 1 && !fp8) test_experts(&shapes[2], pids, pw, T);
-        if (c == 1 && fp8) test_experts_fp8(ref, &shapes[0], pids, pw, T);
-        if (c == 2 && fp8) test_experts_fp8(ref, &shapes[1], pids, pw, T);
+        if (c == 1) test_experts(&shapes[0], pids, pw, T);
+        if (c == 2) test_experts(&shapes[1], pids, pw, T);
+        if (c == 1) test_experts(&shapes[2], pids, pw, T);
     }
-    if (fp8) test_experts_fp8_refused();
-    backend_free(ref);
     struct pair all[] = {pl, pb, pids, pw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free(lg), free(bias);
@@ -939,8 +818,7 @@ static void test_token_logprobs(void) {
     free(lg);
 }
 
-// `test_cuda_ops moe`: the MoE cases only; `fp8`: the routers and the FP8
-// experts only (the device scripts' mutation steps).
+// `test_cuda_ops moe`: the MoE cases only.
 int main(int argc, char **argv) {
 #ifndef VLLM_HAVE_CUDA
     (void)argc, (void)argv;
@@ -948,9 +826,8 @@ int main(int argc, char **argv) {
 #else
     if (backend_cuda_create(DT_F32, &gpu)) TEST_SKIP("no GPU: %s", vllm_last_error());
     if (backend_cpu_create(0, DT_F32, &cpu)) return 1;
-    if (argc > 1 && (!strcmp(argv[1], "moe") || !strcmp(argv[1], "fp8"))) {
-        if (!strcmp(argv[1], "moe")) test_moe(0);
-        test_moe(1);
+    if (argc > 1 && !strcmp(argv[1], "moe")) {
+        test_moe();
         backend_free(gpu);
         backend_free(cpu);
         return test_summary("cuda ops (moe)");
@@ -973,7 +850,7 @@ int main(int argc, char **argv) {
     test_matmul_act_mul(2048, 6144);
     test_matmul_act_mul(48, 71);
     test_moe_gate_route();
-    test_moe(0);
+    test_moe();
     test_kimi_kda();
     struct backend *ref;
     if (cpu_backend_create(0, 1, -1, &ref)) return 1;
@@ -995,7 +872,6 @@ int main(int argc, char **argv) {
     test_mask_logits();
     test_bias_logits();
     test_token_logprobs();
-    test_moe(1);
     backend_free(gpu);
     backend_free(cpu);
     return test_summary("cuda ops");

@@ -844,15 +844,13 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         const struct moe_experts *w = q->moe;
         enum wfmt fu = w->up.fmt, fd = w->down.fmt;
         bool qu = wfmt_quantized(fu), qd = wfmt_quantized(fd);
-        if ((qu && fu != WF_FP8) || (qd && fd != WF_FP8)) // FP8 per row only (cuda_moe.cu)
-            snprintf(buf, sizeof buf, "MoE experts: %s weights (CUDA runs FP8 experts with per-row scales only)",
-                     wfmt_name(qu && fu != WF_FP8 ? fu : fd)), why = buf;
-        else if ((qu || qd) && fu != fd)
-            snprintf(buf, sizeof buf, "MoE experts: %s up and %s down weights (FP8 experts need both FP8)",
-                     wfmt_name(fu), wfmt_name(fd)), why = buf;
-        else if (qu && (w->dim % 16 || w->inter % 16)) // 16 codes a 16-byte load
-            snprintf(buf, sizeof buf, "MoE experts: FP8 weights need hidden and expert sizes that are multiples of "
-                     "16 (%d, %d)", w->dim, w->inter), why = buf;
+        int mult = fu == WF_NVFP4 ? 32 : 16; // codes a 16-byte load of the GEMV (NVFP4: 32, and 2 block scales)
+        if ((qu || qd) && fu != fd) // cuda_moe.cu: one weight type for both
+            snprintf(buf, sizeof buf, "MoE experts: %s up and %s down weights (quantized experts need both in one "
+                     "format)", wfmt_name(fu), wfmt_name(fd)), why = buf;
+        else if (qu && (w->dim % mult || w->inter % mult))
+            snprintf(buf, sizeof buf, "MoE experts: %s weights need hidden and expert sizes that are multiples of "
+                     "%d (%d, %d)", wfmt_name(fu), mult, w->dim, w->inter), why = buf;
         else if (w->num_experts > CUDA_MAX_EXPERTS || q->route->top_k > CUDA_MAX_TOPK)
             snprintf(buf, sizeof buf, "MoE experts: %d experts top-%d", w->num_experts, q->route->top_k), why = buf;
         else if (w->up.fmt != WF_F32 && cuda_moe_smem() > cu(be)->smem_optin)

@@ -4,6 +4,8 @@
 // order (the order of the CPU reference).
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
@@ -191,43 +193,49 @@ static void experts_fmt(cudaStream_t st, const struct weight *w, const float *in
     case WF_F32: experts_mm(st, (const float *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
     case WF_BF16: experts_mm(st, (const __nv_bfloat16 *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
     case WF_F16: experts_mm(st, (const __half *)w->data, in, out, offsets, perm, top_k, E, rows, cols, gather); break;
-    case WF_FP8: break; // FP8 experts take the GEMV or the thin tiles (cu_supports: L, I % 16 == 0)
+    case WF_FP8:
     case WF_FP8_B128:
-    case WF_NVFP4: break; // refused by cu_weight_alloc
+    case WF_NVFP4: break; // quantized experts take the GEMV or the grouped GEMMs (cu_supports: L, I % 16 == 0)
     }
 }
 
-// ---- 16-bit and FP8 weights, decode sizes: GEMV over the active experts ----
-
-#ifndef MOE_GEMV_MAXR // -D override: device builds sweep it against the thin-tile GEMM
-#define MOE_GEMV_MAXR 32 // tokens of the GEMV path (measured: faster than the 128-row grouped GEMM up to 32, slower at 64)
-#endif
-#define MOE_GEMV_MAXA (32 * CUDA_MAX_TOPK) // an expert's assignments a GEMV block holds (n <= 32 tokens)
-static_assert(MOE_GEMV_MAXR <= 32, "the GEMV holds the assignments of at most 32 tokens per expert");
-
-// A 16-byte load of weights of type WT holds WVEC<WT> of them (8 of 16
-// bits, 16 e4m3 codes); unpack8 widens its 8 weights from 8 * half on, to
-// floats exactly (e4m3 -> half -> float, as cuda_quant.cu does).
+// ---- the weight types: 16-bit floats, and the quantized formats' codes ----
+//
+// The expert kernels are templated on the weight type WT: __nv_bfloat16 and
+// __half as they are, or one of the quantized formats (docs/QUANTIZATION.md),
+// whose codes are bytes: __nv_fp8_e4m3 (WF_FP8: a scale per row), fp8b_t
+// (WF_FP8_B128: e4m3 codes, a scale per row and 128 columns), nvfp4_t
+// (WF_NVFP4: two e2m1 codes a byte, element 2i in the low nibble, an e4m3
+// scale per row and 16 columns, then a scale per row). Every code widens
+// exactly: e4m3 -> half -> float; e2m1 x its e4m3 block scale has at most 6
+// significant bits, so it is exact in half, float and bf16.
+struct fp8b_t {
+    uint8_t v;
+};
+struct nvfp4_t {
+    uint8_t v;
+};
 template <typename WT>
-constexpr int WVEC = 16 / (int)sizeof(WT);
-__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, int, float f[8]) {
-    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __bfloat1622float2(h[i]);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
-}
-__device__ __forceinline__ void unpack8(const uint4 &u, const __half *, int, float f[8]) {
-    const __half2 *h = (const __half2 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __half22float2(h[i]);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
-}
-__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_fp8_e4m3 *, int half, float f[8]) {
-    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u + 4 * half;
+constexpr bool IS_Q = sizeof(WT) == 1; // codes: staged in the grouped GEMMs and widened in shared memory
+template <typename WT>
+constexpr bool IS_B128 = std::is_same<WT, fp8b_t>::value;
+template <typename WT>
+constexpr bool IS_FP4 = std::is_same<WT, nvfp4_t>::value;
+template <typename WT>
+constexpr bool BLOCK_SCALED = IS_B128<WT> || IS_FP4<WT>;
+// scaled per row, once on each fp32 sum (the GEMV) or in the grouped GEMMs' epilogue
+template <typename WT>
+constexpr bool ROW_SCALED = std::is_same<WT, __nv_fp8_e4m3>::value || IS_FP4<WT>;
+template <typename WT>
+constexpr int PACK = IS_FP4<WT> ? 2 : 1; // weights a WT holds
+// A 16-byte load of weights of type WT holds WVEC<WT> of them (8 of 16 bits,
+// 16 e4m3 codes, 32 e2m1 codes)
+template <typename WT>
+constexpr int WVEC = 16 / (int)sizeof(WT) * PACK<WT>;
+
+// 8 e4m3 codes (p: 4 pairs, the first of each in the low byte) -> f,
+// exactly (e4m3 -> half -> float, as cuda_quant.cu does).
+__device__ __forceinline__ void e4m3x8(const __nv_fp8x2_storage_t *p, float f[8]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
@@ -235,8 +243,95 @@ __device__ __forceinline__ void unpack8(const uint4 &u, const __nv_fp8_e4m3 *, i
     }
 }
 
-// The scale of weight row r (WF_FP8: scale [rows], applied once to the
-// row's fp32 sum); 16-bit weights have none (s NULL).
+// 8 e4m3 codes of a 128-column block times its fp32 scale (raw bits s):
+// wfmt_dequant's WF_FP8_B128 values.
+__device__ __forceinline__ void e4m3x8_scaled(const __nv_fp8x2_storage_t *p, uint32_t s, float f[8]) {
+    e4m3x8(p, f);
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] *= __uint_as_float(s);
+}
+
+// The e4m3 codes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: a byte
+// table for prmt (bytes 0-3, then 4-7).
+#define E2M1_E4M3_LO 0x3C383000u
+#define E2M1_E4M3_HI 0x4C484440u
+
+// The e4m3 block scale byte b as half in both halves.
+__device__ __forceinline__ __half2 e4m3_bcast(uint32_t b) {
+    return __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(b * 0x101u), __NV_E4M3));
+}
+
+// 8 e2m1 codes (q: code j in bits [4j, 4j + 4), the byte order of memory)
+// times their block scale bs -> f, exactly (wfmt_dequant's e2m1 * e4m3, its
+// row scale left to the caller). No half is ever subnormal: each magnitude
+// becomes its e4m3 code through the byte table (prmt), pairs (j, j + 4) widen
+// to half2, take the codes' sign bits (4j + 3 and 4j + 19 -> 15 and 31: one
+// shift), and are multiplied by bs in half (products in [2^-10, 2688] or 0).
+__device__ __forceinline__ void e2m1x8(uint32_t q, __half2 bs, float f[8]) {
+    uint32_t m = q & 0x77777777u;
+    uint32_t lo = __byte_perm(E2M1_E4M3_LO, E2M1_E4M3_HI, m), hi = __byte_perm(E2M1_E4M3_LO, E2M1_E4M3_HI, m >> 16);
+    uint32_t pr[2] = {__byte_perm(lo, hi, 0x5140), __byte_perm(lo, hi, 0x7362)}; // codes (0 4 1 5), (2 6 3 7)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pr[j >> 1] >> (16 * (j & 1))), __NV_E4M3);
+        uint32_t b = ((uint32_t)r.y << 16 | r.x) ^ ((q << (12 - 4 * j)) & 0x80008000u);
+        r.x = (unsigned short)(b & 0xffffu), r.y = (unsigned short)(b >> 16);
+        float2 v = __half22float2(__hmul2(__half2(r), bs));
+        f[j] = v.x, f[j + 4] = v.y;
+    }
+}
+
+// ---- 16-bit and quantized weights, decode sizes: GEMV over the active experts ----
+
+#ifndef MOE_GEMV_MAXR // -D override: device builds sweep it against the thin-tile GEMM
+#define MOE_GEMV_MAXR 32 // tokens of the GEMV path (measured: faster than the 128-row grouped GEMM up to 32, slower at 64)
+#endif
+#define MOE_GEMV_MAXA (32 * CUDA_MAX_TOPK) // an expert's assignments a GEMV block holds (n <= 32 tokens)
+static_assert(MOE_GEMV_MAXR <= 32, "the GEMV holds the assignments of at most 32 tokens per expert");
+
+// The block scales of the 16-byte load of weight row r from column col, raw:
+// fp8b_t: its 128-column block's fp32 scale (scale [rows, ceil(K / 128)]: a
+// load never straddles two, 128 % 16 == 0); nvfp4_t: the e4m3 scales of its
+// two 16-column blocks, 2 bytes (bscale [rows, K / 16], K % 32 == 0); else 0.
+template <typename WT>
+__device__ __forceinline__ uint32_t load_bscale(const float *scale, const uint8_t *bscale, int64_t r, int K, int col) {
+    if constexpr (IS_B128<WT>) return __float_as_uint(__ldg(scale + r * ((K + WF_B128 - 1) / WF_B128) + col / WF_B128));
+    else if constexpr (IS_FP4<WT>)
+        return __ldg((const unsigned short *)(bscale + r * (K / WF_NVFP4_GROUP) + col / WF_NVFP4_GROUP));
+    else return 0;
+}
+
+// unpack8 widens 8 weights of a 16-byte load u, the hf-th 8 of its WVEC,
+// to floats (bs: the load's block scales from load_bscale): exactly, or
+// for fp8b_t wfmt_dequant's fp32 product e4m3 * scale.
+__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_bfloat16 *, int, uint32_t, float f[8]) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void unpack8(const uint4 &u, const __half *, int, uint32_t, float f[8]) {
+    const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __half22float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void unpack8(const uint4 &u, const __nv_fp8_e4m3 *, int hf, uint32_t, float f[8]) {
+    e4m3x8((const __nv_fp8x2_storage_t *)&u + 4 * hf, f);
+}
+__device__ __forceinline__ void unpack8(const uint4 &u, const fp8b_t *, int hf, uint32_t bs, float f[8]) {
+    e4m3x8_scaled((const __nv_fp8x2_storage_t *)&u + 4 * hf, bs, f);
+}
+__device__ __forceinline__ void unpack8(const uint4 &u, const nvfp4_t *, int hf, uint32_t bs, float f[8]) {
+    e2m1x8((&u.x)[hf], e4m3_bcast((bs >> (8 * (hf >> 1))) & 0xffu), f); // words 0, 1: block 0; 2, 3: block 1
+}
+
+// The scale of weight row r (WF_FP8, WF_NVFP4: scale [rows], applied once
+// to the row's fp32 sum); NULL: none.
 __device__ __forceinline__ float row_scale(const float *s, int64_t r) { return s ? s[r] : 1.0f; }
 
 // The decode schedule, computed by every GEMV block itself (no sort
@@ -279,12 +374,13 @@ __device__ __forceinline__ int moe_decode_expert(const int32_t *ids, int nk, int
 }
 
 // One pass of a warp's 4 weight rows (wrow: row indices, valid) over cnt <=
-// NB assignments (rows): see k_moe_gemv. scale: the weight's row scales
-// (FP8) or NULL.
+// NB assignments (rows): see k_moe_gemv. scale, bscale: the weight's scales
+// (struct weight), or NULL.
 template <typename WT, bool UP, int NB>
-__device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, const float *in, float *out,
-                                              const int *rows, int cnt, const int64_t *wrow, const bool *valid, int o0,
-                                              int k, int K, int I, int N, int gated, enum act kind) {
+__device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, const uint8_t *bscale, const float *in,
+                                              float *out, const int *rows, int cnt, const int64_t *wrow,
+                                              const bool *valid, int o0, int k, int K, int I, int N, int gated,
+                                              enum act kind) {
     constexpr int V = WVEC<WT>;
     int lane = threadIdx.x & 31;
     const float *src[NB];
@@ -295,7 +391,7 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
     }
     const uint4 *wp[4];
 #pragma unroll
-    for (int q = 0; q < 4; q++) wp[q] = (const uint4 *)(w + wrow[q] * K);
+    for (int q = 0; q < 4; q++) wp[q] = (const uint4 *)(w + wrow[q] * (K / PACK<WT>));
     float acc[4][NB];
 #pragma unroll
     for (int q = 0; q < 4; q++)
@@ -305,10 +401,15 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
     for (int c = lane; c < KV; c += 64) {
         bool two = c + 32 < KV;
         uint4 u[2][4];
+        uint32_t bq[2][4]; // the loads' block scales (load_bscale)
 #pragma unroll
         for (int q = 0; q < 4; q++) { // all loads in flight first
             u[0][q] = __ldg(wp[q] + c);
-            if (two) u[1][q] = __ldg(wp[q] + c + 32);
+            bq[0][q] = load_bscale<WT>(scale, bscale, wrow[q], K, c * V);
+            if (two) {
+                u[1][q] = __ldg(wp[q] + c + 32);
+                bq[1][q] = load_bscale<WT>(scale, bscale, wrow[q], K, (c + 32) * V);
+            }
         }
 #pragma unroll
         for (int s = 0; s < 2; s++) {
@@ -318,7 +419,7 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
                 int c8 = (c + 32 * s) * V + hf * 8;
                 float wf[4][8];
 #pragma unroll
-                for (int q = 0; q < 4; q++) unpack8(u[s][q], w, hf, wf[q]);
+                for (int q = 0; q < 4; q++) unpack8(u[s][q], w, hf, bq[s][q], wf[q]);
 #pragma unroll
                 for (int b = 0; b < NB; b++) {
                     if (b >= cnt) break;
@@ -341,7 +442,7 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
         for (int q = 0; q < 4; q++) v[q] = warp_sum(acc[q][b]);
         if (lane) continue;
 #pragma unroll
-        for (int q = 0; q < 4; q++) v[q] *= row_scale(scale, wrow[q]);
+        for (int q = 0; q < 4; q++) v[q] *= row_scale(ROW_SCALED<WT> ? scale : NULL, wrow[q]);
         int64_t r = rows[b];
         if (!UP) { // down
 #pragma unroll
@@ -364,16 +465,22 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
 // assignments, NB per pass (an expert with more reads its rows again, from
 // L2). Each warp streams its 4 rows whole, two 16-byte loads per row and
 // lane in flight (16-bit weights: 8 a load; FP8: 16 e4m3 codes, half the
-// bytes, widened in registers, fp32 sums, the row's scale applied once to
-// each sum), and reduces with shuffles. Up (UP): gated, a warp's rows
-// are gate o, o+1 and up o, o+1 and h[asg, o..o+1] = act(gate) * up; else
-// rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e, y[asg, l..l+3].
-// Rows of h and y are assignments (t * k + j); x rows are the tokens' (UP)
-// or h's; K % WVEC<WT> == 0 (8 or 16). scale: FP8's row scales, else NULL.
+// bytes; NVFP4: 32 e2m1 codes, a quarter, and their two block scales),
+// widened in registers, fp32 sums, and reduces with shuffles. The row scale
+// (FP8, NVFP4) goes on each row's sum once; an FP8 block's scale on each
+// weight as it widens (its 16 codes are in one 128-column block), which
+// makes wfmt_dequant's very value (scaling each load's partial sums instead
+// needs a second set of 4 x NB accumulators: 210-226 registers a thread at
+// NB = 8, one block an SM, against FP8's 128). Up (UP): gated, a warp's
+// rows are gate o, o+1 and up o, o+1 and h[asg, o..o+1] = act(gate) * up;
+// else rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e, y[asg,
+// l..l+3]. Rows of h and y are assignments (t * k + j); x rows are the
+// tokens' (UP) or h's; K % WVEC<WT> == 0 (8, 16 or 32). scale, bscale: the
+// weight's (struct weight), NULL for 16-bit weights.
 template <typename WT, bool UP, int NB>
-__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scale, const float *in, float *out,
-                                                  const int32_t *ids, int nk, int k, int E, int K, int I, int N,
-                                                  int gated, enum act kind) {
+__global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scale, const uint8_t *bscale,
+                                                  const float *in, float *out, const int32_t *ids, int nk, int k, int E,
+                                                  int K, int I, int N, int gated, enum act kind) {
     __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
     __shared__ uint32_t used[MAX_EXPERTS / 32];
     pdl_wait();
@@ -393,8 +500,8 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
         wrow[q] = (int64_t)e * (UP ? U : N) + (valid[q] ? row : 0);
     }
     for (int r0 = 0; r0 < cnt; r0 += NB)
-        moe_gemv_pass<WT, UP, NB>(w, scale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K, I, N, gated,
-                                  kind);
+        moe_gemv_pass<WT, UP, NB>(w, scale, bscale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K, I, N,
+                                  gated, kind);
 }
 
 // ---- 16-bit weights, prefill sizes: a grouped GEMM on tensor cores ----
@@ -446,8 +553,8 @@ __device__ __forceinline__ int tile_expert(const int32_t *mtile_off, int E, int 
 // row r, output columns col, col + 1 (col even). UP gated: the columns are
 // (gate, up) of hidden unit col / 2, h[r, col / 2] = act(gate) * up; UP:
 // h[r, col..] = act(v); both 16-bit h [rows, I]. Down: y [rows, N] fp32.
-// sc: the expert's weight row scales (FP8: up rows [U], down rows [N]),
-// each on its column's sum before the activation; NULL for 16-bit weights.
+// sc: the expert's weight row scales (FP8, NVFP4: up rows [U], down rows
+// [N]), each on its column's sum before the activation; NULL for the others.
 template <typename T, bool UP>
 __device__ __forceinline__ void mma_store(void *out, int64_t r, int col, float v0, float v1, int I, int N, int gated,
                                           enum act kind, const float *sc) {
@@ -465,52 +572,100 @@ __device__ __forceinline__ void mma_store(void *out, int64_t r, int col, float v
     }
 }
 
-// FP8 weights in the grouped GEMMs (WT = __nv_fp8_e4m3, T = bf16): the same
-// tiles and schedule as 16-bit weights; the weights' cp.async stages hold
-// the codes (8 bytes a chunk), and each thread widens the chunks it loaded
-// (e4m3 -> bf16, exact) into one of two bf16 tiles just before the k step
-// that reads them (widen8), so ldmatrix and mma are the 16-bit kernels';
-// the row scales go on the sums in the epilogue (mma_store). Chosen over
-// running the GEMV in passes of 32 tokens, which reads every active
-// expert's weights again per pass (a prefill chunk of 8192 tokens: 256
-// passes over ~1.3 GB a nano30b layer, ~60 ms a layer at 5 TB/s, ~40x the
-// bf16 GEMM). Prefill speed (k_moe_mma): per block and k step the 16-bit
-// kernel moves ~64 KB through shared memory (A 8 KB written, 32 KB read by
-// the warps; B 8 + 16 KB) for 1.05 MFLOP; FP8 adds the codes' 4 KB written
-// and read (~72 KB, +12%) and 16 conversions a thread, under the barrier it
-// already has: expected ~90% of the bf16 prefill. Decode sizes
-// (k_moe_mma_dec) read half the bytes of bf16, with half the bytes in
-// flight per stage.
-template <typename WT>
-constexpr bool IS_FP8 = sizeof(WT) == 1;
+// Quantized weights in the grouped GEMMs (WT a code type, T = bf16): the
+// same tiles and schedule as 16-bit weights; the weights' cp.async stages
+// hold the codes (a chunk of 8 weights: 8 bytes of e4m3, 4 of e2m1), and
+// each thread widens the chunks it loaded into one of two bf16 tiles just
+// before the k step that reads them (widen8), so ldmatrix and mma are the
+// 16-bit kernels'. FP8 (e4m3 -> bf16) and NVFP4 (e2m1 x its e4m3 block
+// scale: at most 6 significant bits) widen exactly; their row scales go on
+// the fp32 sums in the epilogue (mma_store), once per output, rather than
+// on every weight before the bf16 rounding (which would round each weight
+// to 8 bits and cost a multiply a weight). FP8 blocks widen to bf16(e4m3 *
+// scale), the reference's weight rounded once to bf16 (relative 2^-9, as a
+// bf16 checkpoint's): a k step (32) never straddles a 128-column block, so
+// a chunk has one scale, and the 128 x 128 tile keeps its one set of 64
+// accumulators a thread (scaling in the epilogue per k block would need a
+// second set, flushed every 4 k steps). The block scales (one a chunk: a
+// byte for NVFP4, a float for FP8 blocks) are loaded into registers with
+// their chunk's codes, STAGES - 1 k steps ahead, and held there (a ring
+// shifted each step) until the widening, so their latency hides as the
+// codes' does. Chosen over running the GEMV in passes of 32 tokens, which
+// reads every active expert's weights again per pass (a prefill chunk of
+// 8192 tokens: 256 passes over ~1.3 GB a nano30b layer, ~60 ms a layer at 5
+// TB/s, ~40x the bf16 GEMM). Prefill speed (k_moe_mma): per block and k
+// step the 16-bit kernel moves ~64 KB through shared memory (A 8 KB
+// written, 32 KB read by the warps; B 8 + 16 KB) for 1.05 MFLOP; FP8 adds
+// the codes' 4 KB written and read (~72 KB, +12%) and 16 conversions a
+// thread, under the barrier it already has: expected ~90% of the bf16
+// prefill (NVFP4: 2 KB of codes and ~4x the integer work of widening).
+// Decode sizes (k_moe_mma_dec) read half (a quarter) the bytes of bf16.
 
-__device__ __forceinline__ void cp_async8(void *smem, const void *g, bool valid) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    int n = valid ? 8 : 0; // 0: zero-fill
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(g), "r"(n));
+// cp.async of n = 4, 8 or 16 bytes (zero-filled when !valid)
+template <int n>
+__device__ __forceinline__ void cp_async_n(void *smem, const void *g, bool valid) {
+    if constexpr (n == 16) cp_async16(smem, g, valid);
+    else {
+        uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(g), "n"(n), "r"(valid ? n : 0));
+    }
 }
 
-// 8 e4m3 codes at q (8-byte aligned) -> 8 bf16 at t (16-byte aligned):
-// e4m3 -> half -> float -> bf16, each exact.
-__device__ __forceinline__ void widen8(__nv_bfloat16 *t, const uint8_t *q) {
-    uint2 u = *(const uint2 *)q;
-    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
+// The block scale of a grouped GEMM's chunk (8 weights of row r from column
+// col, col % 8 == 0), raw: fp8b_t: the fp32 scale of its 128-column block;
+// nvfp4_t: the e4m3 byte of its 16-column block; else 0.
+template <typename WT>
+__device__ __forceinline__ uint32_t chunk_bscale(const float *scale, const uint8_t *bscale, int64_t r, int K, int col) {
+    if constexpr (IS_FP4<WT>) return __ldg(bscale + r * (K / WF_NVFP4_GROUP) + col / WF_NVFP4_GROUP);
+    else return load_bscale<WT>(scale, bscale, r, K, col);
+}
+
+// 8 floats -> 8 bf16 at t (16-byte aligned), rounded to nearest even.
+__device__ __forceinline__ void store8_bf16(__nv_bfloat16 *t, const float f[8]) {
     uint4 r;
     __nv_bfloat162 *o = (__nv_bfloat162 *)&r;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
-        o[i] = __floats2bfloat162_rn(v.x, v.y);
-    }
+    for (int i = 0; i < 4; i++) o[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
     *(uint4 *)t = r;
 }
 
+// A chunk's 8 codes at q (in shared memory, aligned to their size) -> 8
+// bf16 at t; bs: chunk_bscale's.
+__device__ __forceinline__ void widen8(__nv_bfloat16 *t, const uint8_t *q, const __nv_fp8_e4m3 *, uint32_t) {
+    uint2 u = *(const uint2 *)q;
+    float f[8];
+    e4m3x8((const __nv_fp8x2_storage_t *)&u, f);
+    store8_bf16(t, f);
+}
+__device__ __forceinline__ void widen8(__nv_bfloat16 *t, const uint8_t *q, const fp8b_t *, uint32_t bs) {
+    uint2 u = *(const uint2 *)q;
+    float f[8];
+    e4m3x8_scaled((const __nv_fp8x2_storage_t *)&u, bs, f); // wfmt_dequant's values, then rounded to bf16
+    store8_bf16(t, f);
+}
+__device__ __forceinline__ void widen8(__nv_bfloat16 *t, const uint8_t *q, const nvfp4_t *, uint32_t bs) {
+    float f[8];
+    e2m1x8(*(const uint32_t *)q, e4m3_bcast(bs), f);
+    store8_bf16(t, f);
+}
+
+// Bytes of a weight chunk's cp.async (8 weights) and of a weight row's codes
+// in one k step of bk columns.
+template <typename WT>
+constexpr int CHUNK_BYTES = 8 * (int)sizeof(WT) / PACK<WT>;
+template <typename WT>
+__host__ __device__ constexpr int code_bytes(int bk) {
+    return bk * (int)sizeof(WT) / PACK<WT>;
+}
+
 // Shared memory of k_moe_mma: A stages [TSTAGES][TBM][TPAD], then the
-// weights' (16 bits: stages [TSTAGES][TBN][TPAD]; FP8: two bf16 tiles
-// [2][TBN][TPAD], then the codes' stages [TSTAGES][TBN][TBK] bytes).
-static size_t mma_smem(bool fp8) {
+// weights' (16 bits: stages [TSTAGES][TBN][TPAD]; codes: two bf16 tiles
+// [2][TBN][TPAD], then the codes' stages [TSTAGES][TBN] x code_bytes(TBK)).
+template <typename WT>
+static size_t mma_smem() {
     size_t a = (size_t)TSTAGES * TBM * TPAD * 2;
-    return fp8 ? a + 2 * (size_t)TBN * TPAD * 2 + (size_t)TSTAGES * TBN * TBK : a + (size_t)TSTAGES * TBN * TPAD * 2;
+    return IS_Q<WT> ? a + 2 * (size_t)TBN * TPAD * 2 + (size_t)TSTAGES * TBN * code_bytes<WT>(TBK)
+                    : a + (size_t)TSTAGES * TBN * TPAD * 2;
 }
 
 // The weight row a grouped GEMM's tile row reads for expert e (n: the tile's
@@ -528,42 +683,75 @@ __device__ __forceinline__ int64_t moe_wrow(int e, int n, int U, int I, int N, i
     return (int64_t)e * (UP ? U : N) + (*valid ? n : 0);
 }
 
+// The block scales of a thread's NCH weight chunks (block-scaled formats;
+// nothing for the others) for the k steps in flight: during step kt, v[p][i]
+// is chunk i's at step kt + p (p < S - 1). fetch(p, ...) fills slot p (p
+// constant after unrolling: registers) from the chunks' weight rows wr at
+// column col; shift() moves every slot down one at the end of a step.
+template <typename WT, int S, int NCH>
+struct bscale_ring {
+    uint32_t v[S - 1][NCH] = {}; // zeros for the formats without block scales (widen8 ignores them)
+    __device__ __forceinline__ void fetch(int p, const float *scale, const uint8_t *bscale, const int64_t *wr, int K,
+                                          int col) {
+        if constexpr (BLOCK_SCALED<WT>) {
+#pragma unroll
+            for (int i = 0; i < NCH; i++) v[p][i] = col < K ? chunk_bscale<WT>(scale, bscale, wr[i], K, col) : 0;
+        }
+    }
+    __device__ __forceinline__ void shift() {
+        if constexpr (BLOCK_SCALED<WT>) {
+#pragma unroll
+            for (int p = 0; p + 1 < S - 1; p++)
+#pragma unroll
+                for (int i = 0; i < NCH; i++) v[p][i] = v[p + 1][i];
+        }
+    }
+};
+
 template <typename T, typename WT, bool UP>
-__global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const float *wscale, void *out,
-                                                 const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm,
-                                                 int E, int k, int K, int I, int N, int gated, enum act kind) {
+__global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const float *wscale, const uint8_t *wbscale,
+                                                 void *out, const int32_t *offsets, const int32_t *mtile_off,
+                                                 const int32_t *perm, int E, int k, int K, int I, int N, int gated,
+                                                 enum act kind) {
     extern __shared__ __align__(16) unsigned char tsm[];
-    constexpr bool FP8 = IS_FP8<WT>;
-    T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD; // 16 bits: the weights' stages; FP8: the two bf16 tiles
-    uint8_t *Bq = (uint8_t *)(Bs + 2 * TBN * TPAD);     // FP8: the codes' stages
+    constexpr bool Q = IS_Q<WT>;
+    constexpr int QB = code_bytes<WT>(TBK);             // a weight row's code bytes a stage
+    T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD; // 16 bits: the weights' stages; codes: the two bf16 tiles
+    uint8_t *Bq = (uint8_t *)(Bs + 2 * TBN * TPAD);     // codes: their stages
     int NT = (N + TBN - 1) / TBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
     if (mt >= mtile_off[E]) return;
     int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * TBM, rows = min(TBM, offsets[e + 1] - r0);
     int n0 = nt * TBN, U = gated ? 2 * I : I, tid = threadIdx.x;
-    // this thread's two 16-byte chunks of each tile: rows tid/4 and tid/4 + 64, chunk tid % 4
+    // this thread's two chunks of 8 columns of each tile: rows tid/4 and tid/4 + 64, chunk tid % 4
+    int c = (tid % 4) * 8;
     const T *ga[2];
     const WT *gb[2];
+    int64_t wr[2]; // the chunks' weight rows
     bool va[2], vb[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        int row = tid / 4 + i * 64, c = (tid % 4) * 8;
+        int row = tid / 4 + i * 64;
         va[i] = row < rows;
         int r = r0 + (va[i] ? row : 0);
         ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
-        gb[i] = W + moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]) * K + c;
+        wr[i] = moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]);
+        gb[i] = W + (wr[i] * K + c) / PACK<WT>;
     }
     int KT = (K + TBK - 1) / TBK;
     auto load = [&](int stage, int kt) {
-        int k0 = kt * TBK, c = (tid % 4) * 8;
+        int k0 = kt * TBK;
+        bool kin = k0 + c < K; // K % 8 == 0: a chunk is all in or all out
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             int row = tid / 4 + i * 64;
-            bool kin = k0 + c < K;
             cp_async16(As + (stage * TBM + row) * TPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
-            if constexpr (FP8) cp_async8(Bq + (stage * TBN + row) * TBK + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            if constexpr (Q)
+                cp_async_n<CHUNK_BYTES<WT>>(Bq + (stage * TBN + row) * QB + c / PACK<WT>,
+                                            gb[i] + (kin ? k0 : 0) / PACK<WT>, vb[i] && kin);
             else cp_async16(Bs + (stage * TBN + row) * TPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
         }
     };
+    bscale_ring<WT, TSTAGES, 2> bsr;
     int warp = tid >> 5, lane = tid & 31, wm = warp >> 2, wn = warp & 3; // warp tile rows wm*64, cols wn*32
     float acc[4][4][4];
 #pragma unroll
@@ -574,25 +762,26 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0;
 #pragma unroll
     for (int s = 0; s < TSTAGES - 1; s++) {
-        if (s < KT) load(s, s);
+        if (s < KT) load(s, s), bsr.fetch(s, wscale, wbscale, wr, K, s * TBK + c);
         asm volatile("cp.async.commit_group;\n");
     }
     for (int kt = 0; kt < KT; kt++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(TSTAGES - 2));
-        if constexpr (FP8) { // as in k_moe_mma_dec: this thread's chunks of step kt into bf16 tile kt & 1
-            const uint8_t *q8 = Bq + (kt % TSTAGES) * TBN * TBK;
+        if constexpr (Q) { // as in k_moe_mma_dec: this thread's chunks of step kt into bf16 tile kt & 1
+            const uint8_t *q8 = Bq + (kt % TSTAGES) * TBN * QB;
             T *bt = Bs + (kt & 1) * TBN * TPAD;
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                int row = tid / 4 + i * 64, c = (tid % 4) * 8;
-                widen8(bt + row * TPAD + c, q8 + row * TBK + c);
+                int row = tid / 4 + i * 64;
+                widen8(bt + row * TPAD + c, q8 + row * QB + c / PACK<WT>, W, bsr.v[0][i]);
             }
+            bsr.shift();
         }
         __syncthreads();
         int nx = kt + TSTAGES - 1; // refill the stage every warp finished with
-        if (nx < KT) load(nx % TSTAGES, nx);
+        if (nx < KT) load(nx % TSTAGES, nx), bsr.fetch(TSTAGES - 2, wscale, wbscale, wr, K, nx * TBK + c);
         asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % TSTAGES) * TBM * TPAD, *bs = Bs + (FP8 ? kt & 1 : kt % TSTAGES) * TBN * TPAD;
+        const T *as = As + (kt % TSTAGES) * TBM * TPAD, *bs = Bs + (Q ? kt & 1 : kt % TSTAGES) * TBN * TPAD;
 #pragma unroll
         for (int kk = 0; kk < TBK; kk += 16) {
             uint32_t af[4][4], bf[4][2];
@@ -612,7 +801,7 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
         }
     }
     asm volatile("cp.async.wait_group 0;\n");
-    const float *sc = FP8 ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
+    const float *sc = ROW_SCALED<WT> ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
     // epilogue: thread holds rows lane/4 (+8) and column pair (lane%4)*2 of each 16 x 8 tile
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -627,7 +816,7 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
         }
 }
 
-// ---- 16-bit and FP8 weights, above the GEMV: a grouped GEMM of thin row tiles ----
+// ---- 16-bit and quantized weights, above the GEMV: a grouped GEMM of thin row tiles ----
 //
 // Between the GEMV and prefill sizes nearly every expert is used by a few
 // rows (nano30b at 64 tokens: ~122 of 128 experts, ~3 rows each), so a step
@@ -663,23 +852,26 @@ static_assert(DBM % 16 == 0 && DBK % 16 == 0 && DTHREADS / 32 * 32 == DBN && DTH
               "thin tile layout");
 
 // Shared memory of k_moe_mma_dec: A stages [DSTAGES][DBM][DPAD], then the
-// weights' (16 bits: stages [DSTAGES][DBN][DPAD]; FP8: two bf16 tiles
-// [2][DBN][DPAD], then the codes' stages [DSTAGES][DBN][DBK] bytes).
-static size_t mma_dec_smem(bool fp8) {
+// weights' (16 bits: stages [DSTAGES][DBN][DPAD]; codes: two bf16 tiles
+// [2][DBN][DPAD], then the codes' stages [DSTAGES][DBN] x code_bytes(DBK)).
+template <typename WT>
+static size_t mma_dec_smem() {
     size_t a = (size_t)DSTAGES * DBM * DPAD * 2;
-    return fp8 ? a + 2 * (size_t)DBN * DPAD * 2 + (size_t)DSTAGES * DBN * DBK : a + (size_t)DSTAGES * DBN * DPAD * 2;
+    return IS_Q<WT> ? a + 2 * (size_t)DBN * DPAD * 2 + (size_t)DSTAGES * DBN * code_bytes<WT>(DBK)
+                    : a + (size_t)DSTAGES * DBN * DPAD * 2;
 }
 
 template <typename T, typename WT, bool UP>
-__global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *W, const float *wscale, void *out,
-                                                          const int32_t *offsets, const int32_t *mtile_off,
-                                                          const int32_t *perm, int E, int k, int K, int I, int N,
-                                                          int gated, enum act kind) {
+__global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *W, const float *wscale,
+                                                          const uint8_t *wbscale, void *out, const int32_t *offsets,
+                                                          const int32_t *mtile_off, const int32_t *perm, int E, int k,
+                                                          int K, int I, int N, int gated, enum act kind) {
     extern __shared__ __align__(16) unsigned char tsm[];
-    constexpr bool FP8 = IS_FP8<WT>;
-    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD; // 16 bits: the weights' stages; FP8: the two bf16 tiles
-    uint8_t *Bq = (uint8_t *)(Bs + 2 * DBN * DPAD);     // FP8: the codes' stages
-    // a thread's 16-byte chunks of a stage: chunk tid % CPR of rows tid / CPR + i * RPP
+    constexpr bool Q = IS_Q<WT>;
+    constexpr int QB = code_bytes<WT>(DBK);             // a weight row's code bytes a stage
+    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD; // 16 bits: the weights' stages; codes: the two bf16 tiles
+    uint8_t *Bq = (uint8_t *)(Bs + 2 * DBN * DPAD);     // codes: their stages
+    // a thread's chunks of 8 columns of a stage: chunk tid % CPR of rows tid / CPR + i * RPP
     constexpr int CPR = DBK / 8, RPP = DTHREADS / CPR, MI = DBM / 16;
     constexpr int ACH = (DBM + RPP - 1) / RPP, BCH = DBN / RPP;
     pdl_wait();
@@ -691,6 +883,7 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
     int c = (tid % CPR) * 8;
     const T *ga[ACH];
     const WT *gb[BCH];
+    int64_t wr[BCH]; // the weight chunks' rows
     bool va[ACH], vb[BCH];
 #pragma unroll
     for (int i = 0; i < ACH; i++) { // A: the segment's rows (UP: their tokens' x), zero past rows
@@ -702,7 +895,8 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
 #pragma unroll
     for (int i = 0; i < BCH; i++) {
         int row = tid / CPR + i * RPP;
-        gb[i] = W + moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]) * K + c;
+        wr[i] = moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]);
+        gb[i] = W + (wr[i] * K + c) / PACK<WT>;
     }
     int KT = (K + DBK - 1) / DBK;
     auto load = [&](int stage, int kt) {
@@ -716,10 +910,13 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
 #pragma unroll
         for (int i = 0; i < BCH; i++) {
             int row = tid / CPR + i * RPP;
-            if constexpr (FP8) cp_async8(Bq + (stage * DBN + row) * DBK + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            if constexpr (Q)
+                cp_async_n<CHUNK_BYTES<WT>>(Bq + (stage * DBN + row) * QB + c / PACK<WT>,
+                                            gb[i] + (kin ? k0 : 0) / PACK<WT>, vb[i] && kin);
             else cp_async16(Bs + (stage * DBN + row) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
         }
     };
+    bscale_ring<WT, DSTAGES, BCH> bsr;
     int warp = tid >> 5, lane = tid & 31; // warp tile: all DBM rows, columns warp * 32
     float acc[MI][4][4];
 #pragma unroll
@@ -730,26 +927,27 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0;
 #pragma unroll
     for (int s = 0; s < DSTAGES - 1; s++) {
-        if (s < KT) load(s, s);
+        if (s < KT) load(s, s), bsr.fetch(s, wscale, wbscale, wr, K, s * DBK + c);
         asm volatile("cp.async.commit_group;\n");
     }
     for (int kt = 0; kt < KT; kt++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(DSTAGES - 2));
-        if constexpr (FP8) { // this thread's own chunks of step kt have landed: widen them into
-                             // bf16 tile kt & 1 (last read at step kt - 2, before the previous barrier)
-            const uint8_t *q8 = Bq + (kt % DSTAGES) * DBN * DBK;
+        if constexpr (Q) { // this thread's own chunks of step kt have landed: widen them into
+                           // bf16 tile kt & 1 (last read at step kt - 2, before the previous barrier)
+            const uint8_t *q8 = Bq + (kt % DSTAGES) * DBN * QB;
             T *bt = Bs + (kt & 1) * DBN * DPAD;
 #pragma unroll
             for (int i = 0; i < BCH; i++) {
                 int row = tid / CPR + i * RPP;
-                widen8(bt + row * DPAD + c, q8 + row * DBK + c);
+                widen8(bt + row * DPAD + c, q8 + row * QB + c / PACK<WT>, W, bsr.v[0][i]);
             }
+            bsr.shift();
         }
         __syncthreads();
         int nx = kt + DSTAGES - 1; // refill the stage every warp finished with
-        if (nx < KT) load(nx % DSTAGES, nx);
+        if (nx < KT) load(nx % DSTAGES, nx), bsr.fetch(DSTAGES - 2, wscale, wbscale, wr, K, nx * DBK + c);
         asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (FP8 ? kt & 1 : kt % DSTAGES) * DBN * DPAD;
+        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (Q ? kt & 1 : kt % DSTAGES) * DBN * DPAD;
 #pragma unroll
         for (int kk = 0; kk < DBK; kk += 16) {
             uint32_t af[MI][4], bf[4][2];
@@ -768,7 +966,7 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
         }
     }
     asm volatile("cp.async.wait_group 0;\n");
-    const float *sc = FP8 ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
+    const float *sc = ROW_SCALED<WT> ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
@@ -789,18 +987,19 @@ static void dec_experts(cudaStream_t st, const struct moe_experts *w, const T *x
                         const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int mtiles = cdiv(nk, DBM) + (nk < E ? nk : E);
-    size_t sm = mma_dec_smem(IS_FP8<WT>);
+    size_t sm = mma_dec_smem<WT>();
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, WT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, WT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     launch_pdl(k_moe_mma_dec<T, WT, true>, mtiles * cdiv(U, DBN), DTHREADS, sm, st, xb, (const WT *)w->up.data,
-               (const float *)w->up.scale, (void *)h, offsets, mtile_off, perm, E, top_k, L, I, U, w->gated, w->act);
+               (const float *)w->up.scale, (const uint8_t *)w->up.bscale, (void *)h, offsets, mtile_off, perm, E,
+               top_k, L, I, U, w->gated, w->act);
     launch_pdl(k_moe_mma_dec<T, WT, false>, mtiles * cdiv(L, DBN), DTHREADS, sm, st, (const T *)h,
-               (const WT *)w->down.data, (const float *)w->down.scale, (void *)y, offsets, mtile_off, perm, E, top_k,
-               I, I, L, 0, w->act);
+               (const WT *)w->down.data, (const float *)w->down.scale, (const uint8_t *)w->down.bscale, (void *)y,
+               offsets, mtile_off, perm, E, top_k, I, I, L, 0, w->act);
 }
 
-// 16-bit or FP8 weights (WT) with T activations: x rounded to T, then the
-// thin tiles (dec) or the 128-row tiles.
+// 16-bit or quantized weights (WT) with T activations: x rounded to T, then
+// the thin tiles (dec) or the 128-row tiles.
 template <typename T, typename WT>
 static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, T *xb, T *h,
                        float *y, const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n,
@@ -813,17 +1012,17 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
         return;
     }
     int mtiles = cdiv(nk, TBM) + (nk < E ? nk : E); // at most: each active expert adds one partial tile
-    size_t sm = mma_smem(IS_FP8<WT>); // over the 48 KB default: opt in (per call: cheap, and right on every device)
+    size_t sm = mma_smem<WT>(); // over the 48 KB default: opt in (per call: cheap, and right on every device)
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, WT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, WT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     (void)be;
-    k_moe_mma<T, WT, true><<<mtiles * cdiv(U, TBN), 256, sm, st>>>(xb, (const WT *)w->up.data,
-                                                                   (const float *)w->up.scale, h, offsets, mtile_off,
-                                                                   perm, E, top_k, L, I, U, w->gated, w->act);
+    k_moe_mma<T, WT, true><<<mtiles * cdiv(U, TBN), 256, sm, st>>>(
+        xb, (const WT *)w->up.data, (const float *)w->up.scale, (const uint8_t *)w->up.bscale, h, offsets, mtile_off,
+        perm, E, top_k, L, I, U, w->gated, w->act);
     LAUNCH_CHECK();
-    k_moe_mma<T, WT, false><<<mtiles * cdiv(L, TBN), 256, sm, st>>>(h, (const WT *)w->down.data,
-                                                                    (const float *)w->down.scale, y, offsets,
-                                                                    mtile_off, perm, E, top_k, I, I, L, 0, w->act);
+    k_moe_mma<T, WT, false><<<mtiles * cdiv(L, TBN), 256, sm, st>>>(
+        h, (const WT *)w->down.data, (const float *)w->down.scale, (const uint8_t *)w->down.bscale, y, offsets,
+        mtile_off, perm, E, top_k, I, I, L, 0, w->act);
     LAUNCH_CHECK();
 }
 
@@ -834,10 +1033,10 @@ static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const 
                             const int32_t *ids, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
     dim3 gu(cdiv(I, w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
-    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, (const float *)w->up.scale, x, h, ids,
-               nk, top_k, E, L, I, I, w->gated, w->act);
+    launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, (const float *)w->up.scale,
+               (const uint8_t *)w->up.bscale, x, h, ids, nk, top_k, E, L, I, I, w->gated, w->act);
     launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)w->down.scale,
-               (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act);
+               (const uint8_t *)w->down.bscale, (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act);
 }
 
 template <typename T>
@@ -849,8 +1048,9 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
-size_t cuda_moe_smem(void) {
-    return MAX(MAX(mma_smem(false), mma_smem(true)), MAX(mma_dec_smem(false), mma_dec_smem(true)));
+size_t cuda_moe_smem(void) { // the codes' stages are largest for FP8 (fp8b_t the same), smallest for NVFP4
+    return MAX(MAX(mma_smem<__nv_bfloat16>(), mma_smem<__nv_fp8_e4m3>()),
+               MAX(mma_dec_smem<__nv_bfloat16>(), mma_dec_smem<__nv_fp8_e4m3>()));
 }
 
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
@@ -866,9 +1066,9 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
 // active experts up to MOE_GEMV_MAXR tokens, the thin-tile grouped GEMM up
 // to MOE_DEC_MAXN, the 128 x 128 tensor-core grouped GEMM above (K % 8 == 0
-// for 16-byte loads; else the SIMT path). FP8 (up and down both, L and I
-// multiples of 16: cu_supports): the same paths, the grouped GEMMs with bf16
-// activations.
+// for 16-byte loads; else the SIMT path). Quantized (FP8, FP8 blocks,
+// NVFP4; up and down in one format, L and I multiples of 16, 32 for NVFP4:
+// cu_supports): the same paths, the grouped GEMMs with bf16 activations.
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
@@ -882,22 +1082,41 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     enum wfmt f = w->up.fmt;
     const int32_t *rows = NULL; // y's row of each assignment: itself (the GEMV), or slot_of (sorted)
     if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) { // no sort
-        if (f == WF_FP8) gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k);
-        else if (f == WF_BF16) gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k);
-        else gemv_experts<__half>(st, w, x, h, y, ids, n, top_k);
+        switch (f) {
+        case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k); break;
+        case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k); break;
+        case WF_FP8: gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k); break;
+        case WF_FP8_B128: gemv_experts<fp8b_t>(st, w, x, h, y, ids, n, top_k); break;
+        case WF_NVFP4: gemv_experts<nvfp4_t>(st, w, x, h, y, ids, n, top_k); break;
+        case WF_F32: break; // not here
+        }
     } else {
         int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
         bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && n <= MOE_DEC_MAXN;
         launch_pdl(k_moe_sort, 1, sort_threads, 0, st, ids, nk, E, dec ? DBM : TBM, offsets, mtile_off, perm, slot_of);
         rows = slot_of;
         __nv_bfloat16 *xb16 = (__nv_bfloat16 *)xb, *h16 = (__nv_bfloat16 *)h;
-        if (tc && f == WF_FP8)
-            tc_experts<__nv_bfloat16, __nv_fp8_e4m3>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k, dec);
-        else if (tc && f == WF_BF16)
-            tc_experts<__nv_bfloat16, __nv_bfloat16>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k, dec);
-        else if (tc)
-            tc_experts<__half, __half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n, top_k,
-                                       dec);
+        if (tc) switch (f) {
+            case WF_BF16:
+                tc_experts<__nv_bfloat16, __nv_bfloat16>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k,
+                                                         dec);
+                break;
+            case WF_F16:
+                tc_experts<__half, __half>(be, st, w, x, (__half *)xb, (__half *)h, y, offsets, mtile_off, perm, n,
+                                           top_k, dec);
+                break;
+            case WF_FP8:
+                tc_experts<__nv_bfloat16, __nv_fp8_e4m3>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k,
+                                                         dec);
+                break;
+            case WF_FP8_B128:
+                tc_experts<__nv_bfloat16, fp8b_t>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k, dec);
+                break;
+            case WF_NVFP4:
+                tc_experts<__nv_bfloat16, nvfp4_t>(be, st, w, x, xb16, h16, y, offsets, mtile_off, perm, n, top_k, dec);
+                break;
+            case WF_F32: break; // not tc
+            }
         else {
             experts_fmt(st, &w->up, x, gu, offsets, perm, top_k, E, U, L, true);
             int64_t nh = (int64_t)nk * I;
