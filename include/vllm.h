@@ -71,7 +71,11 @@ struct vllm_engine_params {
     int num_threads;            // CPU threads (0: the cores present)
     int tensor_parallel_size;   // ranks the model is split over: GPUs (default 1)
     uint64_t seed;              // dummy weights and unseeded sampling
-    const char *kv_cache_dtype; // "auto" (the weights' 16-bit type on CUDA, float32 on the CPU), "float32", "bfloat16"
+    // "auto" (the weights' 16-bit type on CUDA, float32 on the CPU), "float32",
+    // "bfloat16" (CUDA), or "fp8" / "fp8_e4m3": e4m3 codes (half the bytes of
+    // bf16, so twice the blocks in a budget) of x / k_scale and x / v_scale,
+    // the checkpoint's per-layer scales or 1 (docs/QUANTIZATION.md)
+    const char *kv_cache_dtype;
     // Prefix caching: a request reuses the KV blocks and recurrent-state
     // checkpoints of a prefix that earlier requests computed.
     int enable_prefix_caching;     // default 0 (`vllm serve` turns it on)
@@ -112,6 +116,7 @@ struct vllm_model_info {
     int has_chat_template;
     int num_kv_blocks;        // KV capacity, in blocks
     int block_size;
+    const char *kv_cache_dtype; // what the KV cache holds: "float32", "bfloat16" or "fp8_e4m3"
     int num_state_slots;      // recurrent-state slots (max_num_seqs)
     int64_t kv_cache_bytes;
     int64_t state_bytes;

@@ -51,6 +51,7 @@ int attn_load(struct lm *m, struct loader *l, const char *p, const struct attn_c
     int kvh = MAX(c->kv_heads / m->tp, 1), kv0 = m->rank * c->kv_heads / m->tp;
     a->d = (struct attn_dims){c->heads / m->tp, kvh, c->head_dim, 0, c->scale > 0 ? c->scale : 1.0f / sqrtf((float)Dh),
                               1.0f, 1.0f};
+    TRY(loader_kv_scales(l, p, &a->d.k_scale, &a->d.v_scale)); // the checkpoint's, for an fp8 KV cache
     a->rope = c->rope;
     a->norm_eps = c->norm_eps;
     struct span qs = lm_part(m, q), ks = {kv0 * Dh, kvh * Dh};
