@@ -7,6 +7,11 @@ if(VLLM_CUDA)
   # the weight-only FP8 GEMV against the CPU reference's matmul on the same weight
   vllm_test_exe(test_cuda_fp8 cuda/test_cuda_fp8.c)
   add_test(NAME gpu_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_fp8>)
+  # the fp8 KV cache: kv_write / qk_norm_rope codes and attention (decode, flash and
+  # split-KV prefill, long contexts, fixed shapes, a recorded graph) against the
+  # CPU reference on the same fp8 cache
+  vllm_test_exe(test_cuda_kv_fp8 cuda/test_cuda_kv_fp8.c)
+  add_test(NAME gpu_kv_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_kv_fp8>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode

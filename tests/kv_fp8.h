@@ -42,9 +42,9 @@ static inline uint8_t tk_code(float x) {
 // halfway between two codes in each binade and among the subnormals, an
 // underflow to zero, negative zero).
 static inline void tk_fill(float *x, size_t n, float mag) {
-    static const float corner[] = {448.0f,      -460.0f,     1000.0f,     -INFINITY, 464.0f,  0.65625f,
-                                   -0.71875f,   -0.10546875f, 0x1.8p-9f,  0x1.4p-8f, 0x1.ep-7f, -0x1.0p-10f,
-                                   1.0e-4f,     -0.0f,       3.0e-3f,     240.0f,    248.0f,  0x1.8p-8f};
+    static const float corner[] = {448.0f,    -460.0f,      1000.0f,   -INFINITY, 464.0f,    0.65625f,
+                                   -0.71875f, -0.10546875f, 0x1.8p-9f, 0x1.4p-8f, 0x1.ep-7f, -0x1.0p-10f,
+                                   1.0e-4f,   -0.0f,        3.0e-3f,   240.0f,    248.0f,    0x1.8p-8f};
     test_fill(x, n, mag);
     for (size_t i = 0; i < n; i += 16) x[i] = corner[(i / 16) % (sizeof corner / sizeof corner[0])];
 }

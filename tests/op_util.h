@@ -69,11 +69,11 @@ static inline void test_batch_make(struct test_batch *h, int n, const int *qlen,
 }
 
 // Decode and prefill sequences in scattered slots (continued or from zeros)
-// and scattered KV blocks of bs tokens, 64 blocks a sequence (a pool of
-// 16 * 64 blocks).
-static inline void test_batch_paged(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *init,
-                                    int nd, int bs) {
-    int slot[TB_SEQS], src[TB_SEQS], mb = 64;
+// and scattered KV blocks of bs tokens, mb blocks a sequence (a pool of
+// 16 * mb blocks; n * mb <= TB_SEQS * 64).
+static inline void test_batch_blocks(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *init,
+                                     int nd, int bs, int mb) {
+    int slot[TB_SEQS], src[TB_SEQS];
     for (int s = 0; s < n; s++) slot[s] = (s * 5 + 3) % 16, src[s] = init[s] ? slot[s] : -1;
     test_batch_make(h, n, qlen, ctx, slot, src, nd);
     h->b.max_blocks_per_seq = mb;
@@ -84,6 +84,11 @@ static inline void test_batch_paged(struct test_batch *h, int n, const int *qlen
             h->slot_map[t] = h->btab[s * mb + p / bs] * bs + p % bs;
         }
     }
+}
+// The same with 64 blocks a sequence.
+static inline void test_batch_paged(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *init,
+                                    int nd, int bs) {
+    test_batch_blocks(h, n, qlen, ctx, init, nd, bs, 64);
 }
 
 #endif

@@ -64,14 +64,16 @@ static void test_codes(struct backend *be, const char *path, float ks, float vs)
     struct test_batch h;
     test_batch_paged(&h, S, qlen, ctx, init, nd, d.block_size);
     h.slot_map[1] = -1; // a token without a KV slot writes nothing
-    int T = h.b.num_tokens, hd = d.head_dim, qd = d.heads * hd, kvd = d.kv_heads * hd, ld = qd + 2 * kvd + 3, maxp = 128;
+    int T = h.b.num_tokens, hd = d.head_dim, qd = d.heads * hd, kvd = d.kv_heads * hd, ld = qd + 2 * kvd + 3,
+        maxp = 128;
     size_t cn = (size_t)16 * 64 * d.block_size * kvd;
     float *qkv = xmalloc(sizeof(float) * T * ld), *tab = test_rnd((size_t)maxp * hd, 1), *w = test_rnd(2 * hd, 1);
     tk_fill(qkv, (size_t)T * ld, 4.0f);
     uint8_t *kc = xcalloc(cn, 1), *vc = xcalloc(cn, 1);
     be->kv_dtype = DT_FP8;
     be->ops->kv_write(be, kc, vc, qkv, ld, &h.b, &d);
-    long bk = bad_codes(kc, qkv + qd, h.slot_map, T, ld, kvd, ks), bv = bad_codes(vc, qkv + qd + kvd, h.slot_map, T, ld, kvd, vs);
+    long bk = bad_codes(kc, qkv + qd, h.slot_map, T, ld, kvd, ks),
+         bv = bad_codes(vc, qkv + qd + kvd, h.slot_map, T, ld, kvd, vs);
     printf("%s kv_write, scales %g / %g: %ld + %ld of %d codes differ from the encoder's\n", path, ks, vs, bk, bv,
            2 * (T - 1) * kvd);
     CHECKF(bk == 0 && bv == 0, "%s kv_write: codes differ", path);
@@ -81,7 +83,8 @@ static void test_codes(struct backend *be, const char *path, float ks, float vs)
     for (int i = 0; i < hd; i++) w[hd + i] *= 300;
     memset(kc, 0, cn), memset(vc, 0, cn);
     be->ops->qk_norm_rope(be, qkv, ld, w, w + hd, 1e-6f, tab, kc, vc, &h.b, &d);
-    bk = bad_codes(kc, qkv + qd, h.slot_map, T, ld, kvd, ks), bv = bad_codes(vc, qkv + qd + kvd, h.slot_map, T, ld, kvd, vs);
+    bk = bad_codes(kc, qkv + qd, h.slot_map, T, ld, kvd, ks),
+    bv = bad_codes(vc, qkv + qd + kvd, h.slot_map, T, ld, kvd, vs);
     printf("%s qk_norm_rope, scales %g / %g: %ld + %ld codes differ\n", path, ks, vs, bk, bv);
     CHECKF(bk == 0 && bv == 0, "%s qk_norm_rope: codes differ", path);
     be->kv_dtype = DT_F32;
@@ -141,7 +144,8 @@ static void fill_context(const struct test_batch *h, int S, const int *ctx, cons
 }
 
 static void test_attention(const struct attn_case *ac, int best) {
-    struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, ac->bs, 1.0f / sqrtf((float)ac->head_dim), ac->ks, ac->vs};
+    struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, ac->bs, 1.0f / sqrtf((float)ac->head_dim), ac->ks,
+                          ac->vs};
     int qlen[] = {1, 1, 1, 120, 9, 1, 33}, ctx[] = {1000, 13, 255, 0, 300, 0, 64}, init[] = {1, 1, 1, 0, 1, 0, 1};
     int S = 7, nd = 3;
     struct test_batch h;
@@ -171,8 +175,8 @@ static void test_attention(const struct attn_case *ac, int best) {
     ref->ops->attn_prefill(ref, o32, qkv, ld, k32, v32, &h.b, nd, S, &d);
     double e_deq = max_rel(o8, od, no), e32 = max_rel(o8, o32, no);
     printf("attention %d/%d heads of %d, block %d, scales %g / %g, %d tokens: the fp8 cache vs its values in fp32 "
-           "%.2e (exact), vs the fp32 cache %.2e (bound %.1e)\n", d.heads, d.kv_heads, d.head_dim, d.block_size,
-           d.k_scale, d.v_scale, T, e_deq, e32, ATTN_BOUND);
+           "%.2e (exact), vs the fp32 cache %.2e (bound %.1e)\n",
+           d.heads, d.kv_heads, d.head_dim, d.block_size, d.k_scale, d.v_scale, T, e_deq, e32, ATTN_BOUND);
     CHECKF(e_deq == 0, "fp8 cache reads differ from e4m3 * scale (%.3g)", e_deq);
     CHECKF(e32 > 0 && e32 <= ATTN_BOUND, "fp8 cache vs fp32 cache: %.3g (bound %.1e)", e32, ATTN_BOUND);
     for (int i = FAST_SCALAR; i <= best; i++) { // the fast path of each kernel set on the same fp8 cache
@@ -198,9 +202,10 @@ static void test_backend(void) {
     struct mla_dims md = {4, 8, 8, 8, 32, 16, 0.1f};
     struct attn_dims ad = {4, 2, 16, 16, 0.25f, 1, 1};
     if (be) {
-        CHECK(be->ops->supports(be, &(struct op_query){.op = OP_ATTN, .max_tokens = 8, .max_seq_len = 64, .attn = &ad}) ==
-              VLLM_OK);
-        int rc = be->ops->supports(be, &(struct op_query){.op = OP_MLA, .max_tokens = 8, .max_seq_len = 64, .mla = &md});
+        struct op_query qa = {.op = OP_ATTN, .max_tokens = 8, .max_seq_len = 64, .attn = &ad};
+        struct op_query qm = {.op = OP_MLA, .max_tokens = 8, .max_seq_len = 64, .mla = &md};
+        CHECK(be->ops->supports(be, &qa) == VLLM_OK);
+        int rc = be->ops->supports(be, &qm);
         printf("MLA with an fp8 cache: %s\n", vllm_last_error());
         CHECK(rc == VLLM_ERR_UNSUPPORTED && strstr(vllm_last_error(), "latent attention") &&
               strstr(vllm_last_error(), "fp8_e4m3"));

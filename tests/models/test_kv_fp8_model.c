@@ -90,8 +90,8 @@ static void gate(const struct fixture *f) {
         forced(dir, "fp8", budget, 'f', g, &f8);
         double e = fl_max_diff(&r8, &r32, np, &c1), ef = fl_max_diff(&f8, &r8, np, &c2);
         printf("%s, budget %d: fp8 KV vs fp32 KV (reference) max |logit diff| %.3g (bound %.2g); fast path vs "
-               "reference on fp8 KV %.3g (bound %.0e); over %ld values\n", f->name, budget, e, f->bound, ef, FAST_BOUND,
-               c1);
+               "reference on fp8 KV %.3g (bound %.0e); over %ld values\n",
+               f->name, budget, e, f->bound, ef, FAST_BOUND, c1);
         CHECKF(c1 > 0 && e > 0 && e <= f->bound, "%s: fp8 KV logits %.3g from fp32 KV (bound %.2g)", f->name, e,
                f->bound);
         CHECKF(c2 > 0 && ef <= FAST_BOUND, "%s: the fast path on fp8 KV %.3g from the reference", f->name, ef);
@@ -184,11 +184,12 @@ static void test_scale_names(void) {
             float k = 0, v = 0;
             snprintf(p, sizeof p, "model.layers.%d.self_attn.", i);
             CHECK(loader_kv_scales(&l, p, &k, &v) == 0);
-            float wk = cases[c].f.k_fmt ? cases[c].k0 + (float)i : 1, wv = cases[c].f.k_fmt ? cases[c].v0 + (float)i : 1;
+            float wk = cases[c].f.k_fmt ? cases[c].k0 + (float)i : 1,
+                  wv = cases[c].f.k_fmt ? cases[c].v0 + (float)i : 1;
             good += k == wk && v == wv;
         }
-        printf("scales named %s / %s: %d of 4 layers read as expected\n", cases[c].f.k_fmt ? cases[c].f.k_fmt : "(none)",
-               cases[c].f.v_fmt ? cases[c].f.v_fmt : "(none)", good);
+        printf("scales named %s / %s: %d of 4 layers read as expected\n",
+               cases[c].f.k_fmt ? cases[c].f.k_fmt : "(none)", cases[c].f.v_fmt ? cases[c].f.v_fmt : "(none)", good);
         CHECK(good == 4);
         loader_close(&l);
         backend_free(be);
@@ -211,9 +212,11 @@ static void test_scales_used(json_t *g) {
     forced(other, "fp8", 2048, 'r', g, &r2);
     forced(dir, "float32", 2048, 'r', g, &r32);
     int np = FL_PROMPTS;
-    double d1 = fl_max_diff(&r1, &base, np, &c), d2 = fl_max_diff(&r2, &base, np, &c), d32 = fl_max_diff(&r2, &r32, np, &c);
+    double d1 = fl_max_diff(&r1, &base, np, &c), d2 = fl_max_diff(&r2, &base, np, &c),
+           d32 = fl_max_diff(&r2, &r32, np, &c);
     printf("qwen3 with checkpoint scales: all 1 vs none %.3g (exact), 2.7 / 0.37 (+ 0.5 a layer) vs none %.3g, the "
-           "latter vs fp32 KV %.3g (bound %.2g)\n", d1, d2, d32, fixtures[0].bound);
+           "latter vs fp32 KV %.3g (bound %.2g)\n",
+           d1, d2, d32, fixtures[0].bound);
     CHECK(c > 0 && d1 == 0 && d2 > 0 && d32 <= fixtures[0].bound);
     fl_free(&base), fl_free(&r1), fl_free(&r2), fl_free(&r32);
     tu_rmdir(ones), tu_rmdir(other);
@@ -228,15 +231,19 @@ static void test_bad_scales(void) {
         int64_t n;
         float v;
         const char *why;
-    } cases[] = {{"F32", 1, 2, 1, "shape"}, {"I32", 0, 1, 1, "dtype"}, {"F32", 0, 1, 0, "positive"},
-                 {"F32", 1, 1, -2, "positive"}, {"F32", 0, 1, INFINITY, "positive"}};
+    } cases[] = {{"F32", 1, 2, 1, "shape"},
+                 {"I32", 0, 1, 1, "dtype"},
+                 {"F32", 0, 1, 0, "positive"},
+                 {"F32", 1, 1, -2, "positive"},
+                 {"F32", 0, 1, INFINITY, "positive"}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         char *dir = tu_model_copy("qwen3", NULL), path[512];
         float v[2] = {cases[c].v, cases[c].v};
         int32_t iv = 1;
         const char *name = "model.layers.2.self_attn.v_proj.v_scale";
-        struct tu_tensor t = {name, cases[c].dtype, cases[c].ndim, {cases[c].n}, cases[c].dtype[0] == 'I' ? (void *)&iv : v,
-                              sizeof(float) * (size_t)cases[c].n};
+        const void *data = cases[c].dtype[0] == 'I' ? (const void *)&iv : v;
+        size_t nb = sizeof(float) * (size_t)cases[c].n;
+        struct tu_tensor t = {name, cases[c].dtype, cases[c].ndim, {cases[c].n}, data, nb};
         snprintf(path, sizeof path, "%s/kv_scales.safetensors", dir);
         CHECK(tu_write_safetensors(path, &t, 1) == 0);
         struct vllm_engine_params ep;
