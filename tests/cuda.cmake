@@ -12,6 +12,9 @@ if(VLLM_CUDA)
   # CPU reference on the same fp8 cache
   vllm_test_exe(test_cuda_kv_fp8 cuda/test_cuda_kv_fp8.c)
   add_test(NAME gpu_kv_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_kv_fp8>)
+  # ... and end to end: qwen3 / nh_dense with fp32 weights and the fp8 cache on the GPU
+  # against the CPU reference on it, greedy decoding (graphs) against the oracle
+  add_test(NAME gpu_kv_fp8_model COMMAND ${GPU} $<TARGET_FILE:test_kv_fp8_model>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
@@ -54,4 +57,5 @@ if(VLLM_CUDA)
     endif()
   endforeach()
   set_tests_properties(gpu_prompt_logprobs PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
+  set_tests_properties(gpu_kv_fp8_model PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
 endif()

@@ -19,6 +19,9 @@
 //    bound), so they reach the ops;
 // 3. malformed scales (a [2] tensor, an I32 one, zero, negative, infinite):
 //    the engine fails to load with an error naming the tensor.
+// VLLM_TEST_DEVICE=cuda (gpu_kv_fp8_model, tests/cuda.cmake): the gate of 1.
+// with the GPU (fp32 weights, the fp8 cache; decode steps replaying recorded
+// graphs) in the fast path's place, greedy decoding on the GPU.
 #include <math.h>
 
 #include "backend/cpu/cpu.h"
@@ -30,11 +33,13 @@
 #include "test.h"
 #include "util.h"
 
-// The fast path on the fp8 cache against the reference on it: the same
-// codes' values, but a key or value the two compute an ulp apart (their
-// projections sum in other orders) can round to neighbouring codes, a step
-// of 1/8 of the value; measured 8.1e-6 (qwen3, one prefill), 7.7e-4 (qwen3,
-// chunks of 5), 8.6e-6 / 6.3e-6 (nh_dense).
+// Another path (the CPU fast path; the GPU with fp32 weights) on the fp8
+// cache against the reference on it: the same codes' values, but a key or
+// value the two compute an ulp apart (their projections sum in other
+// orders) can round to neighbouring codes, a step of 1/8 of the value;
+// measured (fast path) 8.1e-6 (qwen3, one prefill), 7.7e-4 (qwen3, chunks of
+// 5), 8.6e-6 / 6.3e-6 (nh_dense). The GPU is expected alike (not yet
+// measured).
 #define FAST_BOUND 2e-3
 
 struct fixture {
@@ -47,11 +52,12 @@ struct fixture {
 // Bounds: about 1.5x.
 static const struct fixture fixtures[] = {{"qwen3", 1.8}, {"nh_dense", 0.9}};
 
-// path 'r' reference, 'f' fast
+// path 'r' reference, 'f' fast, 'c' the GPU (fp32 weights)
 static struct vllm_engine *load(const char *dir, const char *kv, int budget, char path) {
     if (path == 'r') setenv("VLLM_CPU_REFERENCE", "1", 1);
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
+    if (path == 'c') ep.device = "cuda", ep.dtype = "float32";
     ep.model = dir;
     ep.num_threads = 2;
     ep.kv_cache_dtype = kv;
@@ -66,45 +72,40 @@ static void forced(const char *dir, const char *kv, int budget, char path, json_
     fl_forced(load(dir, kv, budget, path), g, FL_PROMPTS, out);
 }
 
-static int32_t *ids_of(json_t *a, int *n) {
-    *n = (int)json_array_size(a);
-    int32_t *v = xmalloc(sizeof(int32_t) * (*n + 1));
-    for (int k = 0; k < *n; k++) v[k] = (int32_t)json_integer_value(json_array_get(a, k));
-    return v;
-}
-
-// 1. the gate of one fixture
-static void gate(const struct fixture *f) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "%s/golden.json", f->name);
-    char *gpath = tu_fixture(rel), *dir = tu_fixture(f->name);
-    json_t *g = NULL;
-    CHECK(json_load_path(gpath, &g) == 0);
+// 1. the gate of one fixture; other: the path held to the reference on the
+// fp8 cache ('f' or 'c'), which also decodes greedily on the GPU
+static void gate(const struct fixture *f, char other) {
+    json_t *g = tu_fixture_golden(f->name);
+    CHECKF(g != NULL, "%s: no golden.json", f->name);
     if (!g) return;
+    char *dir = tu_fixture(f->name);
     int np = (int)MIN(FL_PROMPTS, json_array_size(json_object_get(g, "prompts")));
     for (int budget = 2048; budget >= 5; budget = budget == 2048 ? 5 : 0) {
-        struct fl_rows r32, r8, f8;
+        struct fl_rows r32, r8, o8;
         long c1 = 0, c2 = 0;
         forced(dir, "float32", budget, 'r', g, &r32);
         forced(dir, "fp8", budget, 'r', g, &r8);
-        forced(dir, "fp8", budget, 'f', g, &f8);
-        double e = fl_max_diff(&r8, &r32, np, &c1), ef = fl_max_diff(&f8, &r8, np, &c2);
-        printf("%s, budget %d: fp8 KV vs fp32 KV (reference) max |logit diff| %.3g (bound %.2g); fast path vs "
-               "reference on fp8 KV %.3g (bound %.0e); over %ld values\n",
-               f->name, budget, e, f->bound, ef, FAST_BOUND, c1);
+        forced(dir, "fp8", budget, other, g, &o8);
+        double e = fl_max_diff(&r8, &r32, np, &c1), eo = fl_max_diff(&o8, &r8, np, &c2);
+        double eo32 = fl_max_diff(&o8, &r32, np, &c2);
+        const char *on = other == 'c' ? "the GPU" : "the fast path";
+        printf("%s, budget %d: fp8 KV vs fp32 KV (reference) max |logit diff| %.3g (bound %.2g); %s vs the reference "
+               "on fp8 KV %.3g (bound %.0e), vs the reference on fp32 KV %.3g; over %ld values\n",
+               f->name, budget, e, f->bound, on, eo, FAST_BOUND, eo32, c1);
         CHECKF(c1 > 0 && e > 0 && e <= f->bound, "%s: fp8 KV logits %.3g from fp32 KV (bound %.2g)", f->name, e,
                f->bound);
-        CHECKF(c2 > 0 && ef <= FAST_BOUND, "%s: the fast path on fp8 KV %.3g from the reference", f->name, ef);
-        fl_free(&r32), fl_free(&r8), fl_free(&f8);
+        CHECKF(c2 > 0 && eo <= FAST_BOUND && eo32 <= f->bound, "%s: %s on fp8 KV %.3g from the reference on it, %.3g "
+               "from fp32 KV", f->name, on, eo, eo32);
+        fl_free(&r32), fl_free(&r8), fl_free(&o8);
     }
     // greedy with the fp8 cache against the oracle's greedy tokens
     json_t *prompts = json_object_get(g, "prompts"), *want = json_object_get(g, "greedy"),
            *margins = json_object_get(g, "margins");
-    struct vllm_engine *e = load(dir, "fp8", 2048, 'r');
+    struct vllm_engine *e = load(dir, "fp8", 2048, other == 'c' ? 'c' : 'r');
     int agree = 0, total = 0;
     for (int i = 0; e && i < (int)json_array_size(prompts); i++) {
         int n, nq;
-        int32_t *p = ids_of(json_array_get(prompts, i), &n), *q = ids_of(json_array_get(want, i), &nq);
+        int32_t *p = fl_ids(json_array_get(prompts, i), &n), *q = fl_ids(json_array_get(want, i), &nq);
         struct vllm_sampling_params sp;
         vllm_sampling_params_default(&sp);
         sp.temperature = 0, sp.ignore_eos = 1, sp.max_tokens = nq;
@@ -128,7 +129,7 @@ static void gate(const struct fixture *f) {
     CHECK(total > 0);
     if (e) vllm_engine_free(e);
     json_decref(g);
-    free(gpath), free(dir);
+    free(dir);
 }
 
 // 2. scales in a checkpoint. A copy of qwen3 (4 layers) with kv_scales.safetensors
@@ -263,14 +264,15 @@ static void test_bad_scales(void) {
 }
 
 int main(void) {
-    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) gate(&fixtures[i]);
+    const char *dev = getenv("VLLM_TEST_DEVICE");
+    int gpu = dev && !strcmp(dev, "cuda");
+    for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++) gate(&fixtures[i], gpu ? 'c' : 'f');
+    if (gpu) return test_summary("kv_fp8_model (cuda)");
     test_scale_names();
-    char *gpath = tu_fixture("qwen3/golden.json");
-    json_t *g = NULL;
-    CHECK(json_load_path(gpath, &g) == 0);
+    json_t *g = tu_fixture_golden("qwen3");
+    CHECK(g != NULL);
     if (g) test_scales_used(g);
     json_decref(g);
-    free(gpath);
     test_bad_scales();
     return test_summary("kv_fp8_model");
 }
