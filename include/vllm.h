@@ -116,7 +116,6 @@ struct vllm_model_info {
     int has_chat_template;
     int num_kv_blocks;        // KV capacity, in blocks
     int block_size;
-    const char *kv_cache_dtype; // what the KV cache holds: "float32", "bfloat16" or "fp8_e4m3"
     int num_state_slots;      // recurrent-state slots (max_num_seqs)
     int64_t kv_cache_bytes;
     int64_t state_bytes;
@@ -130,6 +129,7 @@ struct vllm_model_info {
     // for callers that apply them as vLLM does to requests not setting them.
     // eos_token_ids above also holds its eos_token_id and the tokenizer's.
     const char *generation_defaults;
+    const char *kv_cache_dtype; // what the KV cache holds: "float32", "bfloat16" or "fp8_e4m3"
 };
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);
