@@ -186,7 +186,7 @@ static void attn_run(struct backend *be, void *p) {
 static void bench_attn(struct backend *ref, struct backend *fast, int S, int q, int ctx) {
     struct attn_arg a;
     memset(&a, 0, sizeof a);
-    a.d = (struct attn_dims){16, 2, 64, 16, 0.125f};
+    a.d = (struct attn_dims){16, 2, 64, 16, 0.125f, 1, 1};
     a.ld = 16 * 64 + 2 * 2 * 64;
     make_batch(&a.h, S, q, ctx, 16);
     int T = S * q, blocks = S * a.h.b.max_blocks_per_seq;

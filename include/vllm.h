@@ -71,7 +71,11 @@ struct vllm_engine_params {
     int num_threads;            // CPU threads (0: the cores present)
     int tensor_parallel_size;   // ranks the model is split over: GPUs (default 1)
     uint64_t seed;              // dummy weights and unseeded sampling
-    const char *kv_cache_dtype; // "auto" (the weights' 16-bit type on CUDA, float32 on the CPU), "float32", "bfloat16"
+    // "auto" (the weights' 16-bit type on CUDA, float32 on the CPU), "float32",
+    // "bfloat16" (CUDA), or "fp8" / "fp8_e4m3": e4m3 codes (half the bytes of
+    // bf16, so twice the blocks in a budget) of x / k_scale and x / v_scale,
+    // the checkpoint's per-layer scales or 1 (docs/QUANTIZATION.md)
+    const char *kv_cache_dtype;
     // Prefix caching: a request reuses the KV blocks and recurrent-state
     // checkpoints of a prefix that earlier requests computed.
     int enable_prefix_caching;     // default 0 (`vllm serve` turns it on)
@@ -125,6 +129,7 @@ struct vllm_model_info {
     // for callers that apply them as vLLM does to requests not setting them.
     // eos_token_ids above also holds its eos_token_id and the tokenizer's.
     const char *generation_defaults;
+    const char *kv_cache_dtype; // what the KV cache holds: "float32", "bfloat16" or "fp8_e4m3"
 };
 // The struct stays valid until vllm_engine_free.
 vllm_status vllm_engine_info(struct vllm_engine *e, struct vllm_model_info *out);

@@ -21,3 +21,8 @@ endforeach()
 # which dequantize in registers, against the reference ops over 1..40 rows.
 vllm_test_exe(test_quant_kernels cpu/test_quant_kernels.c)
 add_test(NAME quant_kernels COMMAND test_quant_kernels)
+# The fp8 (e4m3) KV cache: codes exact against an independent encoder, reads
+# exact against the fp32 reference on the codes' values, a stated bound
+# against the fp32 cache, the fast path against the reference on it.
+vllm_test_exe(test_kv_fp8 cpu/test_kv_fp8.c)
+add_test(NAME kv_fp8 COMMAND test_kv_fp8)

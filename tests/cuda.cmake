@@ -16,6 +16,14 @@ if(VLLM_CUDA)
   # the routed experts with FP8, FP8-block and NVFP4 weights against the CPU reference op
   vllm_test_exe(test_cuda_moe_quant cuda/test_cuda_moe_quant.c)
   add_test(NAME gpu_moe_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_moe_quant>)
+  # the fp8 KV cache: kv_write / qk_norm_rope codes and attention (decode, flash and
+  # split-KV prefill, long contexts, fixed shapes, a recorded graph) against the
+  # CPU reference on the same fp8 cache
+  vllm_test_exe(test_cuda_kv_fp8 cuda/test_cuda_kv_fp8.c)
+  add_test(NAME gpu_kv_fp8 COMMAND ${GPU} $<TARGET_FILE:test_cuda_kv_fp8>)
+  # ... and end to end: qwen3 / nh_dense with fp32 weights and the fp8 cache on the GPU
+  # against the CPU reference on it, greedy decoding (graphs) against the oracle
+  add_test(NAME gpu_kv_fp8_model COMMAND ${GPU} $<TARGET_FILE:test_kv_fp8_model>)
   # prompt log-probs on the device (fp32), against the oracle, one chunk and chunked over a cached prompt
   add_test(NAME gpu_prompt_logprobs COMMAND ${GPU} $<TARGET_FILE:test_prompt_logprobs>)
   # gate 2: fp32 on the device, token-exact against the oracle in every mode
@@ -57,6 +65,6 @@ if(VLLM_CUDA)
       endif()
     endif()
   endforeach()
-  set_tests_properties(gpu_prompt_logprobs gpu_quant_checkpoints PROPERTIES
+  set_tests_properties(gpu_prompt_logprobs gpu_quant_checkpoints gpu_kv_fp8_model PROPERTIES
                        ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
 endif()

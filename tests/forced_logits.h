@@ -23,6 +23,14 @@ struct fl_rows {
     uint64_t req; // the request whose rows are kept
 };
 
+// The ids of JSON array a (n of them; caller frees).
+static inline int32_t *fl_ids(json_t *a, int *n) {
+    *n = (int)json_array_size(a);
+    int32_t *v = xmalloc(sizeof(int32_t) * (*n + 1));
+    for (int k = 0; k < *n; k++) v[k] = (int32_t)json_integer_value(json_array_get(a, k));
+    return v;
+}
+
 static void fl_hook(void *user, int nrows, int vocab, const float *logits, struct request *const *row_req,
                     const int32_t *row_pos) {
     struct fl_rows *c = user;

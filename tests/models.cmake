@@ -18,3 +18,10 @@ set_tests_properties(quant_checkpoints PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${V
 vllm_test_exe(test_kimi_config models/test_kimi_config.c)
 add_test(NAME kimi_config COMMAND test_kimi_config)
 set_tests_properties(kimi_config PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")
+# The fp8 KV cache end to end (reference path, qwen3 and nh_dense: logits
+# within a stated bound of the fp32-KV logits, greedy against the oracle while
+# its margin allows), the fast path on it, and k_scale / v_scale read from a
+# checkpoint (vLLM's names; malformed ones named in the error).
+vllm_test_exe(test_kv_fp8_model models/test_kv_fp8_model.c)
+add_test(NAME kv_fp8_model COMMAND test_kv_fp8_model)
+set_tests_properties(kv_fp8_model PROPERTIES ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES}")

@@ -68,4 +68,27 @@ static inline void test_batch_make(struct test_batch *h, int n, const int *qlen,
     b->h_state_slots = h->slots, b->h_state_src = h->src;
 }
 
+// Decode and prefill sequences in scattered slots (continued or from zeros)
+// and scattered KV blocks of bs tokens, mb blocks a sequence (a pool of
+// 16 * mb blocks; n * mb <= TB_SEQS * 64).
+static inline void test_batch_blocks(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *init,
+                                     int nd, int bs, int mb) {
+    int slot[TB_SEQS], src[TB_SEQS];
+    for (int s = 0; s < n; s++) slot[s] = (s * 5 + 3) % 16, src[s] = init[s] ? slot[s] : -1;
+    test_batch_make(h, n, qlen, ctx, slot, src, nd);
+    h->b.max_blocks_per_seq = mb;
+    for (int s = 0, t = 0; s < n; s++) {
+        for (int j = 0; j < mb; j++) h->btab[s * mb + j] = (s * mb + j) * 7 % (16 * mb);
+        for (int i = 0; i < qlen[s]; i++, t++) {
+            int p = ctx[s] + i;
+            h->slot_map[t] = h->btab[s * mb + p / bs] * bs + p % bs;
+        }
+    }
+}
+// The same with 64 blocks a sequence.
+static inline void test_batch_paged(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *init,
+                                    int nd, int bs) {
+    test_batch_blocks(h, n, qlen, ctx, init, nd, bs, 64);
+}
+
 #endif

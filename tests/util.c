@@ -58,15 +58,17 @@ char *tu_fixture(const char *rel) {
     return path_join(base && *base ? base : "tests/fixtures", rel);
 }
 
-json_t *tu_fixture_config(const char *fx) {
+static json_t *fixture_json(const char *fx, const char *file) {
     char rel[128];
-    snprintf(rel, sizeof rel, "%s/config.json", fx);
+    snprintf(rel, sizeof rel, "%s/%s", fx, file);
     char *p = tu_fixture(rel);
     json_t *j = NULL;
     json_load_path(p, &j);
     free(p);
     return j;
 }
+json_t *tu_fixture_config(const char *fx) { return fixture_json(fx, "config.json"); }
+json_t *tu_fixture_golden(const char *fx) { return fixture_json(fx, "golden.json"); }
 
 int tu_write_raw_safetensors(const char *path, const char *header, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");

@@ -13,6 +13,7 @@ int tu_write(const char *dir, const char *name, const void *data, size_t len);
 int tu_copy(const char *src_dir, const char *dst_dir, const char *name);
 char *tu_fixture(const char *rel); // $VLLM_FIXTURES/rel (malloc'd)
 json_t *tu_fixture_config(const char *fx); // fixture fx's config.json (NULL: unreadable)
+json_t *tu_fixture_golden(const char *fx); // its golden.json (NULL: unreadable)
 
 // The comma-separated fixture names in environment variable `env` (set by
 // tests/CMakeLists.txt from its per-family lists): *names malloc'd (free

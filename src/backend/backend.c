@@ -11,6 +11,7 @@ size_t dtype_size(enum dtype d) {
     case DT_F32: return 4;
     case DT_BF16: return 2;
     case DT_F16: return 2;
+    case DT_FP8: return 1;
     }
     return 4;
 }
@@ -20,6 +21,7 @@ const char *dtype_name(enum dtype d) {
     case DT_F32: return "float32";
     case DT_BF16: return "bfloat16";
     case DT_F16: return "float16";
+    case DT_FP8: return "fp8_e4m3";
     }
     return "?";
 }

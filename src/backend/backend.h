@@ -15,8 +15,11 @@
 
 #include "backend/batch.h"
 
-// Element types of activations and caches.
-enum dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+// Element types of activations and caches. DT_FP8: e4m3 codes (1 byte; the
+// KV cache's `--kv-cache-dtype fp8`), stored as vLLM does: e4m3(x / scale)
+// rounded to nearest even, saturating at +-448; read back as e4m3(code) *
+// scale in fp32, with the attention layer's k_scale / v_scale (attn_dims).
+enum dtype { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2, DT_FP8 = 3 };
 
 // Weight formats: how a weight's elements are stored. Every branch on a
 // format is an exhaustive switch, so -Wswitch lists each place a new format
@@ -72,7 +75,8 @@ struct mamba_dims {
 struct attn_dims {
     int heads, kv_heads, head_dim;
     int block_size;
-    float scale;
+    float scale;            // softmax scale
+    float k_scale, v_scale; // an fp8 KV cache's per-tensor scales (DT_FP8); unused by other KV dtypes
 };
 
 // Kimi Delta Attention (KDA): H heads of head_dim K (keys and values alike),
@@ -258,7 +262,8 @@ struct backend_ops {
 
     // Attention. qkv: [T, ld] rows holding q | k | v. Writes k and v of each
     // token into the paged caches at slot_mapping[t]; caches: [blocks,
-    // block_size, kv_heads, head_dim] in the backend's KV dtype.
+    // block_size, kv_heads, head_dim] in the backend's KV dtype (DT_FP8:
+    // codes of k / d->k_scale and v / d->v_scale, see enum dtype).
     void (*kv_write)(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld,
                      const struct batch *b, const struct attn_dims *d);
     // Causal attention of sequences [seq0, seq1) over their cached context.

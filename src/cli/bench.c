@@ -291,10 +291,12 @@ int cli_bench(int argc, char **argv) {
     else if (json) {
         printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, "
                "\"tensor_parallel_size\": %d, \"load_format\": \"%s\", \"weight_bytes\": %lld, \"load_s\": %.3f, "
+               "\"kv_cache_dtype\": \"%s\", \"num_kv_blocks\": %d, \"kv_cache_bytes\": %lld, "
                "\"input_len\": %d, \"output_len\": %d, \"device_bytes_per_s\": %.4g, \"device_flops_per_s\": %.4g, "
                "\"results\": [",
                info.model_name, info.architecture, ep.device, ep.dtype, ep.num_threads, MAX(ep.tensor_parallel_size, 1),
-               ep.load_format, (long long)info.weight_bytes, tl, in_len, out_len, bw, fl);
+               ep.load_format, (long long)info.weight_bytes, tl, info.kv_cache_dtype, info.num_kv_blocks,
+               (long long)info.kv_cache_bytes, in_len, out_len, bw, fl);
         for (int i = 0; i < nb; i++)
             printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
                    "\"tpot_ms\": %.3f, \"wall_s\": %.3f, \"decode_bytes_per_step\": %.0f, \"decode_roofline_frac\": %.4f, "
@@ -305,6 +307,8 @@ int cli_bench(int argc, char **argv) {
     } else {
         printf("model %s (%s), device %s x %d, dtype %s, weights %.1f MB, loaded in %.2f s\n", info.model_name,
                info.architecture, ep.device, MAX(ep.tensor_parallel_size, 1), ep.dtype, info.weight_bytes / 1e6, tl);
+        printf("KV cache %s: %d blocks x %d tokens (%lld tokens, %.1f MB)\n", info.kv_cache_dtype, info.num_kv_blocks,
+               info.block_size, (long long)info.num_kv_blocks * info.block_size, info.kv_cache_bytes / 1e6);
         printf("input %d, output %d tokens per request; device limits measured now: %.3g GB/s copy, %.3g TFLOP/s "
                "16-bit GEMM\n", in_len, out_len, bw / 1e9, fl / 1e12);
         printf("%6s %14s %14s %10s %10s %10s %8s %12s %8s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms",

@@ -93,8 +93,8 @@ static int load(const struct vllm_engine_params *ep, struct vllm_engine **e) {
     vllm_engine_info(*e, &in);
     printf("vllm serve: model %s (%s), vocab %d, max_model_len %d, weights %.1f MB, loaded in %.2f s\n",
            in.model_name, in.architecture, in.vocab_size, in.max_model_len, in.weight_bytes / 1e6, dt);
-    printf("vllm serve: KV cache %d blocks x %d tokens (%lld tokens, %.1f MB), %d state slots (%.1f MB)\n",
-           in.num_kv_blocks, in.block_size, (long long)in.num_kv_blocks * in.block_size, in.kv_cache_bytes / 1e6,
+    printf("vllm serve: KV cache %s, %d blocks x %d tokens (%lld tokens, %.1f MB), %d state slots (%.1f MB)\n",
+           in.kv_cache_dtype, in.num_kv_blocks, in.block_size, (long long)in.num_kv_blocks * in.block_size, in.kv_cache_bytes / 1e6,
            in.num_state_slots, in.state_bytes / 1e6);
     if (in.prefix_caching)
         printf("vllm serve: prefix caching on, %d state checkpoints every %d tokens (%.1f MB)\n",

@@ -36,13 +36,16 @@ static int parse_dtype(const char *s, const char *device, enum wfmt *out) {
 }
 
 // The KV cache's element type, its own setting: auto follows 16-bit weights
-// on CUDA (bf16 for bf16 and fp16 weights) and is fp32 otherwise.
+// on CUDA (bf16 for bf16 and fp16 weights) and is fp32 otherwise; fp8 is
+// vLLM's e4m3 cache with the checkpoint's k_scale / v_scale (enum dtype).
 static int parse_kv_dtype(const char *s, const char *device, enum wfmt w, enum dtype *out) {
     if (!s || !strcmp(s, "auto")) *out = is_cuda(device) && w != WF_F32 ? DT_BF16 : DT_F32;
     else if (!strcmp(s, "float32") || !strcmp(s, "fp32") || !strcmp(s, "float")) *out = DT_F32;
     else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16")) *out = DT_BF16;
+    else if (!strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) *out = DT_FP8;
     else
-        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown kv_cache_dtype '%s' (expected auto, float32 or bfloat16)", s);
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown kv_cache_dtype '%s' (expected auto, float32, bfloat16, fp8 "
+                        "or fp8_e4m3)", s);
     return VLLM_OK;
 }
 
@@ -210,6 +213,7 @@ static void fill_info(struct vllm_engine *e, int num_blocks) {
     in->has_chat_template = e->chat != NULL;
     in->num_kv_blocks = num_blocks;
     in->block_size = e->params.block_size;
+    in->kv_cache_dtype = dtype_name(e->be[0]->kv_dtype);
     in->num_state_slots = e->sched.cfg.num_slots;
     in->kv_cache_bytes = runner_cache_bytes(e->runner, &in->state_bytes);
     in->weight_bytes = 0;

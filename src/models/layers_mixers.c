@@ -49,7 +49,9 @@ static int load_row_bias(struct lm *m, struct loader *l, const char *name, int64
 int attn_load(struct lm *m, struct loader *l, const char *p, const struct attn_cfg *c, struct attn_layer *a) {
     int64_t D = m->hidden, Dh = c->head_dim, q = (int64_t)c->heads * Dh, kv = (int64_t)c->kv_heads * Dh;
     int kvh = MAX(c->kv_heads / m->tp, 1), kv0 = m->rank * c->kv_heads / m->tp;
-    a->d = (struct attn_dims){c->heads / m->tp, kvh, c->head_dim, 0, c->scale > 0 ? c->scale : 1.0f / sqrtf((float)Dh)};
+    a->d = (struct attn_dims){c->heads / m->tp, kvh, c->head_dim, 0, c->scale > 0 ? c->scale : 1.0f / sqrtf((float)Dh),
+                              1.0f, 1.0f};
+    TRY(loader_kv_scales(l, p, &a->d.k_scale, &a->d.v_scale)); // the checkpoint's, for an fp8 KV cache
     a->rope = c->rope;
     a->norm_eps = c->norm_eps;
     struct span qs = lm_part(m, q), ks = {kv0 * Dh, kvh * Dh};

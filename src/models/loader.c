@@ -257,3 +257,43 @@ int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, 
     TRY(loader_read(l, name, 1, &n, tmp, init, arg));
     return loader_upload_vector(l, tmp + s.off, s.len, dev);
 }
+
+// One scale of an fp8 KV cache: a positive finite float scalar (shape [] or
+// all ones), *found 0 when the checkpoint has no such tensor.
+static int kv_scale(struct loader *l, const char *name, float *out, int *found) {
+    const struct st_tensor *t = st_find(l->st, name);
+    *found = t != NULL;
+    if (!t) return VLLM_OK;
+    const char *file = st_file_path(l->st, t->file);
+    if (t->numel != 1) {
+        char got[128];
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s (a KV cache scale) has shape %s, not a scalar (vLLM's fp8 KV "
+                        "cache takes per-tensor scales only)", file, name, got);
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+        return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s (a KV cache scale) has dtype %s, not F32, BF16 or F16", file,
+                        name, st_dtype_name(t->dtype));
+    TRY(st_read_f32(t, out));
+    if (!(*out > 0 && isfinite(*out)))
+        return vllm_err(VLLM_ERR_FORMAT, "%s: tensor %s (a KV cache scale) is %g, not a positive finite number", file,
+                        name, *out);
+    return VLLM_OK;
+}
+
+int loader_kv_scales(struct loader *l, const char *p, float *k, float *v) {
+    *k = *v = 1.0f;
+    if (!l->st) return VLLM_OK;
+    static const char *const names[][2] = {{"k_proj.k_scale", "v_proj.v_scale"}, {"k_scale", "v_scale"},
+                                           {"kv_scale", "kv_scale"}};
+    char n[256];
+    int fk = 0, fv = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !fk && !fv; i++) {
+        snprintf(n, sizeof n, "%s%s", p, names[i][0]);
+        TRY(kv_scale(l, n, k, &fk));
+        snprintf(n, sizeof n, "%s%s", p, names[i][1]);
+        TRY(kv_scale(l, n, v, &fv));
+    }
+    if (fk != fv) *(fk ? v : k) = fk ? *k : *v; // one of them: both (vLLM duplicates a lone scale)
+    return VLLM_OK;
+}

@@ -84,6 +84,13 @@ int loader_read(struct loader *l, const char *name, int ndim, const int64_t *dim
 // Elements [s.off, +len) of an n-vector, in fp32 on the device.
 int loader_vector(struct loader *l, const char *name, int64_t n, struct span s, float **dev, enum dummy_init init,
                   float arg);
+// The fp8 KV cache's per-tensor scales of the attention layer under prefix p
+// ("model.layers.0.self_attn."), by vLLM's names: ModelOpt's p + "k_proj.k_scale"
+// / "v_proj.v_scale", compressed-tensors' p + "k_scale" / "v_scale", or the
+// deprecated p + "kv_scale" for both; one alone serves both; none (or dummy
+// weights): 1. A scale that is not a positive finite float scalar is an error
+// naming the tensor.
+int loader_kv_scales(struct loader *l, const char *p, float *k, float *v);
 // Uploads host fp32 data as a device vector (for tensors assembled on the host).
 int loader_upload_vector(struct loader *l, const float *src, int64_t n, float **dev);
 // Host scratch of at least n floats, owned by the loader.

@@ -44,13 +44,6 @@ static const struct fixture fixtures[] = {
     {"nh_latent", 2.0, 1.0},
 };
 
-static int32_t *ids_of(json_t *a, int *n) {
-    *n = (int)json_array_size(a);
-    int32_t *v = xmalloc(sizeof(int32_t) * (*n + 1));
-    for (int k = 0; k < *n; k++) v[k] = (int32_t)json_integer_value(json_array_get(a, k));
-    return v;
-}
-
 // path: 'r' reference, 'f' fast default, 'x' fast with the dot kernel off
 static struct vllm_engine *load(const char *dir, int budget, char path) {
     if (path == 'r') setenv("VLLM_CPU_REFERENCE", "1", 1);
@@ -106,7 +99,7 @@ static int32_t **greedy(const char *dir, char path, json_t *g, int *nout) {
     struct vllm_engine *e = load(dir, 2048, path);
     for (int i = 0; e && i < n; i++) {
         int np, nq;
-        int32_t *p = ids_of(json_array_get(prompts, i), &np), *q = ids_of(json_array_get(gr, i), &nq);
+        int32_t *p = fl_ids(json_array_get(prompts, i), &np), *q = fl_ids(json_array_get(gr, i), &nq);
         struct vllm_sampling_params sp;
         vllm_sampling_params_default(&sp);
         sp.temperature = 0;
@@ -130,12 +123,13 @@ static int agree(const int32_t *a, int na, json_t *want) {
 }
 
 static void run_fixture(const struct fixture *f) {
-    char rel[128];
-    snprintf(rel, sizeof rel, "%s/golden.json", f->name);
-    char *gpath = tu_fixture(rel), *dir = tu_fixture(f->name);
-    json_t *g = NULL;
-    CHECK(json_load_path(gpath, &g) == 0);
-    if (!g) return;
+    char *dir = tu_fixture(f->name);
+    json_t *g = tu_fixture_golden(f->name);
+    CHECK(g != NULL);
+    if (!g) {
+        free(dir);
+        return;
+    }
     int np = (int)MIN(8, json_array_size(json_object_get(g, "prompts")));
     CHECK(np > 0);
     // 1. exact
@@ -201,7 +195,7 @@ static void run_fixture(const struct fixture *f) {
     for (int i = 0; i < np; i++) free(gx[i]), free(gr[i]), free(gf[i]);
     free(gx), free(gr), free(gf), free(nx), free(nr), free(nf);
     json_decref(g);
-    free(gpath), free(dir);
+    free(dir);
 }
 
 int main(void) {

@@ -45,22 +45,6 @@ static double cmp(const char *what, const float *got, const float *want, size_t 
     return e;
 }
 
-// Decode and prefill sequences in scattered slots (continued or from zeros)
-// and scattered KV blocks of bs tokens, 64 blocks a sequence.
-static void make_batch(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *init, int nd, int bs) {
-    int slot[TB_SEQS], src[TB_SEQS], mb = 64;
-    for (int s = 0; s < n; s++) slot[s] = (s * 5 + 3) % 16, src[s] = init[s] ? slot[s] : -1;
-    test_batch_make(h, n, qlen, ctx, slot, src, nd);
-    h->b.max_blocks_per_seq = mb;
-    for (int s = 0, t = 0; s < n; s++) {
-        for (int j = 0; j < mb; j++) h->btab[s * mb + j] = (s * mb + j) * 7 % (16 * mb);
-        for (int i = 0; i < qlen[s]; i++, t++) {
-            int p = ctx[s] + i;
-            h->slot_map[t] = h->btab[s * mb + p / bs] * bs + p % bs;
-        }
-    }
-}
-
 // Sequence s (the last one with checkpoints so far) writes n checkpoints.
 static void add_ckpts(struct test_batch *h, int s, int n, const int *pos, const int *slot) {
     int k = h->ck_start[h->b.num_seqs];
@@ -188,7 +172,7 @@ static void test_mamba(void) {
     // two decodes, then prefills: fresh, chunk-crossing continuation, one token
     int qlen[] = {1, 1, 21, 13, 1, 30}, ctx[] = {5, 9, 0, 6, 11, 3}, init[] = {1, 1, 0, 1, 1, 1}, S = 6, nd = 2;
     struct test_batch h;
-    make_batch(&h, S, qlen, ctx, init, nd, 4);
+    test_batch_paged(&h, S, qlen, ctx, init, nd, 4);
     // prefix caching: seq 2 (fresh) and seq 5 write checkpoints at chunk
     // boundaries, seq 3 restores one (slot 0) and writes two, the first
     // closer to its start than the conv window
@@ -228,11 +212,11 @@ static void test_mamba(void) {
 }
 
 static void test_attention(void) {
-    struct attn_dims d = {8, 2, 16, 4, 0.25f};
+    struct attn_dims d = {8, 2, 16, 4, 0.25f, 1, 1};
     int qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd + 5;
     int qlen[] = {1, 1, 70, 9, 1}, ctx[] = {13, 2, 0, 17, 30}, init[] = {1, 1, 0, 1, 1}, S = 5, nd = 2;
     struct test_batch h;
-    make_batch(&h, S, qlen, ctx, init, nd, d.block_size);
+    test_batch_paged(&h, S, qlen, ctx, init, nd, d.block_size);
     int T = h.b.num_tokens;
     size_t cn = (size_t)16 * 64 * d.block_size * kvd;
     float *kc = test_rnd(cn, 1), *vc = test_rnd(cn, 1), *qkv = test_rnd((size_t)T * ld, 1);
@@ -255,12 +239,12 @@ static void test_qk_norm_rope(void) {
     static const int cases[][4] = {{32, 8, 128, 3}, {32, 4, 128, 3}, {64, 8, 128, 3}, {4, 4, 64, 3}, {8, 2, 64, 1},
                                    {6, 2, 24, 0}}; // heads, kv_heads, head_dim, 1: rope, 2: norm
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        struct attn_dims d = {cases[ci][0], cases[ci][1], cases[ci][2], 4, 0.25f};
+        struct attn_dims d = {cases[ci][0], cases[ci][1], cases[ci][2], 4, 0.25f, 1, 1};
         int rope = cases[ci][3] & 1, norm = cases[ci][3] & 2, hd = d.head_dim, maxp = 128;
         int qd = d.heads * hd, kvd = d.kv_heads * hd, ld = qd + 2 * kvd + 5;
         int qlen[] = {1, 1, 70, 9, 1}, ctx[] = {13, 2, 0, 17, 30}, init[] = {1, 1, 0, 1, 1}, S = 5, nd = 2;
         struct test_batch h;
-        make_batch(&h, S, qlen, ctx, init, nd, d.block_size);
+        test_batch_paged(&h, S, qlen, ctx, init, nd, d.block_size);
         h.slot_map[1] = -1;
         int T = h.b.num_tokens;
         size_t cn = (size_t)16 * 64 * d.block_size * kvd, qn = (size_t)T * ld;
@@ -390,7 +374,7 @@ static void test_kda(void) {
     int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 3;
     int qlen[] = {1, 1, 40, 9, 1}, ctx[] = {13, 2, 0, 17, 0}, init[] = {1, 1, 0, 1, 0}, S = 5, nd = 2;
     struct test_batch h;
-    make_batch(&h, S, qlen, ctx, init, nd, 4);
+    test_batch_paged(&h, S, qlen, ctx, init, nd, 4);
     add_ckpts(&h, 2, 2, (int[]){16, 32}, (int[]){0, 1});
     h.ck_dst[0] = 11; // decode 0 (live slot 3) also writes its new state to checkpoint slot 11
     int T = h.b.num_tokens;
@@ -423,7 +407,7 @@ static void test_kda_chunks(void) {
     int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 1;
     int qlen[] = {1, 63, 64, 65, 197, 100, 150}, ctx[] = {0, 0, 0, 0, 0, 37, 0}, init[] = {0, 0, 0, 0, 0, 1, 0}, S = 7;
     struct test_batch h;
-    make_batch(&h, S, qlen, ctx, init, 0, 4);
+    test_batch_paged(&h, S, qlen, ctx, init, 0, 4);
     add_ckpts(&h, 5, 2, (int[]){64, 128}, (int[]){0, 4});
     add_ckpts(&h, 6, 3, (int[]){64, 100, 128}, (int[]){5, 6, 9});
     int T = h.b.num_tokens;
@@ -452,7 +436,7 @@ static void test_mla(void) {
         int H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope);
         int qlen[] = {1, 1, 21, 9, 1}, ctx[] = {13, 2, 0, 17, 30}, init[] = {1, 1, 0, 1, 1}, S = 5, nd = 2;
         struct test_batch h;
-        make_batch(&h, S, qlen, ctx, init, nd, d.block_size);
+        test_batch_paged(&h, S, qlen, ctx, init, nd, d.block_size);
         int T = h.b.num_tokens;
         size_t cn = (size_t)16 * 64 * d.block_size * W;
         float *cache = test_rnd(cn, 1), *lat = test_rnd((size_t)T * W, 1), *q = test_rnd((size_t)T * qw, 1);

@@ -259,7 +259,7 @@ struct attn_case {
 };
 
 static void test_attention(const struct attn_case *ac, enum dtype kv, double tol) {
-    struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, 16, 0};
+    struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, 16, 0, 1, 1};
     d.scale = 1.0f / sqrtf((float)d.head_dim);
     enum { NS = 7, ND = 4 };
     int qlen[NS] = {1, 1, 1, 1, 200, 5, 1}, ctx[NS] = {1100, 30, 255, 2000, 0, 700, 0}, init[NS] = {1, 1, 1, 1, 0, 1, 0};
@@ -337,7 +337,7 @@ static void cmp_kv(const char *what, struct pair p, size_t n, enum dtype kv, dou
 }
 
 static void test_qk_norm_rope(const struct qkn_case *qc, enum dtype kv, double tol) {
-    struct attn_dims d = {qc->heads, qc->kv_heads, qc->head_dim, 16, 0};
+    struct attn_dims d = {qc->heads, qc->kv_heads, qc->head_dim, 16, 0, 1, 1};
     enum { NS = 7, ND = 4 };
     int qlen[NS] = {1, 1, 1, 1, 200, 5, 1}, ctx[NS] = {1100, 30, 255, 1999, 0, 700, 0}, init[NS] = {1, 1, 1, 1, 0, 1, 0};
     int mbps = 130, hd = d.head_dim, maxp = mbps * 16;

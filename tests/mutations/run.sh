@@ -19,7 +19,7 @@ names=("$@")
 [ ${#names[@]} -eq 0 ] && names=($(ls tests/mutations/*.patch | xargs -n1 basename | sed 's/\.patch$//'))
 status=0
 for n in "${names[@]}"; do
-    regex='^gate_|ops_cpu|^rows$|^quant_'
+    regex='^gate_|ops_cpu|^rows$|^quant_|^kv_fp8'
     if ! grep '^+++ b/' tests/mutations/$n.patch | grep -qv '^+++ b/src/backend/cuda/'; then
         nvidia-smi >/dev/null 2>&1 || { echo "$n: skipped (a CUDA kernel's mutation: needs a GPU)"; continue; }
         regex='^gpu_(ops|ssd|quant|moe_quant|kv_fp8|gate_fp32)'

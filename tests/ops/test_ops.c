@@ -186,7 +186,7 @@ static void test_ckpt(struct backend *be) {
 }
 
 static void test_attention(struct backend *be) {
-    struct attn_dims d = {4, 2, 8, 4, 0};
+    struct attn_dims d = {4, 2, 8, 4, 0, 1, 1};
     d.scale = 1.0f / sqrtf(8);
     int Hq = d.heads, Hk = d.kv_heads, Dh = d.head_dim, bs = d.block_size, S = 3, nblocks = 16;
     int qlen[] = {1, 5, 4}, ctx[] = {9, 0, 3}, slot[] = {0, 0, 0}, init[] = {1, 0, 1};

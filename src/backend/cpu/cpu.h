@@ -61,10 +61,17 @@ static inline float dt_of(const float *row, int dt_off, int h, const float *dt_b
 // One row of the reference rope / head_rmsnorm (the fast path runs rows in parallel).
 void cpu_rope_row(float *x, int heads, int head_dim, const float *cs);
 void cpu_head_rmsnorm_row(float *x, int heads, int head_dim, const float *w, float eps);
-// Row t of qk_norm_rope (backend.h): the q/k norms, rope and kv write of one qkv row.
+// Row t of qk_norm_rope (backend.h): the q/k norms, rope and kv write of one
+// qkv row, into caches of dtype kv.
 void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
-                          const float *table, float *k_cache, float *v_cache, const struct batch *b,
+                          const float *table, void *k_cache, void *v_cache, enum dtype kv, const struct batch *b,
                           const struct attn_dims *d);
+// The KV cache's elements (the CPU keeps DT_F32 or DT_FP8): x [n] into the
+// cache at element offset off (fp8: e4m3(x / scale), enum dtype), and n
+// elements at off back as fp32 (fp8: e4m3(code) * scale), for the reference
+// and the fast path alike.
+void cpu_kv_store(void *cache, enum dtype dt, int64_t off, const float *x, int n, float scale);
+void cpu_kv_load(float *dst, const void *cache, enum dtype dt, int64_t off, int n, float scale);
 // moe_gate_route as matmul, then moe_route, through be's own ops (both paths).
 void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
                         const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);

@@ -275,7 +275,7 @@ static void cpu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int he
 }
 
 void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
-                          const float *table, float *k_cache, float *v_cache, const struct batch *b,
+                          const float *table, void *k_cache, void *v_cache, enum dtype kv, const struct batch *b,
                           const struct attn_dims *d) {
     int hd = d->head_dim, qd = d->heads * hd, kvd = d->kv_heads * hd;
     float *row = qkv + (int64_t)t * ld;
@@ -286,16 +286,15 @@ void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const 
     if (table) cpu_rope_row(row, d->heads + d->kv_heads, hd, table + (int64_t)b->positions[t] * hd);
     int slot = b->slot_mapping[t];
     if (slot < 0) return;
-    memcpy(k_cache + (int64_t)slot * kvd, row + qd, sizeof(float) * kvd);
-    memcpy(v_cache + (int64_t)slot * kvd, row + qd + kvd, sizeof(float) * kvd);
+    cpu_kv_store(k_cache, kv, (int64_t)slot * kvd, row + qd, kvd, d->k_scale);
+    cpu_kv_store(v_cache, kv, (int64_t)slot * kvd, row + qd + kvd, kvd, d->v_scale);
 }
 
 static void cpu_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm,
                              float eps, const float *table, void *k_cache, void *v_cache, const struct batch *b,
                              const struct attn_dims *d) {
-    (void)be;
     for (int t = 0; t < b->num_tokens; t++)
-        cpu_qk_norm_rope_row(qkv, ld, t, q_norm, k_norm, eps, table, k_cache, v_cache, b, d);
+        cpu_qk_norm_rope_row(qkv, ld, t, q_norm, k_norm, eps, table, k_cache, v_cache, be->kv_dtype, b, d);
 }
 
 void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
@@ -427,10 +426,8 @@ int cpu_supports(struct backend *be, const struct op_query *q) {
     switch (q->op) {
     case OP_MATMUL:
     case OP_EMBED: return VLLM_OK; // every format dequantizes
-    case OP_ATTN:
-        if (be->kv_dtype != DT_F32)
-            return vllm_err(VLLM_ERR_UNSUPPORTED, "attention: the CPU backend keeps the KV cache in float32 only");
-        return cpu_reserve(be, sizeof(float) * S, "attention");
+    case OP_ATTN: // the scores of a context, and a key / value row read from an fp8 cache
+        return cpu_reserve(be, sizeof(float) * (S + (size_t)q->attn->head_dim), "attention");
     case OP_MAMBA: {
         const struct mamba_dims *d = q->mamba;
         size_t conv = sizeof(float) * (size_t)(d->conv_kernel - 1 + T) * d->conv_dim;
@@ -452,8 +449,9 @@ int cpu_supports(struct backend *be, const struct op_query *q) {
     }
     case OP_MLA: {
         const struct mla_dims *d = q->mla;
-        if (be->kv_dtype != DT_F32)
-            return vllm_err(VLLM_ERR_UNSUPPORTED, "MLA: the CPU backend keeps the KV cache in float32 only");
+        if (be->kv_dtype != DT_F32) // CUDA refuses an fp8 latent cache too (its bf16 one the CPU does not keep)
+            return vllm_err(VLLM_ERR_UNSUPPORTED, "multi-head latent attention (MLA) has no %s KV cache on the CPU "
+                            "backend (use kv_cache_dtype auto or float32)", dtype_name(be->kv_dtype));
         return cpu_reserve(be, sizeof(float) * ((size_t)2 * d->rank + d->rope + S), "multi-head latent attention");
     }
     }
@@ -587,9 +585,9 @@ int cpu_backend_create(int num_threads, int reference, int isa, struct backend *
 // VLLM_CPU_REFERENCE=1: the reference ops; VLLM_CPU_ISA=scalar|avx2|avx512|
 // avx512_bf16 caps the fast path's kernels (default: the best this CPU has).
 int backend_cpu_create(int num_threads, enum dtype kv_dtype, struct backend **out) {
-    if (kv_dtype != DT_F32)
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU backend keeps the KV cache in float32 (kv_cache_dtype %s "
-                        "is for CUDA)", dtype_name(kv_dtype));
+    if (kv_dtype != DT_F32 && kv_dtype != DT_FP8)
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CPU backend keeps the KV cache in float32 or fp8 (kv_cache_dtype "
+                        "%s is for CUDA)", dtype_name(kv_dtype));
     const char *r = getenv("VLLM_CPU_REFERENCE"), *s = getenv("VLLM_CPU_ISA");
     int reference = r && *r && strcmp(r, "0") != 0, isa = -1;
     if (s && *s) {
@@ -598,5 +596,7 @@ int backend_cpu_create(int num_threads, enum dtype kv_dtype, struct backend **ou
         if (isa < 0)
             return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_CPU_ISA=%s: expected scalar, avx2, avx512 or avx512_bf16", s);
     }
-    return cpu_backend_create(num_threads, reference, isa, out);
+    TRY(cpu_backend_create(num_threads, reference, isa, out));
+    (*out)->kv_dtype = kv_dtype;
+    return VLLM_OK;
 }

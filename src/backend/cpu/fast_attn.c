@@ -2,7 +2,8 @@
 // (sequence, KV head, block of queries), the block's context is gathered
 // from the paged caches once for the H/Hkv query heads that share it; then
 // per head S = Q K^T, causal softmax, O = P V. Decode is the same with one
-// query per sequence. Caches and rows as in cpu_attn.c (the reference).
+// query per sequence. Caches and rows as in cpu_attn.c (the reference); an
+// fp8 cache's codes (1 byte an element) are read to fp32 by the gather.
 #include <float.h>
 #include <math.h>
 
@@ -16,7 +17,7 @@ struct attn_ctx {
     float *out;
     const float *qkv;
     int ld;
-    const float *kc, *vc;
+    const void *kc, *vc;
     const struct batch *b;
     int seq0;
     const struct attn_dims *d;
@@ -47,10 +48,11 @@ static void attn_task(void *ctx, int task, int thread) {
     float *kk = cpu_scratch(c->be, thread, sizeof(float) * task_floats(n, nq, Dh));
     float *vv = kk + (size_t)n * Dh, *sc = vv + (size_t)n * Dh, *kpack = sc + (size_t)nq * n, *vpack = kpack + kb;
     float *apack = vpack + vb;
+    enum dtype dt = c->be->kv_dtype;
     for (int j = 0; j < n; j++) {
-        int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
-        memcpy(kk + (int64_t)j * Dh, c->kc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
-        memcpy(vv + (int64_t)j * Dh, c->vc + slot * kvd + kvh * Dh, sizeof(float) * Dh);
+        int64_t off = ((int64_t)bt[j / bs] * bs + j % bs) * kvd + kvh * Dh;
+        cpu_kv_load(kk + (int64_t)j * Dh, c->kc, dt, off, Dh, d->k_scale);
+        cpu_kv_load(vv + (int64_t)j * Dh, c->vc, dt, off, Dh, d->v_scale);
     }
     if (nq == 1) { // one query (decode): dot products and axpys, nothing to pack
         const float *q = c->qkv + (int64_t)(t0 + q0) * c->ld + kvh * hg * Dh; // the group's hg heads, adjacent

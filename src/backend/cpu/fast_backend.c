@@ -560,7 +560,9 @@ void fast_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, i
 
 // qk_norm_rope: the reference's row function, 16 rows a task
 struct qk_ctx {
-    float *qkv, *kc, *vc;
+    float *qkv;
+    void *kc, *vc;
+    enum dtype kv;
     int ld;
     const float *q_norm, *k_norm, *table;
     float eps;
@@ -572,13 +574,14 @@ static void qk_task(void *ctx, int i, int thread) {
     (void)thread;
     struct qk_ctx *c = ctx;
     for (int t = i * 16; t < MIN(c->b->num_tokens, i * 16 + 16); t++)
-        cpu_qk_norm_rope_row(c->qkv, c->ld, t, c->q_norm, c->k_norm, c->eps, c->table, c->kc, c->vc, c->b, c->d);
+        cpu_qk_norm_rope_row(c->qkv, c->ld, t, c->q_norm, c->k_norm, c->eps, c->table, c->kc, c->vc, c->kv, c->b,
+                             c->d);
 }
 
 void fast_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
                        const float *table, void *k_cache, void *v_cache, const struct batch *b,
                        const struct attn_dims *d) {
-    struct qk_ctx c = {qkv, k_cache, v_cache, ld, q_norm, k_norm, table, eps, b, d};
+    struct qk_ctx c = {qkv, k_cache, v_cache, be->kv_dtype, ld, q_norm, k_norm, table, eps, b, d};
     cpu_parallel(be, CDIV(b->num_tokens, 16), qk_task, &c);
 }
 

@@ -3,7 +3,9 @@
 //
 // Each warp owns one (query token, query head, KV split) and runs an online
 // softmax over its keys; splits are merged by a second kernel. Caches are
-// [num_blocks, block_size, kv_heads, head_dim] in fp32 or bf16.
+// [num_blocks, block_size, kv_heads, head_dim] in fp32, bf16 or e4m3 codes
+// (DT_FP8: x / k_scale, x / v_scale written; each code read back as e4m3 *
+// scale in fp32, in registers: the CPU reference's values).
 #include "backend/cuda/cuda_common.cuh"
 
 // Keys per split: decode has one query per sequence, so it needs short splits
@@ -12,23 +14,26 @@
 #define SPLIT_PREFILL 512
 #define MAX_E (CUDA_MAX_HEAD_DIM / 32) // head_dim <= 256, checked at load
 
-template <typename T>
-__device__ __forceinline__ void store_kv(T *dst, float v);
-template <>
-__device__ __forceinline__ void store_kv<float>(float *dst, float v) { *dst = v; }
-template <>
-__device__ __forceinline__ void store_kv<__nv_bfloat16>(__nv_bfloat16 *dst, float v) { *dst = __float2bfloat16(v); }
+// One cache element: v as the cache's type (scale: an fp8 cache's k_scale or
+// v_scale, unused otherwise), and back as a float.
+__device__ __forceinline__ void store_kv(float *dst, float v, float) { *dst = v; }
+__device__ __forceinline__ void store_kv(__nv_bfloat16 *dst, float v, float) { *dst = __float2bfloat16(v); }
+__device__ __forceinline__ void store_kv(__nv_fp8_e4m3 *dst, float v, float scale) { *dst = fp8_code(v, scale); }
+__device__ __forceinline__ float load_kv(const float *p, float) { return *p; }
+__device__ __forceinline__ float load_kv(const __nv_bfloat16 *p, float) { return __bfloat162float(*p); }
+__device__ __forceinline__ float load_kv(const __nv_fp8_e4m3 *p, float scale) { return fp8_f(*p) * scale; }
 
 template <typename T>
-__global__ void k_kv_write(T *kc, T *vc, const float *qkv, int ld, const int32_t *slot_mapping, int qd, int kvd) {
+__global__ void k_kv_write(T *kc, T *vc, const float *qkv, int ld, const int32_t *slot_mapping, int qd, int kvd,
+                           float ks, float vs) {
     pdl_wait();
     pdl_trigger();
     int t = blockIdx.x, slot = slot_mapping[t];
     if (slot < 0) return;
     const float *row = qkv + (int64_t)t * ld + qd;
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        store_kv(kc + (int64_t)slot * kvd + i, row[i]);
-        store_kv(vc + (int64_t)slot * kvd + i, row[kvd + i]);
+        store_kv(kc + (int64_t)slot * kvd + i, row[i], ks);
+        store_kv(vc + (int64_t)slot * kvd + i, row[kvd + i], vs);
     }
 }
 
@@ -37,12 +42,11 @@ void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float
     if (b->num_tokens <= 0) return;
     int qd = d->heads * d->head_dim, kvd = d->kv_heads * d->head_dim;
     cudaStream_t s = cu(be)->stream;
-    if (be->kv_dtype == DT_BF16)
-        launch_pdl(k_kv_write<__nv_bfloat16>, b->num_tokens, 128, 0, s, (__nv_bfloat16 *)k_cache,
-                   (__nv_bfloat16 *)v_cache, qkv, ld, (const int32_t *)b->slot_mapping, qd, kvd);
-    else
-        launch_pdl(k_kv_write<float>, b->num_tokens, 128, 0, s, (float *)k_cache, (float *)v_cache, qkv, ld,
-                   (const int32_t *)b->slot_mapping, qd, kvd);
+    kv_dispatch(be->kv_dtype, [&](auto *z) {
+        typedef typename std::remove_pointer<decltype(z)>::type T;
+        launch_pdl(k_kv_write<T>, b->num_tokens, 128, 0, s, (T *)k_cache, (T *)v_cache, qkv, ld,
+                   (const int32_t *)b->slot_mapping, qd, kvd, d->k_scale, d->v_scale);
+    });
 }
 
 // qk_norm_rope (backend.h): block (t, y) of QKN_WARPS warps, a warp per
@@ -55,7 +59,7 @@ void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float
 template <typename T>
 __global__ void __launch_bounds__(32 * QKN_WARPS)
     k_qk_norm_rope(float *qkv, int ld, const float *qn, const float *kn, float eps, const float *table, T *kc, T *vc,
-                   const int32_t *pos, const int32_t *slot_mapping, int H, int Hkv, int hd) {
+                   const int32_t *pos, const int32_t *slot_mapping, int H, int Hkv, int hd, float ks, float vs) {
     __shared__ float sh[QKN_WARPS][CUDA_MAX_HEAD_DIM];
     pdl_wait();
     pdl_trigger();
@@ -65,7 +69,7 @@ __global__ void __launch_bounds__(32 * QKN_WARPS)
     int slot = slot_mapping[t], kvd = Hkv * hd;
     if (g >= H + Hkv) { // v
         if (slot >= 0)
-            for (int i = lane; i < hd; i += 32) store_kv(vc + (int64_t)slot * kvd + (g - H - Hkv) * hd + i, p[i]);
+            for (int i = lane; i < hd; i += 32) store_kv(vc + (int64_t)slot * kvd + (g - H - Hkv) * hd + i, p[i], vs);
         return;
     }
     float *s = sh[w];
@@ -87,12 +91,12 @@ __global__ void __launch_bounds__(32 * QKN_WARPS)
         for (int i = lane; i < h2; i += 32) {
             float u = s[i], v = s[i + h2], a = u * c[i] - v * sn[i], b = v * c[i] + u * sn[i];
             p[i] = a, p[i + h2] = b;
-            if (kr) store_kv(kr + i, a), store_kv(kr + i + h2, b);
+            if (kr) store_kv(kr + i, a, ks), store_kv(kr + i + h2, b, ks);
         }
     } else {
         for (int i = lane; i < hd; i += 32) {
             p[i] = s[i];
-            if (kr) store_kv(kr + i, s[i]);
+            if (kr) store_kv(kr + i, s[i], ks);
         }
     }
 }
@@ -104,12 +108,11 @@ void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_no
     dim3 grid(b->num_tokens, cdiv(d->heads + 2 * d->kv_heads, QKN_WARPS));
     cudaStream_t s = cu(be)->stream;
     const int32_t *pos = b->positions, *sm = (const int32_t *)b->slot_mapping;
-    if (be->kv_dtype == DT_BF16)
-        launch_pdl(k_qk_norm_rope<__nv_bfloat16>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, q_norm, k_norm, eps, table,
-                   (__nv_bfloat16 *)k_cache, (__nv_bfloat16 *)v_cache, pos, sm, d->heads, d->kv_heads, d->head_dim);
-    else
-        launch_pdl(k_qk_norm_rope<float>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, q_norm, k_norm, eps, table,
-                   (float *)k_cache, (float *)v_cache, pos, sm, d->heads, d->kv_heads, d->head_dim);
+    kv_dispatch(be->kv_dtype, [&](auto *z) {
+        typedef typename std::remove_pointer<decltype(z)>::type T;
+        launch_pdl(k_qk_norm_rope<T>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, q_norm, k_norm, eps, table, (T *)k_cache,
+                   (T *)v_cache, pos, sm, d->heads, d->kv_heads, d->head_dim, d->k_scale, d->v_scale);
+    });
 }
 
 struct attn_args {
@@ -120,6 +123,7 @@ struct attn_args {
     float scale;
     const int32_t *qsl, *pos, *btab;
     int seq0, seq1, tok0;
+    float ks, vs; // an fp8 cache's k_scale, v_scale (load_kv)
 };
 
 template <typename T>
@@ -144,11 +148,11 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
         int64_t slot = (int64_t)bt[j / a.bs] * a.bs + j % a.bs;
         const T *k = kc + slot * kvd + kvh * a.Dh, *v = vc + slot * kvd + kvh * a.Dh;
         float dot = 0;
-        for (int i = 0, e = lane; i < ne; i++, e += 32) dot += q[i] * load_f(k + e);
+        for (int i = 0, e = lane; i < ne; i++, e += 32) dot += q[i] * load_kv(k + e, a.ks);
         dot = warp_sum(dot);
         float mn = fmaxf(m, dot), c = expf(m - mn), p = expf(dot - mn);
         l = l * c + p;
-        for (int i = 0, e = lane; i < ne; i++, e += 32) acc[i] = acc[i] * c + p * load_f(v + e);
+        for (int i = 0, e = lane; i < ne; i++, e += 32) acc[i] = acc[i] * c + p * load_kv(v + e, a.vs);
         m = mn;
     }
     if (a.nsplit == 1) {
@@ -181,19 +185,38 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
 __device__ __forceinline__ int cdiv_dev(int a, int b) { return (a + b - 1) / b; }
 __device__ __forceinline__ int dec_range(int n, int nsplit) { return (cdiv_dev(n, nsplit) + 31) & ~31; }
 
-// dot[h] += q[h] . k over the chunks of 8 of this thread (sub of DEC_TPK)
-template <int G, int DT>
-__device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, const __nv_bfloat16 *k, int D, int sub) {
+// 8 cache elements at k in one load (32, 16 or 8 bytes) as floats (an fp8
+// cache's codes times its scale s)
+__device__ __forceinline__ void load8(const float *k, float *f, float) {
+    float4 a = *(const float4 *)k, b = *(const float4 *)(k + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void load8(const __nv_bfloat16 *k, float *f, float) {
+    uint4 u = *(const uint4 *)k;
+    const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h2[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void load8(const __nv_fp8_e4m3 *k, float *f, float s) {
+    uint2 u = *(const uint2 *)k;
+    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = fp8x2_f2(p[i]);
+        f[2 * i] = v.x * s, f[2 * i + 1] = v.y * s;
+    }
+}
+// dot[h] += q[h] . k over the chunks of 8 of this thread (sub of DEC_TPK);
+// s: an fp8 cache's k_scale
+template <int G, int DT, typename T>
+__device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, const T *k, int D, int sub, float s) {
 #pragma unroll
     for (int e = sub * 8; e < (DT ? DT : D); e += DEC_TPK * 8) {
-        uint4 u = *(const uint4 *)(k + e);
-        const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
         float f[8];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 v = __bfloat1622float2(h2[i]);
-            f[2 * i] = v.x, f[2 * i + 1] = v.y;
-        }
+        load8(k + e, f, s);
 #pragma unroll
         for (int h = 0; h < G; h++) {
             const float *qh = q + h * qs + e;
@@ -204,25 +227,10 @@ __device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, con
         }
     }
 }
-template <int G, int DT>
-__device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, const float *k, int D, int sub) {
-#pragma unroll
-    for (int e = sub * 8; e < (DT ? DT : D); e += DEC_TPK * 8) {
-        float4 a = *(const float4 *)(k + e), b = *(const float4 *)(k + e + 4);
-        float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int h = 0; h < G; h++) {
-            const float *qh = q + h * qs + e;
-            float d = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) d += qh[i] * f[i];
-            dot[h] += d;
-        }
-    }
-}
-// f[0..C) = p[0..C), C of 2, 4 or 8 in one load (p aligned to C elements)
+// f[0..C) = p[0..C), C of 2, 4 or 8 in one load (p aligned to C elements);
+// an fp8 cache's codes times its v_scale s
 template <int C>
-__device__ __forceinline__ void load_cols(const float *p, float *f) {
+__device__ __forceinline__ void load_cols(const float *p, float *f, float) {
     if (C == 2) {
         float2 v = *(const float2 *)p;
         f[0] = v.x, f[1] = v.y;
@@ -235,7 +243,7 @@ __device__ __forceinline__ void load_cols(const float *p, float *f) {
     }
 }
 template <int C>
-__device__ __forceinline__ void load_cols(const __nv_bfloat16 *p, float *f) {
+__device__ __forceinline__ void load_cols(const __nv_bfloat16 *p, float *f, float) {
     __nv_bfloat162 h[C / 2];
     if (C == 2) *(uint32_t *)h = *(const uint32_t *)p;
     else if (C == 4) *(uint2 *)h = *(const uint2 *)p;
@@ -244,6 +252,19 @@ __device__ __forceinline__ void load_cols(const __nv_bfloat16 *p, float *f) {
     for (int i = 0; i < C / 2; i++) {
         float2 v = __bfloat1622float2(h[i]);
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+template <int C>
+__device__ __forceinline__ void load_cols(const __nv_fp8_e4m3 *p, float *f, float s) {
+    uint2 u = {0, 0};
+    if (C == 2) u.x = *(const uint16_t *)p;
+    else if (C == 4) u.x = *(const uint32_t *)p;
+    else u = *(const uint2 *)p;
+    const __nv_fp8x2_storage_t *h = (const __nv_fp8x2_storage_t *)&u;
+#pragma unroll
+    for (int i = 0; i < C / 2; i++) {
+        float2 v = fp8x2_f2(h[i]);
+        f[2 * i] = v.x * s, f[2 * i + 1] = v.y * s;
     }
 }
 // Output columns per thread: as many as the accumulators (G heads) allow.
@@ -302,7 +323,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
                 int j = base + k * KG + tid / DEC_TPK;
 #pragma unroll
                 for (int h = 0; h < G; h++) d[k][h] = 0;
-                if (j < nk) dot_part<G, DT>(d[k], q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK);
+                if (j < nk) dot_part<G, DT>(d[k], q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK, a.ks);
             }
 #pragma unroll
             for (int k = 0; k < KP; k++) {
@@ -349,7 +370,7 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
 #pragma unroll 4
             for (int j = kl; j < nk; j += KL) {
                 float v[C];
-                load_cols<C>(vc + slot[j] * kvd + kvh * D + C * cp, v);
+                load_cols<C>(vc + slot[j] * kvd + kvh * D + C * cp, v, a.vs);
 #pragma unroll
                 for (int h = 0; h < G; h++) {
                     float p = sc[h * DEC_CHUNK + j];
@@ -437,14 +458,16 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
         for (int s = seq0; s < seq1; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
     int nsplit = cdiv(maxlen, split);
     attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
-                   split, d->scale, b->query_start_loc, b->positions, b->block_tables, seq0, seq1, tok0};
+                   split, d->scale, b->query_start_loc, b->positions, b->block_tables, seq0, seq1, tok0,
+                   d->k_scale, d->v_scale};
     if (nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)ntok * d->heads * nsplit * (d->head_dim + 2));
     int wpb = 4;
     dim3 grid(ntok, cdiv(d->heads, wpb), nsplit);
     cudaStream_t s = cu(be)->stream;
-    if (be->kv_dtype == DT_BF16)
-        k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const __nv_bfloat16 *)kc, (const __nv_bfloat16 *)vc);
-    else k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const float *)kc, (const float *)vc);
+    kv_dispatch(be->kv_dtype, [&](auto *z) {
+        typedef typename std::remove_pointer<decltype(z)>::type T;
+        k_attn<<<grid, 32 * wpb, 0, s>>>(a, (const T *)kc, (const T *)vc);
+    });
     LAUNCH_CHECK();
     merge(be, &a, ntok);
 }
@@ -496,12 +519,13 @@ void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
     nsplit = nsplit < cdiv(maxlen, 32) ? nsplit : cdiv(maxlen, 32);
     nsplit = nsplit > 1 ? nsplit : 1;
     attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
-                   0, d->scale, b->query_start_loc, b->positions, b->block_tables, 0, nd, 0};
+                   0, d->scale, b->query_start_loc, b->positions, b->block_tables, 0, nd, 0, d->k_scale, d->v_scale};
     if (nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * nsplit * (d->head_dim + 2));
     dim3 grid(nd, d->kv_heads * cdiv(g, G), nsplit);
     cudaStream_t s = cu(be)->stream;
-    if (be->kv_dtype == DT_BF16) launch_dec_t<__nv_bfloat16>(a, G, grid, s, k_cache, v_cache);
-    else launch_dec_t<float>(a, G, grid, s, k_cache, v_cache);
+    kv_dispatch(be->kv_dtype, [&](auto *z) {
+        launch_dec_t<typename std::remove_pointer<decltype(z)>::type>(a, G, grid, s, k_cache, v_cache);
+    });
     LAUNCH_CHECK();
     merge(be, &a, nd);
 }

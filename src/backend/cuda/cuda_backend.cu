@@ -875,7 +875,10 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
     }
     case OP_MLA: {
         const struct mla_dims *d = q->mla;
-        if (d->rank > CUDA_MLA_MAX_RANK || d->rank % 4 || d->rope % 4 || d->rank + d->rope > CUDA_MLA_MAX_W ||
+        if (be->kv_dtype == DT_FP8) // as the CPU backend (its cuda_mla.cu caches fp32 or bf16 latents)
+            snprintf(buf, sizeof buf, "multi-head latent attention (MLA) with an fp8 KV cache (use kv_cache_dtype "
+                     "auto or bfloat16)"), why = buf;
+        else if (d->rank > CUDA_MLA_MAX_RANK || d->rank % 4 || d->rope % 4 || d->rank + d->rope > CUDA_MLA_MAX_W ||
             cuda_mla_smem(d) > cu(be)->smem_optin)
             snprintf(buf, sizeof buf, "multi-head latent attention: kv_lora_rank %d, qk_rope_head_dim %d (multiples "
                      "of 4, rank at most %d, together at most %d)", d->rank, d->rope, CUDA_MLA_MAX_RANK,
@@ -958,7 +961,8 @@ static void init_ops(void) {
 
 extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     if (kv_dtype == DT_F16)
-        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend keeps the KV cache in float32 or bfloat16, not float16");
+        return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend keeps the KV cache in float32, bfloat16 or fp8, not "
+                        "float16");
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

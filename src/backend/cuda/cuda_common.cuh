@@ -7,8 +7,11 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 extern "C" {
 #include "backend/backend.h"
@@ -128,6 +131,32 @@ __device__ __forceinline__ float softplus_th(float x) { return x > 20.0f ? x : l
 __device__ __forceinline__ float load_f(const float *p) { return *p; }
 __device__ __forceinline__ float load_f(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ float load_f(const __half *p) { return __half2float(*p); }
+// The fp8 KV cache (DT_FP8, backend.h's enum dtype): x / scale as an e4m3
+// code, rounded to nearest even and saturating at +-448 (vLLM's
+// scaled_convert), and codes back as floats (e4m3 -> half -> float: exact).
+__device__ __forceinline__ __nv_fp8_e4m3 fp8_code(float x, float scale) {
+    __nv_fp8_e4m3 c;
+    c.__x = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
+    return c;
+}
+__device__ __forceinline__ float fp8_f(__nv_fp8_e4m3 c) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(c.__x, __NV_E4M3)));
+}
+__device__ __forceinline__ float2 fp8x2_f2(__nv_fp8x2_storage_t p) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p, __NV_E4M3)));
+}
+// Calls f with a null pointer of the KV cache's element type: float, bf16
+// or e4m3 codes (DT_F16 is refused when the backend is created), so that
+// each launcher names its kernels once.
+template <typename F>
+static inline void kv_dispatch(enum dtype dt, F f) {
+    switch (dt) {
+    case DT_BF16: f((__nv_bfloat16 *)0); return;
+    case DT_FP8: f((__nv_fp8_e4m3 *)0); return;
+    case DT_F32:
+    case DT_F16: f((float *)0); return;
+    }
+}
 __device__ __forceinline__ float act_dev(enum act k, float x) {
     switch (k) {
     case ACT_RELU2: return x > 0 ? x * x : 0.0f;
@@ -280,8 +309,8 @@ void cuda_token_logprobs(struct backend *be, const float *logits, int vocab, con
                          float *top_lp);
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
-// Prefill attention on tensor cores for a bf16 KV cache and head_dim 64 /
-// 128 (cuda_flash.cu); 0 when the shape is not one it runs.
+// Prefill attention on tensor cores for a bf16 or fp8 KV cache and head_dim
+// 64 / 128 (cuda_flash.cu); 0 when the shape is not one it runs.
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
 // Quantized dense weights (cuda_quant.cu). cuda_gemv_quant: y [n, N] = x [n,

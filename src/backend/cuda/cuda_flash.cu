@@ -1,14 +1,17 @@
 // cuda_flash.cu - prefill attention on tensor cores (flash attention):
-// the attn_prefill op for a 16-bit KV cache and head_dim 64 or 128; its
-// CPU reference is cpu_attn_prefill (same name), other shapes take the
+// the attn_prefill op for a bf16 or fp8 KV cache and head_dim 64 or 128;
+// its CPU reference is cpu_attn_prefill (same name), other shapes take the
 // split-KV kernel of cuda_attn.cu.
 //
 // A block takes 64 queries of one sequence and one query head: Q [64, D]
-// rounded to the cache's 16-bit type, then for each tile of 64 cached keys
-// (paged: each key row found through the block table) S = Q K^T, the causal
-// mask, an online softmax in fp32, O += P V, all with mma.sync m16n8k16 and
-// fp32 accumulation. 4 warps, 16 query rows each; K / V tiles by cp.async,
-// rows padded by 8 elements so that ldmatrix is conflict-free.
+// rounded to bf16, then for each tile of 64 cached keys (paged: each key row
+// found through the block table) S = Q K^T, the causal mask, an online
+// softmax in fp32, O += P V, all with mma.sync m16n8k16 and fp32
+// accumulation. 4 warps, 16 query rows each; K / V tiles by cp.async (bf16)
+// or, from an fp8 cache, codes loaded to registers and widened to bf16 as
+// they are stored (exact: every e4m3 value is a bf16); rows padded by 8
+// elements so that ldmatrix is conflict-free. An fp8 cache's scales stay out
+// of the tiles: k_scale joins the softmax scale, v_scale the final 1 / l.
 #include "backend/cuda/cuda_common.cuh"
 
 #define FQ 64 // queries per block
@@ -29,9 +32,67 @@ struct flash_args {
     float *out;         // [T, H*D]
     const float *qkv;   // [T, ld]
     int ld, H, Hkv, bs, mbps, seq0, seq1;
-    float scale;
+    float scale;        // of the scores (times an fp8 cache's k_scale)
     const int32_t *qsl, *ctx, *btab;
+    float vs;           // of the output: an fp8 cache's v_scale, else 1
 };
+
+// 8 e4m3 codes (8 bytes, in a register pair) -> 8 bf16 at t (16-byte
+// aligned shared memory), each exact.
+__device__ __forceinline__ void widen8_bf16(__nv_bfloat16 *t, uint2 u) {
+    const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
+    uint4 r;
+    __nv_bfloat162 *o = (__nv_bfloat162 *)&r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = fp8x2_f2(p[i]);
+        o[i] = __floats2bfloat162_rn(v.x, v.y);
+    }
+    *(uint4 *)t = r;
+}
+
+// The K and V rows of keys [k0, k0 + FK) into the tiles (keys past `last`:
+// zeros), P elements a row: 16-byte async copies from a bf16 cache; from an
+// fp8 one, every code of the thread loaded first (its loads in flight
+// together), then widened.
+template <int D, int P>
+__device__ __forceinline__ void load_tiles(const flash_args &a, __nv_bfloat16 *Ks, __nv_bfloat16 *Vs,
+                                           const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const int32_t *bt,
+                                           int kvh, int k0, int last) {
+    int kvd = a.Hkv * D;
+    for (int i = threadIdx.x; i < FK * (D / 8); i += 128) {
+        int r = i / (D / 8), c = (i % (D / 8)) * 8, key = k0 + r;
+        bool ok = key <= last;
+        int64_t slot = ok ? (int64_t)bt[key / a.bs] * a.bs + key % a.bs : 0;
+        cp_async16(Ks + r * P + c, kc + slot * kvd + kvh * D + c, ok);
+        cp_async16(Vs + r * P + c, vc + slot * kvd + kvh * D + c, ok);
+    }
+    asm volatile("cp.async.commit_group;\n");
+    asm volatile("cp.async.wait_group 0;\n");
+}
+template <int D, int P>
+__device__ __forceinline__ void load_tiles(const flash_args &a, __nv_bfloat16 *Ks, __nv_bfloat16 *Vs,
+                                           const __nv_fp8_e4m3 *kc, const __nv_fp8_e4m3 *vc, const int32_t *bt,
+                                           int kvh, int k0, int last) {
+    constexpr int NL = FK * (D / 8) / 128; // 8-code chunks of each tile a thread loads
+    int kvd = a.Hkv * D;
+    uint2 ku[NL], vu[NL];
+#pragma unroll
+    for (int n = 0; n < NL; n++) {
+        int i = threadIdx.x + n * 128, r = i / (D / 8), c = (i % (D / 8)) * 8, key = k0 + r;
+        ku[n] = vu[n] = make_uint2(0, 0);
+        if (key <= last) {
+            int64_t off = ((int64_t)bt[key / a.bs] * a.bs + key % a.bs) * kvd + kvh * D + c;
+            ku[n] = *(const uint2 *)(kc + off), vu[n] = *(const uint2 *)(vc + off);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NL; n++) {
+        int i = threadIdx.x + n * 128, r = i / (D / 8), c = (i % (D / 8)) * 8;
+        widen8_bf16(Ks + r * P + c, ku[n]);
+        widen8_bf16(Vs + r * P + c, vu[n]);
+    }
+}
 
 // The sequence and first query of block x: sequences in order, ceil(L/64)
 // blocks each; -1 past the last.
@@ -47,15 +108,18 @@ __device__ __forceinline__ int find_tile(const flash_args &a, int x, int *q0) {
     return -1;
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(128) k_flash(flash_args a, const T *kc, const T *vc) {
+// C: the cache's element type (bf16, or e4m3 codes widened to bf16 tiles)
+template <typename C, int D>
+__global__ void __launch_bounds__(128) k_flash(flash_args a, const C *kc, const C *vc) {
+    typedef __nv_bfloat16 T; // Q, K, V and P on the tensor cores
+    static_assert(FK * (D / 8) % 128 == 0, "whole 8-element chunks of a tile per thread");
     constexpr int P = D + 8; // padded row
     extern __shared__ __align__(16) unsigned char fsm[];
     T *Qs = (T *)fsm, *Ks = Qs + FQ * P, *Vs = Ks + FK * P;
     int q0, s = find_tile(a, blockIdx.x, &q0), h = blockIdx.y;
     if (s < 0) return;
     int t0 = a.qsl[s], L = a.qsl[s + 1] - t0, ctx0 = a.ctx[s], nq = min(FQ, L - q0);
-    int kvh = h / (a.H / a.Hkv), kvd = a.Hkv * D, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int kvh = h / (a.H / a.Hkv), tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int32_t *bt = a.btab + (int64_t)s * a.mbps;
     // Q tile: fp32 rows of qkv -> 16 bits (pad rows zero)
     for (int i = tid; i < FQ * D; i += 128) {
@@ -72,15 +136,7 @@ __global__ void __launch_bounds__(128) k_flash(flash_args a, const T *kc, const 
     int row_pos[2] = {ctx0 + q0 + warp * 16 + (lane >> 2), ctx0 + q0 + warp * 16 + (lane >> 2) + 8};
     for (int k0 = 0; k0 <= last; k0 += FK) {
         __syncthreads(); // the previous tile's K / V are no longer read
-        for (int i = tid; i < FK * (D / 8); i += 128) {
-            int r = i / (D / 8), c = (i % (D / 8)) * 8, key = k0 + r;
-            bool ok = key <= last;
-            int64_t slot = ok ? (int64_t)bt[key / a.bs] * a.bs + key % a.bs : 0;
-            cp_async16(Ks + r * P + c, kc + slot * kvd + kvh * D + c, ok);
-            cp_async16(Vs + r * P + c, vc + slot * kvd + kvh * D + c, ok);
-        }
-        asm volatile("cp.async.commit_group;\n");
-        asm volatile("cp.async.wait_group 0;\n");
+        load_tiles<D, P>(a, Ks, Vs, kc, vc, bt, kvh, k0, last);
         __syncthreads();
         // S [16 rows of this warp, 64 keys] = Q K^T
         float sc[FK / 8][4];
@@ -157,7 +213,7 @@ __global__ void __launch_bounds__(128) k_flash(flash_args a, const T *kc, const 
     for (int hr = 0; hr < 2; hr++) {
         int r = warp * 16 + (lane >> 2) + hr * 8;
         if (r >= nq) continue;
-        float inv = l[hr] > 0 ? 1.0f / l[hr] : 0.0f;
+        float inv = l[hr] > 0 ? a.vs / l[hr] : 0.0f;
         float *op = a.out + (int64_t)(t0 + q0 + r) * a.H * D + h * D;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
@@ -167,11 +223,11 @@ __global__ void __launch_bounds__(128) k_flash(flash_args a, const T *kc, const 
     }
 }
 
-template <typename T, int D>
+template <typename C, int D>
 static void launch(struct backend *be, const flash_args &a, const void *kc, const void *vc, int blocks) {
-    size_t sm = sizeof(T) * (size_t)(FQ + 2 * FK) * (D + 8);
-    CUDA_CHECK(cudaFuncSetAttribute(k_flash<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_flash<T, D><<<dim3(blocks, a.H), 128, sm, cu(be)->stream>>>(a, (const T *)kc, (const T *)vc);
+    size_t sm = sizeof(__nv_bfloat16) * (size_t)(FQ + 2 * FK) * (D + 8);
+    CUDA_CHECK(cudaFuncSetAttribute(k_flash<C, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    k_flash<C, D><<<dim3(blocks, a.H), 128, sm, cu(be)->stream>>>(a, (const C *)kc, (const C *)vc);
     LAUNCH_CHECK();
 }
 
@@ -180,14 +236,20 @@ static void launch(struct backend *be, const flash_args &a, const void *kc, cons
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                                     const void *v_cache, const struct batch *b, int seq0, int seq1,
                                     const struct attn_dims *d) {
-    int D = d->head_dim;
-    if (be->kv_dtype != DT_BF16 || (D != 64 && D != 128) || b->fixed_shapes) return 0;
+    int D = d->head_dim, fp8 = be->kv_dtype == DT_FP8;
+    if ((be->kv_dtype != DT_BF16 && !fp8) || (D != 64 && D != 128) || b->fixed_shapes) return 0;
     int blocks = 0;
     for (int s = seq0; s < seq1; s++) blocks += cdiv(b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], FQ);
     if (!blocks) return 1;
-    flash_args a = {out, qkv, ld, d->heads, d->kv_heads, d->block_size, b->max_blocks_per_seq, seq0, seq1, d->scale,
-                    b->query_start_loc, b->context_lens, b->block_tables};
-    if (D == 64) launch<__nv_bfloat16, 64>(be, a, k_cache, v_cache, blocks);
-    else launch<__nv_bfloat16, 128>(be, a, k_cache, v_cache, blocks);
+    flash_args a = {out, qkv, ld, d->heads, d->kv_heads, d->block_size, b->max_blocks_per_seq, seq0, seq1,
+                    fp8 ? d->scale * d->k_scale : d->scale, b->query_start_loc, b->context_lens, b->block_tables,
+                    fp8 ? d->v_scale : 1.0f};
+    if (fp8) {
+        if (D == 64) launch<__nv_fp8_e4m3, 64>(be, a, k_cache, v_cache, blocks);
+        else launch<__nv_fp8_e4m3, 128>(be, a, k_cache, v_cache, blocks);
+    } else {
+        if (D == 64) launch<__nv_bfloat16, 64>(be, a, k_cache, v_cache, blocks);
+        else launch<__nv_bfloat16, 128>(be, a, k_cache, v_cache, blocks);
+    }
     return 1;
 }
