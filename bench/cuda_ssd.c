@@ -2,7 +2,7 @@
 // (ssd_prefill: one Mamba layer's scan) at Nemotron-3-Nano 30B-A3B's shapes:
 // 64 heads of 64, 8 groups, state 128, chunk 128. Batches of SEQS fresh
 // prompts of TOKENS tokens each (state_src -1, no checkpoints), in the fp32
-// mode (kv_dtype float32) and the 16-bit one (bf16 KV: bf16 products).
+// mode (weight_dtype float32) and the 16-bit one (bf16 products).
 // Prints per batch the microseconds of one call (a layer) and the tokens per
 // second of that layer alone. The program uses the op's interface only, so
 // it builds against an older tree (copy it in) to time the old kernels the
@@ -52,7 +52,7 @@ static void bench_prefill(struct backend *be, int S, int T) {
     }
     double m = bench_median(t, 5);
     printf("  ssd_prefill %-4s %3d x %-6d %10.1f us per layer  %12.0f tok/s\n",
-           be->kv_dtype == DT_F32 ? "fp32" : "bf16", S, T, m * 1e6, n / m);
+           be->weight_dtype == WF_F32 ? "fp32" : "bf16", S, T, m * 1e6, n / m);
     void *all[] = {da, zx, y, st, A, Dv, dtb};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->free(be, all[i]);
     free(arr);
@@ -71,6 +71,7 @@ int main(int argc, char **argv) {
             printf("cuda_ssd: no GPU (%s)\n", vllm_last_error());
             return 0;
         }
+        be->weight_dtype = mode ? WF_BF16 : WF_F32; // the compute mode
         for (int i = 0; i < np; i++) {
             int S = argc > 1 ? atoi(argv[1 + 2 * i]) : def[2 * i];
             int T = argc > 1 ? atoi(argv[2 + 2 * i]) : def[2 * i + 1];

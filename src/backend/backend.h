@@ -367,9 +367,12 @@ struct backend {
     int num_threads;
     enum dtype kv_dtype; // of the KV cache
     // The model's --dtype (engine_init sets it; WF_F32 until then, the exact
-    // choice): a backend that multiplies quantized weights through a dense
-    // GEMM dequantizes them to it (CUDA prefill: fp32 in the exactness gates,
-    // bf16 or fp16 for speed). kv_dtype cannot say it: it is its own flag.
+    // choice), which is also the compute mode: WF_F32 is the exactness mode,
+    // where ops that have a faster 16-bit form keep their fp32 kernels (CUDA:
+    // flash prefill, the SSD products); a backend that multiplies quantized
+    // weights through a dense GEMM dequantizes them to it (CUDA prefill).
+    // kv_dtype cannot say it: it is its own flag (an fp8 cache under fp32
+    // weights computes in fp32).
     enum wfmt weight_dtype;
     int graph_epoch;     // bumped when device buffers recorded graphs use move: re-record them
     int tp_rank, tp_size; // this backend's rank in its tensor-parallel group; 0, 1 alone

@@ -269,7 +269,7 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
     int T = t.c.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
     size_t cn = (size_t)NS * mbps * 16 * kvd;
     float *kc = test_rnd(cn, 1), *vc = test_rnd(cn, 1), *qkv = test_rnd((size_t)T * ld, 1);
-    gpu->kv_dtype = kv;
+    gpu->kv_dtype = kv, gpu->weight_dtype = kv == DT_F32 ? WF_F32 : WF_BF16; // bf16: the flash prefill's mode
     struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     memcpy(pk.c, kc, cn * 4), memcpy(pv.c, vc, cn * 4);
@@ -300,7 +300,7 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free_tb(&t), free_tb(&full);
     free(kc), free(vc), free(qkv), free(fq);
-    gpu->kv_dtype = DT_F32;
+    gpu->kv_dtype = DT_F32, gpu->weight_dtype = WF_F32;
 }
 
 // Routers (grouped sigmoid, flat sigmoid, softmax with and without

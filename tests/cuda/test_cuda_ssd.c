@@ -1,7 +1,7 @@
 // test_cuda_ssd.c - the CUDA SSD chunked-scan prefill (ssd_prefill, after
 // ssd_decode for the batch's decode rows) against the CPU reference op, at
 // Nemotron-3-Nano's shapes (64 heads of 64, 8 groups, state 128, chunk 128),
-// in the fp32 mode (kv_dtype float32: relative error <= 1e-5) and the 16-bit
+// in the fp32 mode (weight_dtype float32: relative error <= 1e-5) and the 16-bit
 // mode (bf16 products: <= 2e-2), on y and on every state slot.
 //
 // One batch: 2 decodes, then 74 prefills of 1, 2 (a chunk boundary between
@@ -132,7 +132,7 @@ static void run_case(struct backend *cpu, struct backend *gpu, struct ssd_batch 
     for (int mode = 0; mode < 2; mode++) {
         enum dtype kv = mode ? DT_BF16 : DT_F32;
         double tol = mode ? 2e-2 : 1e-5;
-        gpu->kv_dtype = kv; // the op's mode
+        gpu->kv_dtype = kv, gpu->weight_dtype = mode ? WF_BF16 : WF_F32; // the op's mode
         gpu->ops->upload(gpu, gy, y0, sizeof(float) * ny);
         gpu->ops->upload(gpu, gst, st0, sizeof(float) * nst);
         gpu->ops->ssd_decode(gpu, gy, gzx, LD, gp + 2 * H, gp, gp + H, gst, &b->g, &d);
@@ -142,7 +142,7 @@ static void run_case(struct backend *cpu, struct backend *gpu, struct ssd_batch 
                es, tol, ny, nst);
         CHECKF(ey <= tol && es <= tol, "%s %s: y %.3g, states %.3g > %.0g", what, mode ? "bf16" : "fp32", ey, es, tol);
     }
-    gpu->kv_dtype = DT_F32;
+    gpu->kv_dtype = DT_F32, gpu->weight_dtype = WF_F32;
     void *gall[] = {gzx, gy, gst, gp, b->dev};
     for (size_t i = 0; i < sizeof gall / sizeof gall[0]; i++) gpu->ops->free(gpu, gall[i]);
     cpu->ops->free(cpu, cy), cpu->ops->free(cpu, cst);

@@ -237,7 +237,9 @@ int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld,
                                     const void *v_cache, const struct batch *b, int seq0, int seq1,
                                     const struct attn_dims *d) {
     int D = d->head_dim, fp8 = be->kv_dtype == DT_FP8;
-    if ((be->kv_dtype != DT_BF16 && !fp8) || (D != 64 && D != 128) || b->fixed_shapes) return 0;
+    // bf16 Q and P: not in the fp32 mode (weight_dtype float32), whatever the cache
+    if (be->weight_dtype == WF_F32 || (be->kv_dtype != DT_BF16 && !fp8) || (D != 64 && D != 128) || b->fixed_shapes)
+        return 0;
     int blocks = 0;
     for (int s = seq0; s < seq1; s++) blocks += cdiv(b->h_query_start_loc[s + 1] - b->h_query_start_loc[s], FQ);
     if (!blocks) return 1;

@@ -188,7 +188,7 @@ __device__ __forceinline__ float dt_of(const ssd_args &a, const float *row, int 
 // The SSD chunked scan as batched matrix products over the chunks of every
 // prefill sequence at once (cuBLAS strided-batched GEMMs): bf16 inputs with
 // fp32 accumulation on tensor cores, or fp32 throughout in the fp32 mode
-// (kv_dtype float32, the exactness gates). Chunks end at absolute multiples of
+// (weight_dtype float32, the exactness gates). Chunks end at absolute multiples of
 // chunk_size and are padded to L rows. Per chunk c, head h (group g; the
 // group's hpg = H/G heads side by side make [., hpg*P] products per (c, g)):
 //   CB = C B^T                                    [L, L]        per (c, g)
@@ -272,7 +272,7 @@ size_t cuda_ssd_scratch(struct backend *be, const struct mamba_dims *d, int max_
     int64_t T = std::max(max_tokens, 1); // a chunk holds a token at least, and so does a sequence
     ssd_chunk *ch;
     int32_t *first;
-    if (be->kv_dtype == DT_F32) {
+    if (be->weight_dtype == WF_F32) {
         ssd_bufs<float> s;
         return ssd_layout(NULL, d, T, T, &ch, &first, &s);
     }
@@ -505,7 +505,7 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     ssd_args a = {y, zxbcdt, ld, d->heads, d->head_dim, d->groups, d->state, d->chunk_size, d->heads * d->head_dim,
                   d->conv_dim, dt_bias, A, D, ssm_state, b->query_start_loc, b->context_lens, b->state_slots,
                   b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot, seq0, d->dt_min, d->dt_max, NULL};
-    if (be->kv_dtype == DT_F32) ssd_run<float>(be, a, ns, nc, d, CUDA_R_32F); // the fp32 mode: fp32 products
+    if (be->weight_dtype == WF_F32) ssd_run<float>(be, a, ns, nc, d, CUDA_R_32F); // the fp32 mode: fp32 products
     else ssd_run<__nv_bfloat16>(be, a, ns, nc, d, CUDA_R_16BF);
 }
 
