@@ -12,8 +12,8 @@
 //        a scale per row, half the bytes; fp8_block: e4m3 + a scale per row and 128 columns; nvfp4: e2m1 +
 //        an e4m3 scale per 16 columns + a scale per row, 0.28 of the bytes) |
 //        quant: the dense linears (Mamba in / out_proj, the shared expert) in bf16, FP8, FP8 blocks and NVFP4
-//        (decode up to 16 rows: the GEMVs; prefill above: dequantized to bf16, then the GEMM), then above 16
-//        rows FP8 again as W8A8 (VLLM_FP8_W8A8=1: cuBLASLt's FP8 GEMM); TFLOP/s too]
+//        (up to 4 rows: the GEMVs; above: FP8 as W8A8 on cuBLASLt's FP8 GEMM, the others dequantized to
+//        bf16, then the GEMM), then above 4 rows FP8 again dequantized (VLLM_FP8_W8A8=0); TFLOP/s too]
 // e.g. cuda_ops 8192 4 quant (prefill at --max-num-batched-tokens 8192), cuda_ops 1 64 quant (decode)
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,8 +255,8 @@ static void bench_small(int n, int calls) {
 }
 
 // The dense linears in each weight format (the model's --dtype bf16: what
-// quantized prefill dequantizes to); above 16 rows FP8 also as W8A8, on a
-// backend made again with VLLM_FP8_W8A8=1.
+// quantized prefill dequantizes to); above 4 rows FP8 (W8A8 by default) also
+// dequantized, on a backend made again with VLLM_FP8_W8A8=0.
 static void bench_quant(int n, int calls) {
     static const struct {
         const char *name;
@@ -271,13 +271,13 @@ static void bench_quant(int n, int calls) {
             snprintf(what, sizeof what, "%s %s", sh[s].name, wfmt_name(fmts[f]));
             bench_matmul(what, fmts[f], sh[s].rows, sh[s].cols, n, calls);
         }
-    if (n <= 16) return;
-    backend_free(be);
-    setenv("VLLM_FP8_W8A8", "1", 1);
+    if (n <= 4) return; // the GEMV's rows (CUDA_QGEMV_MAXB)
+    backend_free(be); // FP8 above the GEMV's rows again, dequantized instead of W8A8
+    setenv("VLLM_FP8_W8A8", "0", 1);
     if (backend_cuda_create(DT_BF16, &be)) die("cuda: %s", vllm_last_error());
     be->weight_dtype = WF_BF16;
     for (int s = 0; s < 4; s++) {
-        snprintf(what, sizeof what, "%s fp8 w8a8", sh[s].name);
+        snprintf(what, sizeof what, "%s fp8 dequantized", sh[s].name);
         bench_matmul(what, WF_FP8, sh[s].rows, sh[s].cols, n, calls);
     }
 }

@@ -13,7 +13,7 @@
 // - exactness: a weight holding every code (and NVFP4 block scale) times
 //   one-hot rows of x gives each value of wfmt_dequant, bit for bit (fp32
 //   mode; bf16 mode: that value rounded to bf16), in the GEMV and the GEMM;
-// - W8A8 (VLLM_FP8_W8A8=1) for WF_FP8 prefill in bf16 mode (test_w8a8);
+// - W8A8 (the default; VLLM_FP8_W8A8=0 off) for WF_FP8 above 4 rows in bf16 mode (test_w8a8);
 // - refusals: an NVFP4 weight of 1000 columns (not a multiple of 16), the
 //   embedding of a quantized table, each naming it.
 // Exits 77 (skip) without a GPU.
@@ -216,19 +216,17 @@ static void test_exact(enum wfmt f, int64_t K) {
     free(codes), free(bs), free(sc);
 }
 
-// W8A8 (VLLM_FP8_W8A8=1, bf16 mode): WF_FP8 prefill on FP8 tensor cores, x
+// W8A8 (the default in bf16 mode): WF_FP8 above 4 rows on FP8 tensor cores, x
 // quantized per token. Bound 5e-2 of the largest |y| (emulated on the host
 // with these weights and x: 2.5e-2 at K 1856..4096; the dequantized bf16
 // GEMM: 2.5e-3). Its result must differ from the dequantized path's: equal,
 // cuBLASLt refused the FP8 GEMM and it fell back (stderr says so).
 static void test_w8a8(void) {
     struct backend *g8 = NULL;
-    setenv("VLLM_FP8_W8A8", "1", 1);
-    CHECK(backend_create("cuda", 0, DT_F32, &g8) == 0);
-    unsetenv("VLLM_FP8_W8A8");
+    CHECK(backend_create("cuda", 0, DT_F32, &g8) == 0); // W8A8: the default
     g8->weight_dtype = gpu->weight_dtype = WF_BF16;
     const int64_t shapes[][2] = {{10304, 2688}, {2688, 4096}, {2688, 1856}};
-    const int ns[] = {17, 300, 2048};
+    const int ns[] = {5, 16, 300, 2048};
     for (int s = 0; s < 3; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         struct weight wc, wg, w8;
@@ -237,7 +235,7 @@ static void test_w8a8(void) {
         CHECK(g8->ops->weight_random(g8, &w8, 300 + s, 0.02f) == 0);
         struct op_query q = {.op = OP_MATMUL, .max_tokens = 2048, .max_seq_len = 1, .w = &w8};
         CHECK(g8->ops->supports(g8, &q) == 0);
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             int n = ns[i];
             float *x = test_rnd((size_t)(n * K), 1), *yc = xmalloc(sizeof(float) * (size_t)(n * N));
             float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *yd = gpu->ops->alloc(gpu, sizeof(float) * n * N);
@@ -277,7 +275,10 @@ static void test_refusals(void) {
 
 int main(void) {
     CHECK(cpu_backend_create(0, 1, -1, &cpu) == 0); // the reference ops, every core
-    if (backend_create("cuda", 0, DT_F32, &gpu)) TEST_SKIP("no CUDA device: %s", vllm_last_error());
+    setenv("VLLM_FP8_W8A8", "0", 1); // this backend: FP8 dequantized above the GEMV's rows (test_w8a8: W8A8)
+    int rc = backend_create("cuda", 0, DT_F32, &gpu);
+    unsetenv("VLLM_FP8_W8A8");
+    if (rc) TEST_SKIP("no CUDA device: %s", vllm_last_error());
     const int64_t shapes[][2] = {{10304, 2688}, {2688, 4096}, {3712, 2688}, {2688, 3712}, {2688, 1856}, {1000, 1000}};
     for (int i = 0; i < 3; i++)
         for (int s = 0; s < 6; s++) {

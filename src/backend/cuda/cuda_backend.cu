@@ -539,7 +539,7 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
     bool quant = wfmt_quantized(w->fmt), gemv = quant ? n <= CUDA_QGEMV_MAXB : gemv_fits(x, w, n);
     cudaStream_t s = cu(be)->stream;
     if (quant && gemv) cuda_gemv_quant(be, y, x, w, n);
-    else if (quant) { // prefill: W8A8 when asked, else dequantized, then the dense GEMM
+    else if (quant) { // more rows: W8A8 (WF_FP8 in 16-bit mode), else dequantized, then the dense GEMM
         char *sc = (char *)cuda_scratch(be, matmul_scratch(be, w, n));
         if (!cuda_matmul_w8a8(be, y, x, w, n, sc)) {
             struct weight d = cuda_dequant(be, w, sc);
@@ -983,7 +983,7 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     cuda_pdl = prop.major >= 9 && fa.ptxVersion >= 90 && fa.binaryVersion >= 90 &&
                !(no_pdl && *no_pdl && strcmp(no_pdl, "0"));
     const char *w8a8 = getenv("VLLM_FP8_W8A8");
-    c->w8a8 = w8a8 && *w8a8 && strcmp(w8a8, "0");
+    c->w8a8 = !(w8a8 && !strcmp(w8a8, "0"));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

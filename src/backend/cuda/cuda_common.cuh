@@ -46,7 +46,7 @@ struct cuda_impl {
     void *scratch;
     size_t scratch_bytes;
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
-    int w8a8;        // VLLM_FP8_W8A8=1: WF_FP8 prefill as W8A8 (cuda_quant.cu); 2 once a refusal was reported
+    int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
     unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };
 
@@ -317,10 +317,10 @@ int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld,
 // K] W^T (+ W.bias) for n <= CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
 // (cuda_dequant: into dst, cuda_dequant_bytes of device memory, as a dense
 // weight of the model's --dtype) and runs the dense GEMM on it.
-// cuda_matmul_w8a8: the same for WF_FP8 in 16-bit mode under VLLM_FP8_W8A8=1
-// (scratch: at least the dequantization's); 0 (nothing run) where it does
-// not apply or cuBLASLt refuses the shape.
-#define CUDA_QGEMV_MAXB 16
+// cuda_matmul_w8a8: the same for WF_FP8 in 16-bit mode on FP8 tensor cores
+// (unless VLLM_FP8_W8A8=0; scratch: at least the dequantization's); 0
+// (nothing run) where it does not apply or cuBLASLt refuses the shape.
+#define CUDA_QGEMV_MAXB 4
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
 size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w);
 struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst);

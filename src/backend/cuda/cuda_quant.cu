@@ -4,15 +4,19 @@
 // (src/backend/wquant.c), bit for bit, made in registers from the codes; the
 // CPU reference's matmul on the same weight is the ground truth
 // (tests/cuda/test_cuda_quant.c).
-// - 1..16 rows of x (decode): a GEMV that reads each code once (1 byte a
+// - 1..4 rows of x (decode): a GEMV that reads each code once (1 byte a
 //   weight; NVFP4 half a byte and an e4m3 scale per 16), x in fp32, fp32
-//   accumulation, the bias in its epilogue.
-// - More rows (prefill): the weight dequantized into scratch in the model's
-//   --dtype (be->weight_dtype: fp32 in the exactness gates, else bf16 / fp16),
-//   then the GEMM the dense weights of that type run (cuda_backend.cu). At 16
-//   rows the GEMV still does less: it does ~20 fp32 operations a weight
-//   against the ~5 bytes a weight the dequantization moves (codes in, 16 bits
-//   out and read back).
+//   accumulation, the bias in its epilogue. Its dequantization is the cost
+//   (instructions, not bytes): on the H200, mamba in_proj FP8 at 1 row 13.7
+//   us, at 16 rows 124.7 us, where dequantizing and the GEMM take ~42 us
+//   (`cuda_ops ROWS 64 quant`), so more rows go the ways below.
+// - More rows, WF_FP8 in 16-bit mode: W8A8 on FP8 tensor cores (x quantized
+//   per token, cuBLASLt's e4m3 GEMM; VLLM_FP8_W8A8=0 turns it off): 1 byte a
+//   weight, as vLLM runs FP8 checkpoints.
+// - Else (fp32 mode, FP8 blocks, NVFP4): the weight dequantized into scratch
+//   in the model's --dtype (be->weight_dtype: fp32 in the exactness gates,
+//   else bf16 / fp16), then the GEMM the dense weights of that type run
+//   (cuda_backend.cu).
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -232,9 +236,7 @@ static void gemv_q(cudaStream_t s, float *y, const float *x, const struct weight
     if (!q_chunked(x, w)) launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, s, y, x, q, w->bias, N, n);
     else if (n == 1) launch_pdl(k_gemv_q<F, 1>, g, 256, 0, s, y, x, q, w->bias, N, n);
     else if (n == 2) launch_pdl(k_gemv_q<F, 2>, g, 256, 0, s, y, x, q, w->bias, N, n);
-    else if (n <= 4) launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
-    else if (n <= 8) launch_pdl(k_gemv_q<F, 8>, g, 256, 0, s, y, x, q, w->bias, N, n);
-    else launch_pdl(k_gemv_q<F, 16>, g, 256, 0, s, y, x, q, w->bias, N, n);
+    else launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
 }
 
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
@@ -348,7 +350,7 @@ struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst
     return d;
 }
 
-// ---- prefill as W8A8 (WF_FP8, VLLM_FP8_W8A8=1) ----
+// ---- more than CUDA_QGEMV_MAXB rows of WF_FP8 as W8A8 (VLLM_FP8_W8A8=0: off) ----
 
 // x [n, K] fp32 -> q [n, K] e4m3 and s [n]: each row's largest |x| / 448
 // (1 for a zero row), q = e4m3(x / s) rounded to nearest. A block a row.
@@ -369,7 +371,8 @@ __global__ void k_quant_rows(uint8_t *q, float *s, const float *x, int K) {
 // the weight's row scales and the tokens' scales applied as outer vectors,
 // fp32 out. Less exact than the dequantized bf16 GEMM (x rounded to 3
 // mantissa bits, not 7: ~2.5e-2 of max |y| against ~2.5e-3, emulated on the
-// host at nano30b's K), so only on request, and never in fp32 mode.
+// host at nano30b's K; vLLM's FP8 path rounds the same way), so never in the
+// fp32 mode; 1.53x the bf16 GEMM's FLOP/s at 8192 rows on the H200.
 int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct weight *w, int n, void *scratch) {
     cuda_impl *c = cu(be);
     int N = (int)w->rows, K = (int)w->cols;
