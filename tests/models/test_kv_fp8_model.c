@@ -41,6 +41,12 @@
 // 5), 8.6e-6 / 6.3e-6 (nh_dense). The GPU is expected alike (not yet
 // measured).
 #define FAST_BOUND 2e-3
+// The GPU's k and v (cuBLAS, its own rope and norm) are a few fp32 ulps from
+// the CPU reference's, and a key that rounds to the neighbouring e4m3 code
+// moves its scores by up to 1/16 of that element: measured on the H200 0.037
+// (qwen3, one prefill) and 0.004 (nh_dense), a tenth of what the fp8 cache
+// itself moves (1.21, 0.62), so a lost scale or a wrong code still fails.
+#define GPU_BOUND 0.1
 
 struct fixture {
     const char *name;
@@ -91,11 +97,12 @@ static void gate(const struct fixture *f, char other) {
         const char *on = other == 'c' ? "the GPU" : "the fast path";
         printf("%s, budget %d: fp8 KV vs fp32 KV (reference) max |logit diff| %.3g (bound %.2g); %s vs the reference "
                "on fp8 KV %.3g (bound %.0e), vs the reference on fp32 KV %.3g; over %ld values\n",
-               f->name, budget, e, f->bound, on, eo, FAST_BOUND, eo32, c1);
+               f->name, budget, e, f->bound, on, eo, other == 'c' ? GPU_BOUND : FAST_BOUND, eo32, c1);
         CHECKF(c1 > 0 && e > 0 && e <= f->bound, "%s: fp8 KV logits %.3g from fp32 KV (bound %.2g)", f->name, e,
                f->bound);
-        CHECKF(c2 > 0 && eo <= FAST_BOUND && eo32 <= f->bound, "%s: %s on fp8 KV %.3g from the reference on it, %.3g "
-               "from fp32 KV", f->name, on, eo, eo32);
+        double ob = other == 'c' ? GPU_BOUND : FAST_BOUND;
+        CHECKF(c2 > 0 && eo <= ob && eo32 <= f->bound, "%s: %s on fp8 KV %.3g from the reference on it (bound %.0e), "
+               "%.3g from fp32 KV", f->name, on, eo, ob, eo32);
         fl_free(&r32), fl_free(&r8), fl_free(&o8);
     }
     // greedy with the fp8 cache against the oracle's greedy tokens

@@ -1072,6 +1072,17 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const float *add) {
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
+    if (be->weight_dtype == WF_F32 && wfmt_quantized(w->up.fmt) && n > MOE_GEMV_MAXR) {
+        // the fp32 mode (the exactness gates): the grouped GEMMs round x and h
+        // to bf16, so quantized experts run the GEMV (fp32 x and sums) in
+        // passes of its tokens
+        for (int t0 = 0; t0 < n; t0 += MOE_GEMV_MAXR) {
+            size_t o = (size_t)t0 * w->dim, ok = (size_t)t0 * top_k;
+            cuda_moe_experts(be, out + o, x + o, w, ids + ok, weights + ok, MIN(MOE_GEMV_MAXR, n - t0), top_k,
+                             add ? add + o : NULL);
+        }
+        return;
+    }
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     char *s = (char *)cuda_scratch(be, cuda_moe_scratch(w, n, top_k));
     int32_t *offsets = (int32_t *)s, *mtile_off = offsets + E + 1, *perm = mtile_off + E + 1, *slot_of = perm + nk;
