@@ -2,6 +2,9 @@
 # One device call: build with CUDA, run the GPU op tests and gates, optionally
 # prove a mutation turns the GPU gates red, then benchmark. Logs go to $OUT.
 #   TESTS=regex (default gpu_)  MUTATE=patch-name  BENCH="h8b nano8"  BENCH_ARGS=...
+#   MUTATE: tests/mutations/NAME.patch applied, the tree rebuilt, the GPU
+#   tests of MUTATE_TESTS run (default: the fp32 gates and the op tests that
+#   hold CUDA kernels to the reference ops), then reverted
 #   TP="1 2 4": tensor-parallel sizes each benchmark runs at (default 1)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the lent machines (docs/TENSOR_PARALLEL.md)
@@ -19,8 +22,9 @@ grep -E "tests passed|\*\*\*" "$OUT/ctest.log" | head -40
 grep -E "rel err|sample row|DIVERGE" "$OUT/ctest.log" | head -70
 if [ -n "${MUTATE:-}" ]; then
     patch -p1 < tests/mutations/$MUTATE.patch >/dev/null && build &&
-        (cd build-cuda && timeout 300 ctest -R gpu_gate_fp32 -j 4 > "$OUT/mutation.log" 2>&1)
-    echo "mutation $MUTATE: $(grep -c 'Failed' "$OUT/mutation.log") GPU gates red of $(grep -c 'Test *#' "$OUT/mutation.log")"
+        (cd build-cuda && timeout 300 ctest -R "${MUTATE_TESTS:-^gpu_(gate_fp32|ops$|ssd|quant|moe_quant|kv_fp8)}" -j 4 \
+            > "$OUT/mutation.log" 2>&1)
+    echo "mutation $MUTATE: $(grep -c 'Failed' "$OUT/mutation.log") GPU tests red of $(grep -c 'Test *#' "$OUT/mutation.log")"
     grep -m3 DIVERGE "$OUT/mutation.log"
     patch -R -p1 < tests/mutations/$MUTATE.patch >/dev/null && build
 fi
