@@ -12,27 +12,17 @@ for the engine alone. Python's standard library only.
 import http.client
 import json
 import random
-import re
-import subprocess
 import sys
 import threading
 import time
+
+from serve_proc import start_server
 
 vllm, model = sys.argv[1], sys.argv[2]
 N, C, IN, OUT = (int(a) for a in sys.argv[3:7])
 extra = sys.argv[7:]
 
-proc = subprocess.Popen([vllm, "serve", "--model", model, "--port", "0", "--max-num-seqs", str(C), *extra],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-port, vocab = None, None
-for line in proc.stdout:
-    print(line, end="", flush=True)
-    m = re.search(r" on http://[\d.]+:(\d+)", line)
-    if m:
-        port = int(m.group(1))
-        break
-assert port, "the server did not start"
-threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+proc, port = start_server(vllm, model, ["--max-num-seqs", str(C), *extra], echo=True)
 
 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
 conn.request("GET", "/v1/models")

@@ -10,7 +10,9 @@ keep the grammar active for all of them (a long string: most of the
 vocabulary allowed; a long integer array: a narrow mask). Prints completion
 tokens per second per case, and each constrained case against "none".
 """
-import json, os, re, subprocess, sys, threading, time, urllib.request
+import json, os, sys, threading, time, urllib.request
+
+from serve_proc import start_server
 
 vllm, model = sys.argv[1], sys.argv[2]
 N = int(sys.argv[3]) if len(sys.argv) > 3 else 32
@@ -27,16 +29,7 @@ CASES = [
         "type": "array", "items": {"type": "integer"}, "minItems": 200}}}}),
 ]
 
-proc = subprocess.Popen([vllm, "serve", "--model", model, "--port", "0", *extra], stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True)
-port = None
-for line in proc.stdout:
-    m = re.search(r" on http://[\d.]+:(\d+)", line)
-    if m:
-        port = int(m.group(1))
-        break
-assert port, "the server did not start"
-threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+proc, port = start_server(vllm, model, extra)
 
 
 def one(body, out, i):
