@@ -426,15 +426,22 @@ static cudaDataType_t cuda_type(enum wfmt f) {
     return CUDA_R_32F;
 }
 
-// Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N, transposed
-// (the TN layout FP8 needs too); fp32 output and accumulation (no TF32).
-struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
-                             const float *b_scale) {
-    for (int i = 0; i < c->num_plans; i++) {
-        struct lt_plan *p = &c->plans[i];
-        if (p->N == N && p->K == K && p->n == n && p->fmt == (int)fmt) return p;
-    }
-    if (c->num_plans == LT_PLANS) return NULL; // many shapes: cublasGemmEx serves the rest
+// The token counts one plan serves: (nb / 2, nb] for nb a power of two, 8 at
+// least. A plan's algorithm comes from cuBLASLt's heuristic at nb, and the
+// first run of an algorithm loads its kernel: on the H200 together 2-115 ms
+// for each new shape (nano8's fp32 router [128, 2,688] ~60 ms a heuristic).
+// Keyed by the exact count, a chat server's prefills, of a new length nearly
+// every step, paid that each step (nano8, eight 111-token turns: 90 ms for
+// a 6.5 ms step).
+static int lt_bucket(int n) {
+    int b = 8;
+    while (b < n) b *= 2;
+    return b;
+}
+
+// A new plan for nb columns (cuda_lt_plan's bucket).
+static struct lt_plan *lt_plan_make(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
+                                    const float *b_scale) {
     struct lt_plan *p = &c->plans[c->num_plans++];
     memset(p, 0, sizeof *p);
     p->N = N, p->K = K, p->n = n, p->fmt = fmt;
@@ -463,6 +470,26 @@ struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, c
         p->ok = 1;
     }
     cublasLtMatmulPreferenceDestroy(pref);
+    return p;
+}
+
+// Column-major: Y^T (N x n) = op(W) * X^T with W seen as K x N, transposed
+// (the TN layout FP8 needs too); fp32 output and accumulation (no TF32).
+// The plan of n's bucket, its layouts set to n columns for this call.
+struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
+                             const float *b_scale) {
+    int nb = lt_bucket(n);
+    struct lt_plan *p = NULL;
+    for (int i = 0; i < c->num_plans && !p; i++) {
+        struct lt_plan *q = &c->plans[i];
+        if (q->N == N && q->K == K && q->n == nb && q->fmt == (int)fmt) p = q;
+    }
+    if (!p && c->num_plans < LT_PLANS) p = lt_plan_make(c, N, K, nb, fmt, a_scale, b_scale);
+    if (!p || !p->ok) return p; // no plan: cublasGemmEx serves the rest
+    uint64_t cols = (uint64_t)n;
+    if (cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols) ||
+        cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols))
+        return NULL;
     return p;
 }
 

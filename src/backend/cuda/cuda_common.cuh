@@ -22,7 +22,7 @@ extern "C" {
 
 // A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T (cuda_lt_plan).
 struct lt_plan {
-    int N, K, n, fmt; // key (fmt: enum wfmt of W)
+    int N, K, n, fmt; // key (n: the bucket of token counts it serves, cuda_lt_plan; fmt: enum wfmt of W)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
