@@ -284,10 +284,29 @@ __device__ __forceinline__ void e2m1x8(uint32_t q, __half2 bs, float f[8]) {
 // ---- 16-bit and quantized weights, decode sizes: GEMV over the active experts ----
 
 #ifndef MOE_GEMV_MAXR // -D override: device builds sweep it against the thin-tile GEMM
-#define MOE_GEMV_MAXR 32 // tokens of the GEMV path (measured: faster than the 128-row grouped GEMM up to 32, slower at 64)
+#define MOE_GEMV_MAXR 32 // tokens the GEMV holds (quantized experts take it up to here: moe_gemv_max)
 #endif
 #define MOE_GEMV_MAXA (32 * CUDA_MAX_TOPK) // an expert's assignments a GEMV block holds (n <= 32 tokens)
 static_assert(MOE_GEMV_MAXR <= 32, "the GEMV holds the assignments of at most 32 tokens per expert");
+#ifndef MOE_GEMV16_MAXN
+#define MOE_GEMV16_MAXN 8 // 16-bit experts: the GEMV up to 8 tokens, the thin tiles above (measured below)
+#endif
+
+// Tokens up to which experts of format f take the GEMV. nano30b's bf16
+// experts on the H200 (`cuda_ops N 16 moe`, the GEMV against the thin tiles):
+// 8 tokens 228 against 236 us, 16 398 against 357, 32 658 against 513.
+// Quantized experts keep the GEMV to its capacity.
+static int moe_gemv_max(enum wfmt f) {
+    switch (f) {
+    case WF_BF16:
+    case WF_F16: return MOE_GEMV16_MAXN;
+    case WF_F32:
+    case WF_FP8:
+    case WF_FP8_B128:
+    case WF_NVFP4: break;
+    }
+    return MOE_GEMV_MAXR;
+}
 
 // The block scales of the 16-byte load of weight row r from column col, raw:
 // fp8b_t: its 128-column block's fp32 scale (scale [rows, ceil(K / 128)]: a
@@ -824,9 +843,13 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
 // padding (their mma work rivals the weights' streaming time), and its 3
 // stages of 8 KB of weights per block leave the HBM half idle (~52%). Here a
 // tile is DBM (16) rows of an expert's segment (zero-padded) x DBN (128)
-// weight rows, K in DBK (32) steps over DSTAGES (6) cp.async stages: 5 x 8
-// KB of weights in flight per block, 3 blocks (69 KB of shared memory each)
-// per SM. 4 warps, each all DBM rows x 32 columns (DBM / 16 A fragments, 4
+// weight rows, K in DBK (64) steps over DSTAGES (4) cp.async stages: 3 x 16
+// KB of weights in flight per block, 2 blocks (83 KB of shared memory each)
+// per SM. A stage reads a 128-byte line of each of its 128 weight rows: with
+// K steps of 32 (half a line a row, 6 stages, 3 blocks an SM) the same
+// kernel streamed at 57% of the copy rate, against 88-90% now (nano30b's
+// experts at 33-128 tokens on the H200, `cuda_ops N 16 moe`; 85% at 256).
+// 4 warps, each all DBM rows x 32 columns (DBM / 16 A fragments, 4
 // n8 B fragments, 4 x DBM / 16 mma per k16). An expert with more than DBM
 // rows takes several tiles; the later ones read its weight tile again, from
 // L2 (its tiles are neighbours in the grid). Operands, the schedule
@@ -840,10 +863,10 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
 #define DBM 16 // 16 or 32
 #endif
 #ifndef DBK
-#define DBK 32 // 32 or 64 (64: a 128-byte line of each weight row per stage)
+#define DBK 64 // 32 or 64 (64: a 128-byte line of each weight row per stage)
 #endif
 #ifndef DSTAGES
-#define DSTAGES 6
+#define DSTAGES 4
 #endif
 #define DBN 128
 #define DTHREADS 128
@@ -1064,7 +1087,7 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
-// active experts up to MOE_GEMV_MAXR tokens, the thin-tile grouped GEMM up
+// active experts up to moe_gemv_max tokens, the thin-tile grouped GEMM up
 // to MOE_DEC_MAXN, the 128 x 128 tensor-core grouped GEMM above (K % 8 == 0
 // for 16-byte loads; else the SIMT path). Quantized (FP8, FP8 blocks,
 // NVFP4; up and down in one format, L and I multiples of 16, 32 for NVFP4:
@@ -1092,7 +1115,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     bool k8 = L % 8 == 0 && I % 8 == 0;
     enum wfmt f = w->up.fmt;
     const int32_t *rows = NULL; // y's row of each assignment: itself (the GEMV), or slot_of (sorted)
-    if (f != WF_F32 && f == w->down.fmt && k8 && n <= MOE_GEMV_MAXR) { // no sort
+    if (f != WF_F32 && f == w->down.fmt && k8 && n <= moe_gemv_max(f)) { // no sort
         switch (f) {
         case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k); break;
         case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k); break;
