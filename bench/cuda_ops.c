@@ -14,7 +14,7 @@
 //        quant: the dense linears (Mamba in / out_proj, the shared expert) in bf16, FP8, FP8 blocks and NVFP4
 //        (up to 4 rows: the GEMVs; above: FP8 as W8A8 on cuBLASLt's FP8 GEMM, the others dequantized to
 //        bf16, then the GEMM), then above 4 rows FP8 again dequantized (VLLM_FP8_W8A8=0); TFLOP/s too |
-//        gemv: the 16-bit decode GEMV's kernels (VLLM_GEMV16=0..4) side by side at NemotronH-Nano's and
+//        gemv: the 16-bit decode GEMV's kernels (VLLM_GEMV16=0..5) side by side at NemotronH-Nano's and
 //        Qwen3-8B's dense shapes, the gate | up one GATED (matmul_act_mul), and a 151,936-row lm_head]
 // e.g. cuda_ops 8192 4 quant (prefill at --max-num-batched-tokens 8192), cuda_ops 1 64 quant (decode)
 #include <stdio.h>
@@ -144,7 +144,7 @@ static void bench_gemv16(int n, int calls) {
               {"qwen3_8b qkv", 6144, 4096, 0},                     {"qwen3_8b o_proj", 4096, 4096, 0},
               {"qwen3_8b gate|up GATED", 2 * 12288, 4096, 1},      {"qwen3_8b down", 4096, 12288, 0},
               {"lm_head 151936", 151936, 4096, 0}};
-    enum { VARIANTS = 5 };
+    enum { VARIANTS = 6 };
     char what[64];
     for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
         for (int v = 0; v < VARIANTS; v++) {

@@ -404,22 +404,28 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
     }
 }
 
-// VLLM_GEMV16 (cuda_impl.gemv16) picks the decode GEMV: 0 k_gemv16 above, 1-4
+// VLLM_GEMV16 (cuda_impl.gemv16) picks the decode GEMV: 0 k_gemv16 above, 1-5
 // k_gemv16w below (variants of one kernel, timed side by side by `cuda_ops 1
-// 64 gemv`). k_gemv16w: no block-wide step at all. A warp owns a group of R
-// weight rows (GATED: R/2 hidden units, their gate and up rows) at a time and
-// streams them whole, U 16-byte loads per row per lane per step (lane l of
-// step s reads uint4 s*32U + 32j + l, j < U); the next step's loads (the next
-// group's first, at a group's end) are issued before this step's arithmetic,
-// so a warp keeps up to 2*R*U loads in flight, before the group's warp_sum
-// too. The grid is 2 blocks per SM of 8 warps; groups go to warps block-first
-// (group g: block g % blocks), so every SM gets the same number of rows (+-1
-// group) whatever N. Sums per output: each lane fmaf's its columns in
-// increasing order (per 16-byte load: elements 0..7), then warp_sum's xor
-// butterfly, then + bias (a row's sum is the same whether it sits in a GATED
-// group or not). NA: weight loads as ld.global.nc.L1::no_allocate.L2::256B
-// (the weights pass L1 by, x stays there; the L2 fetches 256-byte lines).
-#define GEMVW_WARPS 8
+// 64 gemv`). k_gemv16w: no block-wide step in the loop. A warp owns a group
+// of R weight rows (GATED: R/2 hidden units, their gate and up rows) at a
+// time and streams them whole, U 16-byte loads per row per lane per step
+// (lane l of step s reads uint4 s*32U + 32j + l, j < U); the next step's
+// loads (the next group's first, at a group's end) are issued before this
+// step's arithmetic, so a warp keeps up to 2*R*U loads in flight, over the
+// group's warp_sum too. The grid is resident (2 blocks of 8 warps per SM, XS:
+// 1 of 16) and loops over the groups, handed to warps block-first (group g:
+// block g % blocks), so every SM gets the same number of rows (+-1 group)
+// whatever N. Sums per output: each lane fmaf's its columns in increasing
+// order (per 16-byte load: elements 0..7), then warp_sum's xor butterfly,
+// then + bias (a row's sum is the same whether it sits in a GATED group or
+// not). NA: weight loads as ld.global.nc.L1::no_allocate.L2::256B (the
+// weights pass L1 by, x stays there; the L2 fetches 256-byte lines). XS: x
+// rounded to T once per block into shared memory (fp32, NB * K * 4 bytes, one
+// __syncthreads after pdl_wait), each column's two halves apart so a warp's
+// 16-byte reads are conflict-free; else each lane reads x (L1) and rounds it.
+template <bool XS> struct gemvw_shape {
+    static constexpr int warps = XS ? 16 : 8, per_sm = XS ? 1 : 2;
+};
 template <bool NA> __device__ __forceinline__ uint4 ld_weight(const uint4 *p) {
     if (!NA) return __ldg(p);
     uint4 v;
@@ -449,19 +455,29 @@ __device__ __forceinline__ void gemvw_load(uint4 (&v)[R][U], const T *w, int g, 
     }
 }
 
-template <typename T, int NB, bool GATED, int R, int U, bool NA>
-__global__ void __launch_bounds__(GEMVW_WARPS * 32, 2)
+template <typename T, int NB, bool GATED, int R, int U, bool NA, bool XS>
+__global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::per_sm)
     k_gemv16w(float *y, const float *x, const T *w, const float *bias, int N, int K, enum act kind) {
     static_assert(!GATED || R % 2 == 0, "a GATED group holds gate and up rows in pairs");
     typedef typename pair_of<T>::type T2;
+    extern __shared__ float4 xsh[]; // XS: [NB][2][K/8] float4, x [b, 8k8 + 4h ..] rounded at [b][h][k8]
     constexpr int H = GATED ? R / 2 : R; // outputs of a group
     int lane = threadIdx.x & 31, I = N / 2, M = GATED ? I : N, K8 = K / 8;
-    int groups = (M + H - 1) / H, steps = max(1, (K8 + 32 * U - 1) / (32 * U)), nw = gridDim.x * GEMVW_WARPS;
-    int g = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, s = 0;
+    int groups = (M + H - 1) / H, steps = max(1, (K8 + 32 * U - 1) / (32 * U));
+    int nw = gridDim.x * gemvw_shape<XS>::warps, g = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, s = 0;
     uint4 nxt[R][U];
     if (g < groups) gemvw_load<GATED, R, U, NA>(nxt, w, g, s, N, K, lane);
     pdl_wait(); // x is the previous kernel's output
     pdl_trigger();
+    if (XS) {
+        for (int i = threadIdx.x; i < NB * 2 * K8; i += blockDim.x) {
+            int b = i / (2 * K8), k8 = i % (2 * K8) / 2, h = i % 2;
+            float4 v = ((const float4 *)x)[i];
+            v.x = (float)(T)v.x, v.y = (float)(T)v.y, v.z = (float)(T)v.z, v.w = (float)(T)v.w;
+            xsh[(b * 2 + h) * K8 + k8] = v;
+        }
+        __syncthreads();
+    }
     float acc[R][NB];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -483,7 +499,12 @@ __global__ void __launch_bounds__(GEMVW_WARPS * 32, 2)
 #pragma unroll
             for (int b = 0; b < NB; b++) {
                 float xs[8];
-                x8_rounded<T>(xs, x, b, K, k8);
+                if (XS) {
+                    float4 x0 = xsh[b * 2 * K8 + k8], x1 = xsh[(b * 2 + 1) * K8 + k8];
+                    xs[0] = x0.x, xs[1] = x0.y, xs[2] = x0.z, xs[3] = x0.w;
+                    xs[4] = x1.x, xs[5] = x1.y, xs[6] = x1.z, xs[7] = x1.w;
+                } else
+                    x8_rounded<T>(xs, x, b, K, k8);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     const T2 *h = (const T2 *)&cur[r][j];
@@ -521,30 +542,44 @@ __global__ void __launch_bounds__(GEMVW_WARPS * 32, 2)
     }
 }
 
-template <typename T, bool GATED, int R, int U, bool NA>
+template <typename T, int NB, bool GATED, int R, int U, bool NA, bool XS>
+static void gemv16w_launch(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K,
+                           enum act kind) {
+    typedef gemvw_shape<XS> sh;
+    int groups = GATED ? cdiv(N / 2, R / 2) : cdiv(N, R);
+    size_t sm = XS ? sizeof(float) * NB * K : 0;
+    if (XS) CUDA_CHECK(cudaFuncSetAttribute(k_gemv16w<T, NB, GATED, R, U, NA, XS>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    launch_pdl(k_gemv16w<T, NB, GATED, R, U, NA, XS>, MIN(groups, sh::per_sm * cu(be)->num_sms), sh::warps * 32, sm,
+               cu(be)->stream, y, x, W, bias, N, K, kind);
+}
+// XS where x [n, K] fits in shared memory, else the same kernel reading x from L1
+template <typename T, bool GATED, int R, int U, bool NA, bool XS>
 static void gemv16w(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
                     enum act kind) {
-    int groups = GATED ? cdiv(N / 2, R / 2) : cdiv(N, R);
-    dim3 g(MIN(groups, 2 * cu(be)->num_sms));
-    cudaStream_t s = cu(be)->stream;
+    if (XS && sizeof(float) * n * K > cu(be)->smem_optin) {
+        gemv16w<T, GATED, R, U, NA, false>(be, y, x, W, bias, N, K, n, kind);
+        return;
+    }
     switch (n) {
-    case 1: launch_pdl(k_gemv16w<T, 1, GATED, R, U, NA>, g, GEMVW_WARPS * 32, 0, s, y, x, W, bias, N, K, kind); break;
-    case 2: launch_pdl(k_gemv16w<T, 2, GATED, R, U, NA>, g, GEMVW_WARPS * 32, 0, s, y, x, W, bias, N, K, kind); break;
-    case 3: launch_pdl(k_gemv16w<T, 3, GATED, R, U, NA>, g, GEMVW_WARPS * 32, 0, s, y, x, W, bias, N, K, kind); break;
-    default: launch_pdl(k_gemv16w<T, 4, GATED, R, U, NA>, g, GEMVW_WARPS * 32, 0, s, y, x, W, bias, N, K, kind); break;
+    case 1: gemv16w_launch<T, 1, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 2: gemv16w_launch<T, 2, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 3: gemv16w_launch<T, 3, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    default: gemv16w_launch<T, 4, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
     }
 }
 
 // gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias;
-// the kernel VLLM_GEMV16 picks (variant 4 GATED: variant 2, a GATED group holds rows in pairs)
+// the kernel VLLM_GEMV16 picks (variant 4 GATED: variant 2's kernel, a GATED group holds rows in pairs)
 template <typename T, bool GATED>
 static void gemv16_g(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
                      enum act kind) {
     switch (cu(be)->gemv16) {
-    case 1: gemv16w<T, GATED, 2, 4, false>(be, y, x, W, bias, N, K, n, kind); return;
-    case 2: gemv16w<T, GATED, 2, 4, true>(be, y, x, W, bias, N, K, n, kind); return;
-    case 3: gemv16w<T, GATED, 4, 2, true>(be, y, x, W, bias, N, K, n, kind); return;
-    case 4: gemv16w<T, GATED, GATED ? 2 : 1, GATED ? 4 : 8, true>(be, y, x, W, bias, N, K, n, kind); return;
+    case 1: gemv16w<T, GATED, 2, 4, false, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 2: gemv16w<T, GATED, 2, 4, true, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 3: gemv16w<T, GATED, 4, 2, true, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 4: gemv16w<T, GATED, GATED ? 2 : 1, GATED ? 4 : 8, true, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 5: gemv16w<T, GATED, 2, 4, true, true>(be, y, x, W, bias, N, K, n, kind); return;
     default: break;
     }
     dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
@@ -1138,8 +1173,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
                         "float16");
     const char *gv = getenv("VLLM_GEMV16"); // the decode GEMV's kernel (gemv16_g)
     int gemv16 = gv && *gv ? gv[0] - '0' : 0;
-    if (gemv16 < 0 || gemv16 > 4 || (gv && *gv && gv[1]))
-        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_GEMV16=%s: not a kernel 0-4 (docs/ENVIRONMENT.md)", gv);
+    if (gemv16 < 0 || gemv16 > 5 || (gv && *gv && gv[1]))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_GEMV16=%s: not a kernel 0-5 (docs/ENVIRONMENT.md)", gv);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
