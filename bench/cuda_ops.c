@@ -13,7 +13,9 @@
 //        an e4m3 scale per 16 columns + a scale per row, 0.28 of the bytes) |
 //        quant: the dense linears (Mamba in / out_proj, the shared expert) in bf16, FP8, FP8 blocks and NVFP4
 //        (up to 4 rows: the GEMVs; above: FP8 as W8A8 on cuBLASLt's FP8 GEMM, the others dequantized to
-//        bf16, then the GEMM), then above 4 rows FP8 again dequantized (VLLM_FP8_W8A8=0); TFLOP/s too]
+//        bf16, then the GEMM), then above 4 rows FP8 again dequantized (VLLM_FP8_W8A8=0); TFLOP/s too |
+//        gemv: the 16-bit decode GEMV's kernels (VLLM_GEMV16=0..5) side by side at NemotronH-Nano's and
+//        Qwen3-8B's dense shapes, the gate | up one GATED (matmul_act_mul), and a 151,936-row lm_head]
 // e.g. cuda_ops 8192 4 quant (prefill at --max-num-batched-tokens 8192), cuda_ops 1 64 quant (decode)
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +104,60 @@ static void bench_matmul(const char *what, enum wfmt f, int64_t rows, int64_t co
     report(what, time_graph(mm_call, &c, calls), (double)bytes, n > 16 ? 2.0 * rows * cols * n : 0);
     for (int k = 0; k < c.copies; k++) be->ops->free(be, c.w[k].data);
     be->ops->free(be, c.x), be->ops->free(be, c.y);
+}
+
+// ---- the GATED GEMV: matmul_act_mul over copies of a [2I, cols] weight ----
+struct mam_ctx {
+    struct mm_ctx m;
+    float *gu;
+};
+static void mam_call(void *p, int i) {
+    struct mam_ctx *c = p;
+    be->ops->matmul_act_mul(be, ACT_SILU, c->m.y, c->m.x, &c->m.w[i % c->m.copies], c->m.n, c->gu);
+}
+static void bench_matmul_act_mul(const char *what, int64_t rows, int64_t cols, int n, int calls) {
+    struct mam_ctx c = {.m = {.n = n}};
+    int64_t bytes = wfmt_weight_bytes(WF_BF16, rows, cols);
+    c.m.copies = (int)MIN(MAXC, MAX(1, L2_BYTES / bytes + 1));
+    for (int k = 0; k < c.m.copies; k++) {
+        if (be->ops->weight_alloc(be, &c.m.w[k], WF_BF16, rows, cols) ||
+            be->ops->weight_random(be, &c.m.w[k], 7 + k, 0.02f))
+            die("weight: %s", vllm_last_error());
+    }
+    c.m.x = dev_random((size_t)n * cols, 1, 1);
+    c.m.y = be->ops->alloc(be, sizeof(float) * n * rows / 2);
+    c.gu = be->ops->alloc(be, sizeof(float) * n * rows);
+    report(what, time_graph(mam_call, &c, calls), (double)bytes, 0);
+    for (int k = 0; k < c.m.copies; k++) be->ops->free(be, c.m.w[k].data);
+    be->ops->free(be, c.m.x), be->ops->free(be, c.m.y), be->ops->free(be, c.gu);
+}
+
+// Each shape under each VLLM_GEMV16 kernel (a backend made again per kernel:
+// the switch is read at creation), one line per kernel, the shapes in turn.
+static void bench_gemv16(int n, int calls) {
+    static const struct {
+        const char *name;
+        int64_t rows, cols;
+        int gated;
+    } sh[] = {{"nano in_proj", 2 * H * P + 2 * G * N + H, D, 0}, {"nano out_proj", D, H * P, 0},
+              {"nano shared up", SI, D, 0},                        {"nano shared down", D, SI, 0},
+              {"qwen3_8b qkv", 6144, 4096, 0},                     {"qwen3_8b o_proj", 4096, 4096, 0},
+              {"qwen3_8b gate|up GATED", 2 * 12288, 4096, 1},      {"qwen3_8b down", 4096, 12288, 0},
+              {"lm_head 151936", 151936, 4096, 0}};
+    enum { VARIANTS = 6 };
+    char what[64];
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
+        for (int v = 0; v < VARIANTS; v++) {
+            char val[8];
+            snprintf(val, sizeof val, "%d", v);
+            setenv("VLLM_GEMV16", val, 1);
+            backend_free(be);
+            if (backend_cuda_create(DT_BF16, &be)) die("cuda: %s", vllm_last_error());
+            be->weight_dtype = WF_BF16;
+            snprintf(what, sizeof what, "%s v%d", sh[s].name, v);
+            if (sh[s].gated) bench_matmul_act_mul(what, sh[s].rows, sh[s].cols, n, calls);
+            else bench_matmul(what, WF_BF16, sh[s].rows, sh[s].cols, n, sh[s].rows > 100000 ? 8 : calls);
+        }
 }
 
 // ---- routed experts: ids cycled over sets that together cover the experts ----
@@ -284,7 +340,7 @@ static void bench_quant(int n, int calls) {
 
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1, calls = argc > 2 ? atoi(argv[2]) : 64;
-    if (n < 1 || n > 16384 || calls < 1) die("usage: cuda_ops [ROWS 1..16384] [CALLS] [moe|fp8|fp8_block|nvfp4|quant]");
+    if (n < 1 || n > 16384 || calls < 1) die("usage: cuda_ops [ROWS 1..16384] [CALLS] [moe|fp8|fp8_block|nvfp4|quant|gemv]");
     if (backend_cuda_create(DT_BF16, &be)) {
         printf("cuda_ops: no GPU (%s)\n", vllm_last_error());
         return 0;
@@ -292,6 +348,12 @@ int main(int argc, char **argv) {
     double fl;
     be->ops->peaks(be, &bw_peak, &fl);
     printf("cuda_ops: %d rows, %d calls per graph; copy %.0f GB/s\n", n, calls, bw_peak / 1e9);
+    if (argc > 3 && !strcmp(argv[3], "gemv")) {
+        if (n > 4) die("cuda_ops: gemv: 1-4 rows (the GEMV's)");
+        bench_gemv16(n, calls);
+        backend_free(be);
+        return 0;
+    }
     if (argc > 3 && !strcmp(argv[3], "quant")) {
         bench_quant(n, calls);
         backend_free(be);

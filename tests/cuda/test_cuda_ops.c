@@ -798,6 +798,95 @@ static void test_bias_logits(void) {
     free(lg), free(val), free(idx), free(h);
 }
 
+// The 16-bit decode GEMV under each VLLM_GEMV16 kernel (0: k_gemv16, 1-5:
+// k_gemv16w's variants; the GPU backend made again per kernel), bf16 and fp16
+// weights, 1-4 rows, with and without a bias: NemotronH-Nano's dense shapes
+// (K/8 = 336 and 464: a ragged last step for every U), Qwen3-8B's (gate | up
+// GATED, 12,288 units: warps loop over many groups), odd N and N no multiple of
+// the rows per group, K = 8 * odd, K/8 below one warp's step, x too large for
+// shared memory. GATED results are also held to the same backend's matmul +
+// act_mul bit for bit.
+struct gemv_case {
+    int N, K, gated;
+};
+static void gemv16_case(const struct gemv_case *cs) {
+    int N = cs->N, K = cs->K, M = cs->gated ? N / 2 : N;
+    float *wm = test_rnd((size_t)N * K, 0.05f), *x = test_rnd((size_t)4 * K, 1), *bias = test_rnd(N, 1);
+    struct weight wc;
+    weight_from_f32(cpu, &wc, WF_F32, wm, N, K);
+    float *cx = cpu->ops->alloc(cpu, sizeof(float) * 4 * K), *cb = cpu->ops->alloc(cpu, sizeof(float) * N);
+    float *gu = cpu->ops->alloc(cpu, sizeof(float) * 4 * N), *ref[2][4], *got = xmalloc(sizeof(float) * 4 * N);
+    cpu->ops->upload(cpu, cx, x, sizeof(float) * 4 * K);
+    cpu->ops->upload(cpu, cb, bias, sizeof(float) * N);
+    for (int b = 0; b < 2; b++) // the references, 1-4 rows, without and with the bias
+        for (int n = 1; n <= 4; n++) {
+            ref[b][n - 1] = cpu->ops->alloc(cpu, sizeof(float) * n * M);
+            wc.bias = b ? cb : NULL;
+            if (cs->gated) cpu->ops->matmul_act_mul(cpu, ACT_SILU, ref[b][n - 1], cx, &wc, n, gu);
+            else cpu->ops->matmul(cpu, ref[b][n - 1], cx, &wc, n);
+        }
+    int nf = (int64_t)N * K < (1 << 24) ? 2 : 1; // fp16 too where it is quick
+    for (int v = 0; v <= 5; v++) {
+        char val[8];
+        snprintf(val, sizeof val, "%d", v);
+        setenv("VLLM_GEMV16", val, 1);
+        backend_free(gpu);
+        if (backend_cuda_create(DT_F32, &gpu)) {
+            CHECKF(0, "cuda: %s", vllm_last_error());
+            return;
+        }
+        float *gx = gpu->ops->alloc(gpu, sizeof(float) * 4 * K), *gb = gpu->ops->alloc(gpu, sizeof(float) * N);
+        float *gy = gpu->ops->alloc(gpu, sizeof(float) * 4 * N), *gg = gpu->ops->alloc(gpu, sizeof(float) * 4 * N);
+        float *gc = gpu->ops->alloc(gpu, sizeof(float) * 4 * N);
+        gpu->ops->upload(gpu, gx, x, sizeof(float) * 4 * K);
+        gpu->ops->upload(gpu, gb, bias, sizeof(float) * N);
+        for (int f = 0; f < nf; f++) {
+            struct weight wg;
+            weight_from_f32(gpu, &wg, f ? WF_F16 : WF_BF16, wm, N, K);
+            for (int b = 0; b < 2; b++)
+                for (int n = 1; n <= 4; n++) {
+                    wg.bias = b ? gb : NULL;
+                    if (cs->gated) gpu->ops->matmul_act_mul(gpu, ACT_SILU, gy, gx, &wg, n, gg);
+                    else gpu->ops->matmul(gpu, gy, gx, &wg, n);
+                    gpu->ops->download(gpu, got, gy, sizeof(float) * n * M);
+                    char name[96];
+                    snprintf(name, sizeof name, "gemv16 v%d %s %s%d x %d n=%d%s", v, f ? "fp16" : "bf16",
+                             cs->gated ? "GATED 2x" : "", M, K, n, b ? " +bias" : "");
+                    double e = test_max_rel(got, ref[b][n - 1], (size_t)n * M), tol = f ? 2e-3 : 2e-2;
+                    if (v == 0 || n == 4 || e > tol) printf("  %-48s rel err %.2e (tol %.0e)\n", name, e, tol);
+                    CHECKF(e <= tol && isfinite(e), "%s: %.3g > %.0g", name, e, tol);
+                    if (!cs->gated) continue;
+                    gpu->ops->matmul(gpu, gg, gx, &wg, n); // the GATED GEMV is the kernel's own product, bit for bit
+                    gpu->ops->act_mul(gpu, ACT_SILU, gc, gg, n, M);
+                    float *c = xmalloc(sizeof(float) * n * M);
+                    gpu->ops->download(gpu, c, gc, sizeof(float) * n * M);
+                    CHECKF(!memcmp(got, c, sizeof(float) * n * M), "%s: not the GPU's matmul + act_mul bit for bit",
+                           name);
+                    free(c);
+                }
+            gpu->ops->free(gpu, wg.data);
+        }
+        gpu->ops->free(gpu, gx), gpu->ops->free(gpu, gb), gpu->ops->free(gpu, gy), gpu->ops->free(gpu, gg);
+        gpu->ops->free(gpu, gc);
+    }
+    unsetenv("VLLM_GEMV16");
+    for (int b = 0; b < 2; b++)
+        for (int n = 0; n < 4; n++) cpu->ops->free(cpu, ref[b][n]);
+    cpu->ops->free(cpu, wc.data), cpu->ops->free(cpu, cx), cpu->ops->free(cpu, cb), cpu->ops->free(cpu, gu);
+    free(wm), free(x), free(bias), free(got);
+}
+
+static void test_gemv16(void) {
+    static const struct gemv_case cs[] = {
+        {2 * 64 * 64 + 2 * 8 * 128 + 64, 2688, 0}, {2688, 4096, 0}, {3712, 2688, 0}, {2688, 3712, 0}, // Nano
+        {6144, 4096, 0}, {4096, 4096, 0}, {2 * 12288, 4096, 1}, {4096, 12288, 0},                  // Qwen3-8B
+        {1001, 2664, 0}, {2 * 1001, 2664, 1}, {7, 24, 0}, {2 * 3, 8, 1}, {4103, 8 * 45, 0}, {2 * 4103, 8 * 45, 1},
+        {65, 8 * 2049, 0}}; // x [4, 16392] fp32 over the shared memory: VLLM_GEMV16=5 reads it from L1
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) gemv16_case(&cs[i]);
+    backend_free(gpu); // the default kernel again for what follows
+    if (backend_cuda_create(DT_F32, &gpu)) CHECKF(0, "cuda: %s", vllm_last_error());
+}
+
 // Prompt log-probs: rows picked out of a logits block (one row twice), a
 // full vocabulary; log-probs close, ranks and top ids the same.
 static void test_token_logprobs(void) {
@@ -849,6 +938,7 @@ int main(int argc, char **argv) {
     }
     test_matmul_act_mul(2048, 6144);
     test_matmul_act_mul(48, 71);
+    test_gemv16();
     test_moe_gate_route();
     test_moe();
     test_kimi_kda();

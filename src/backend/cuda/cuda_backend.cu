@@ -308,6 +308,16 @@ template <typename T> struct pair_of;
 template <> struct pair_of<__nv_bfloat16> { typedef __nv_bfloat162 type; };
 template <> struct pair_of<__half> { typedef __half2 type; };
 
+// xs = x [b, 8 k8 .. 8 k8 + 7] rounded to T, as the GEMM path rounds x (x: [n, K] fp32)
+template <typename T>
+__device__ __forceinline__ void x8_rounded(float (&xs)[8], const float *x, int b, int K, int k8) {
+    const float4 *xp = (const float4 *)(x + (int64_t)b * K + k8 * 8);
+    float4 x0 = xp[0], x1 = xp[1];
+    xs[0] = x0.x, xs[1] = x0.y, xs[2] = x0.z, xs[3] = x0.w, xs[4] = x1.x, xs[5] = x1.y, xs[6] = x1.z, xs[7] = x1.w;
+#pragma unroll
+    for (int i = 0; i < 8; i++) xs[i] = (float)(T)xs[i];
+}
+
 // Decode-sized products (n <= 4 rows) with 16-bit weights: each warp streams
 // one weight row once, 16 bytes per lane per load, and applies it to every
 // row of x (rounded to T as the GEMM path rounds it), accumulating fp32.
@@ -358,11 +368,8 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
             for (int r = 0; r < GEMV_ROWS; r++) u[r] = __ldg(wr[r] + k8 + 256);
 #pragma unroll
         for (int b = 0; b < NB; b++) {
-            const float4 *xp = (const float4 *)(x + (int64_t)b * K + k8 * 8);
-            float4 x0 = xp[0], x1 = xp[1];
-            float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) xs[i] = (float)(T)xs[i]; // as the GEMM path rounds x
+            float xs[8];
+            x8_rounded<T>(xs, x, b, K, k8);
 #pragma unroll
             for (int r = 0; r < GEMV_ROWS; r++) {
                 const T2 *h = (const T2 *)&cur[r];
@@ -397,11 +404,186 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
     }
 }
 
-// gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias
+// VLLM_GEMV16 (cuda_impl.gemv16) picks the decode GEMV: 0 k_gemv16 above, 1-5
+// k_gemv16w below (variants of one kernel, timed side by side by `cuda_ops 1
+// 64 gemv`). k_gemv16w: no block-wide step in the loop. A warp owns a group
+// of R weight rows (GATED: R/2 hidden units, their gate and up rows) at a
+// time and streams them whole, U 16-byte loads per row per lane per step
+// (lane l of step s reads uint4 s*32U + 32j + l, j < U); the next step's
+// loads (the next group's first, at a group's end) are issued before this
+// step's arithmetic, so a warp keeps up to 2*R*U loads in flight, over the
+// group's warp_sum too. The grid is resident (2 blocks of 8 warps per SM, XS:
+// 1 of 16) and loops over the groups, handed to warps block-first (group g:
+// block g % blocks), so every SM gets the same number of rows (+-1 group)
+// whatever N. Sums per output: each lane fmaf's its columns in increasing
+// order (per 16-byte load: elements 0..7), then warp_sum's xor butterfly,
+// then + bias (a row's sum is the same whether it sits in a GATED group or
+// not). NA: weight loads as ld.global.nc.L1::no_allocate.L2::256B (the
+// weights pass L1 by, x stays there; the L2 fetches 256-byte lines). XS: x
+// rounded to T once per block into shared memory (fp32, NB * K * 4 bytes, one
+// __syncthreads after pdl_wait), each column's two halves apart so a warp's
+// 16-byte reads are conflict-free; else each lane reads x (L1) and rounds it.
+template <bool XS> struct gemvw_shape {
+    static constexpr int warps = XS ? 16 : 8, per_sm = XS ? 1 : 2;
+};
+template <bool NA> __device__ __forceinline__ uint4 ld_weight(const uint4 *p) {
+    if (!NA) return __ldg(p);
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Weight row r of group g (clamped: a partial last group reads a real row, its output unwritten).
+template <bool GATED, int R> __device__ __forceinline__ int gemvw_row(int g, int r, int N) {
+    if (!GATED) return min(g * R + r, N - 1);
+    int I = N / 2, H = R / 2;
+    return r < H ? min(g * H + r, I - 1) : I + min(g * H + r - H, I - 1);
+}
+
+// Step s of group g: v[r][j] = uint4 s*32U + 32j + lane of row r (only those < K/8).
+template <bool GATED, int R, int U, bool NA, typename T>
+__device__ __forceinline__ void gemvw_load(uint4 (&v)[R][U], const T *w, int g, int s, int N, int K, int lane) {
+    int k0 = s * 32 * U + lane;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const uint4 *p = (const uint4 *)(w + (int64_t)gemvw_row<GATED, R>(g, r, N) * K) + k0;
+#pragma unroll
+        for (int j = 0; j < U; j++)
+            if (k0 + 32 * j < K / 8) v[r][j] = ld_weight<NA>(p + 32 * j);
+    }
+}
+
+template <typename T, int NB, bool GATED, int R, int U, bool NA, bool XS>
+__global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::per_sm)
+    k_gemv16w(float *y, const float *x, const T *w, const float *bias, int N, int K, enum act kind) {
+    static_assert(!GATED || R % 2 == 0, "a GATED group holds gate and up rows in pairs");
+    typedef typename pair_of<T>::type T2;
+    extern __shared__ float4 xsh[]; // XS: [NB][2][K/8] float4, x [b, 8k8 + 4h ..] rounded at [b][h][k8]
+    constexpr int H = GATED ? R / 2 : R; // outputs of a group
+    int lane = threadIdx.x & 31, I = N / 2, M = GATED ? I : N, K8 = K / 8;
+    int groups = (M + H - 1) / H, steps = max(1, (K8 + 32 * U - 1) / (32 * U));
+    int nw = gridDim.x * gemvw_shape<XS>::warps, g = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, s = 0;
+    uint4 nxt[R][U];
+    if (g < groups) gemvw_load<GATED, R, U, NA>(nxt, w, g, s, N, K, lane);
+    pdl_wait(); // x is the previous kernel's output
+    pdl_trigger();
+    if (XS) {
+        for (int i = threadIdx.x; i < NB * 2 * K8; i += blockDim.x) {
+            int b = i / (2 * K8), k8 = i % (2 * K8) / 2, h = i % 2;
+            float4 v = ((const float4 *)x)[i];
+            v.x = (float)(T)v.x, v.y = (float)(T)v.y, v.z = (float)(T)v.z, v.w = (float)(T)v.w;
+            xsh[(b * 2 + h) * K8 + k8] = v;
+        }
+        __syncthreads();
+    }
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0;
+    while (g < groups) {
+        uint4 cur[R][U];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int j = 0; j < U; j++) cur[r][j] = nxt[r][j];
+        int cg = g, k0 = s * 32 * U + lane;
+        if (++s == steps) s = 0, g += nw;
+        if (g < groups) gemvw_load<GATED, R, U, NA>(nxt, w, g, s, N, K, lane);
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+            int k8 = k0 + 32 * j;
+            if (k8 >= K8) break;
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                float xs[8];
+                if (XS) {
+                    float4 x0 = xsh[b * 2 * K8 + k8], x1 = xsh[(b * 2 + 1) * K8 + k8];
+                    xs[0] = x0.x, xs[1] = x0.y, xs[2] = x0.z, xs[3] = x0.w;
+                    xs[4] = x1.x, xs[5] = x1.y, xs[6] = x1.z, xs[7] = x1.w;
+                } else
+                    x8_rounded<T>(xs, x, b, K, k8);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const T2 *h = (const T2 *)&cur[r][j];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float2 f = pair_f32(h[i]);
+                        acc[r][b] = fmaf(f.y, xs[2 * i + 1], fmaf(f.x, xs[2 * i], acc[r][b]));
+                    }
+                }
+            }
+        }
+        if (s) continue; // group cg has steps left
+        // cg done: every lane holds every sum; lane (output * NB + b) writes one
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[r][b] = warp_sum(acc[r][b]);
+#pragma unroll
+        for (int o = 0; o < H; o++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                int u = cg * H + o;
+                if (lane != o * NB + b || u >= M) continue;
+                if (GATED) {
+                    float gv = acc[o][b], uv = acc[o + H][b];
+                    if (bias) gv += bias[u], uv += bias[I + u];
+                    y[(int64_t)b * I + u] = act_dev(kind, gv) * uv;
+                } else
+                    y[(int64_t)b * N + u] = acc[o][b] + (bias ? bias[u] : 0.0f);
+            }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[r][b] = 0;
+    }
+}
+
+template <typename T, int NB, bool GATED, int R, int U, bool NA, bool XS>
+static void gemv16w_launch(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K,
+                           enum act kind) {
+    typedef gemvw_shape<XS> sh;
+    int groups = GATED ? cdiv(N / 2, R / 2) : cdiv(N, R);
+    size_t sm = XS ? sizeof(float) * NB * K : 0;
+    if (XS) CUDA_CHECK(cudaFuncSetAttribute(k_gemv16w<T, NB, GATED, R, U, NA, XS>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    launch_pdl(k_gemv16w<T, NB, GATED, R, U, NA, XS>, MIN(groups, sh::per_sm * cu(be)->num_sms), sh::warps * 32, sm,
+               cu(be)->stream, y, x, W, bias, N, K, kind);
+}
+// XS where x [n, K] fits in shared memory, else the same kernel reading x from L1
+template <typename T, bool GATED, int R, int U, bool NA, bool XS>
+static void gemv16w(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
+                    enum act kind) {
+    if (XS && sizeof(float) * n * K > cu(be)->smem_optin) {
+        gemv16w<T, GATED, R, U, NA, false>(be, y, x, W, bias, N, K, n, kind);
+        return;
+    }
+    switch (n) {
+    case 1: gemv16w_launch<T, 1, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 2: gemv16w_launch<T, 2, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 3: gemv16w_launch<T, 3, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    default: gemv16w_launch<T, 4, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    }
+}
+
+// gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias;
+// the kernel VLLM_GEMV16 picks (variant 4 GATED: variant 2's kernel, a GATED group holds rows in pairs)
 template <typename T, bool GATED>
-static void gemv16_g(cudaStream_t s, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
+static void gemv16_g(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
                      enum act kind) {
+    switch (cu(be)->gemv16) {
+    case 1: gemv16w<T, GATED, 2, 4, false, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 2: gemv16w<T, GATED, 2, 4, true, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 3: gemv16w<T, GATED, 4, 2, true, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 4: gemv16w<T, GATED, GATED ? 2 : 1, GATED ? 4 : 8, true, false>(be, y, x, W, bias, N, K, n, kind); return;
+    case 5: gemv16w<T, GATED, 2, 4, true, true>(be, y, x, W, bias, N, K, n, kind); return;
+    default: break;
+    }
     dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
+    cudaStream_t s = cu(be)->stream;
     switch (n) {
     case 1: launch_pdl(k_gemv16<T, 1, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
     case 2: launch_pdl(k_gemv16<T, 2, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
@@ -410,8 +592,8 @@ static void gemv16_g(cudaStream_t s, float *y, const float *x, const T *W, const
     }
 }
 template <typename T>
-static void gemv16(cudaStream_t s, float *y, const float *x, const T *W, const float *bias, int N, int K, int n) {
-    gemv16_g<T, false>(s, y, x, W, bias, N, K, n, ACT_SILU);
+static void gemv16(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n) {
+    gemv16_g<T, false>(be, y, x, W, bias, N, K, n, ACT_SILU);
 }
 
 static cudaDataType_t cuda_type(enum wfmt f) {
@@ -573,8 +755,8 @@ static void cu_matmul(struct backend *be, float *y, const float *x, const struct
             blas_matmul(be, y, x, &d, n, sc + cuda_dequant_bytes(be, w));
         }
     } else if (gemv && w->fmt == WF_F32) gemv32(s, y, x, (const float *)w->data, w->bias, N, K, n);
-    else if (gemv && w->fmt == WF_BF16) gemv16(s, y, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n);
-    else if (gemv && w->fmt == WF_F16) gemv16(s, y, x, (const __half *)w->data, w->bias, N, K, n);
+    else if (gemv && w->fmt == WF_BF16) gemv16(be, y, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n);
+    else if (gemv && w->fmt == WF_F16) gemv16(be, y, x, (const __half *)w->data, w->bias, N, K, n);
     else blas_matmul(be, y, x, w, n, NULL);
     if (w->bias && !gemv) { // else in the GEMV's epilogue
         int64_t m = (int64_t)n * N;
@@ -658,12 +840,11 @@ static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, con
                               int n, float *gu) {
     if (n <= 0) return;
     int N = (int)w->rows, K = (int)w->cols;
-    cudaStream_t s = cu(be)->stream;
     bool fuse = gemv_fits(x, w, n) && N % 2 == 0;
     if (fuse && w->fmt == WF_BF16)
-        gemv16_g<__nv_bfloat16, true>(s, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind);
+        gemv16_g<__nv_bfloat16, true>(be, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind);
     else if (fuse && w->fmt == WF_F16)
-        gemv16_g<__half, true>(s, out, x, (const __half *)w->data, w->bias, N, K, n, kind);
+        gemv16_g<__half, true>(be, out, x, (const __half *)w->data, w->bias, N, K, n, kind);
     else {
         cu_matmul(be, gu, x, w, n);
         cu_act_mul(be, kind, out, gu, n, N / 2);
@@ -990,6 +1171,10 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     if (kv_dtype == DT_F16)
         return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend keeps the KV cache in float32, bfloat16 or fp8, not "
                         "float16");
+    const char *gv = getenv("VLLM_GEMV16"); // the decode GEMV's kernel (gemv16_g)
+    int gemv16 = gv && *gv ? gv[0] - '0' : 0;
+    if (gemv16 < 0 || gemv16 > 5 || (gv && *gv && gv[1]))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_GEMV16=%s: not a kernel 0-5 (docs/ENVIRONMENT.md)", gv);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
@@ -1011,6 +1196,7 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
                !(no_pdl && *no_pdl && strcmp(no_pdl, "0"));
     const char *w8a8 = getenv("VLLM_FP8_W8A8");
     c->w8a8 = !(w8a8 && !strcmp(w8a8, "0"));
+    c->gemv16 = gemv16;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
