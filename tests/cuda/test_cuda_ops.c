@@ -694,8 +694,9 @@ static void test_kimi_kda(void) {
 // passes) and at the kimi fixtures' 4 heads. In 16-bit mode (weight_dtype
 // bf16, 2e-2) the prefills at 48B's shapes take the tensor-core path (their
 // contexts expanded per head, then cuda_flash.cu's kernel), several
-// sequences in one group, a chunk of 1,100 tokens after 3,000 among them;
-// the other shapes keep k_mla_split there.
+// sequences in one group: the cases above over an fp32 cache, and over a
+// bf16 one a chunk of 1,100 tokens after 3,000 with two more prefills; the
+// other shapes keep k_mla_split there.
 struct mla_case {
     struct mla_dims d;
     int n, nd, qlen[12], ctx[12];
@@ -875,13 +876,12 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++) {
         test_mla(&mla[i], DT_F32, WF_F32, 1e-5);
         test_mla(&mla[i], DT_BF16, WF_F32, 1e-4);
-        test_mla(&mla[i], DT_BF16, WF_BF16, 2e-2);
+        test_mla(&mla[i], DT_F32, WF_BF16, 2e-2); // 16-bit mode over an fp32 cache
     }
-    // 16-bit mode only: a decode, then 1,100 tokens after 3,000, 64 after
-    // 500 and 300 from zero: the three prefills on tensor cores
+    // 16-bit mode, bf16 cache: a decode, then 1,100 tokens after 3,000, 64
+    // after 500 and 300 from zero: the three prefills on tensor cores
     static const struct mla_case mla16 = {{32, 128, 64, 128, 512, 16, 0}, 4, 1, {1, 1100, 64, 300}, {99, 3000, 500, 0}};
     test_mla(&mla16, DT_BF16, WF_BF16, 2e-2);
-    test_mla(&mla16, DT_F32, WF_BF16, 2e-2);
     test_sample();
     test_mask_logits();
     test_bias_logits();
