@@ -2,13 +2,21 @@
 // at Kimi-Linear-48B's shapes: 32 heads, latent 512 + rope 64 per cached
 // token (bf16 cache, blocks of 16), q_nope 128, v 128, kv_b fp32.
 //   decode: S sequences of one query token over a context of L tokens;
-//   prefill: one sequence of L tokens from an empty context.
-// Prints us a call and tokens a second (query tokens / time). The op reads
+//   prefill: one sequence of L tokens from an empty context, and for L over
+//     8,192 the last 8,192-token chunk of an L-token prompt (a chunked
+//     prefill's step, as the engine runs it), in 16-bit mode (weight_dtype
+//     bf16: the tensor-core path, K_nope / V expanded per head);
+//   split: the same prefills on k_mla_split (the fp32 mode's path).
+// Prints us a call, tokens a second (query tokens / time) and TFLOPS of the
+// form that ran: 2 x heads x (query, key) pairs x MACs a pair, the absorbed
+// form's R + P + R = 1,088 (decode, split) or the expanded one's N + P + V =
+// 320 (16-bit prefill; the expansion GEMM not counted). The op reads
 // only the batch's qsl, ctx and block tables, so the program builds against
 // any tree with the op: tools/device_mla.sh copies it into the baseline's
 // tree to time the old kernel the same way.
 //
-// Usage: build-cuda/cuda_mla [decode|prefill|all] [LENS... (1024 8192 32768)]
+// Usage: build-cuda/cuda_mla [decode|prefill|split|all] [LENS... (1024 8192 32768)]
+// (all: decode and prefill)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +31,7 @@ static struct backend *be;
 // S sequences of qlen query tokens after ctx cached ones, each over its
 // own blocks; the median of up to 5 timed calls after a warm one (one call
 // when the warm one took over half a second).
-static void bench_one(const char *what, int S, int qlen, int ctx) {
+static void bench_one(const char *what, int S, int qlen, int ctx, enum wfmt wf) {
     const int H = 32, N = 128, P = 64, V = 128, R = 512, W = R + P, bs = 16;
     struct mla_dims d = {H, N, P, V, R, bs, 0.0721688f}; // 1 / sqrt(192)
     int L = ctx + qlen, mbps = (L + bs - 1) / bs, T = S * qlen;
@@ -62,6 +70,7 @@ static void bench_one(const char *what, int S, int qlen, int ctx) {
         be->ops->free(be, lat);
         free(slots);
     }
+    be->weight_dtype = wf;
     double t[5], t0 = now_s();
     be->ops->mla_attn(be, out, q, cache, kvb, &b, 0, S, &d);
     be->ops->sync(be);
@@ -73,7 +82,10 @@ static void bench_one(const char *what, int S, int qlen, int ctx) {
         t[r] = now_s() - t0;
     }
     double m = bench_median(t, reps);
-    printf("  mla %-7s %3d seqs x %5d tokens, context %6d  %12.1f us  %10.0f tok/s\n", what, S, qlen, L, m * 1e6, T / m);
+    double pairs = (double)S * ((double)qlen * ctx + (double)qlen * (qlen + 1) / 2);
+    int macs = qlen > 1 && wf != WF_F32 ? N + P + V : W + R;
+    printf("  mla %-7s %3d seqs x %5d tokens, context %6d  %12.1f us  %10.0f tok/s  %6.1f TFLOPS\n", what, S, qlen, L,
+           m * 1e6, T / m, 2.0 * H * pairs * macs / m * 1e-12);
     void *all[] = {da, q, kvb, out, cache};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) be->ops->free(be, all[i]);
     free(arr);
@@ -86,15 +98,25 @@ int main(int argc, char **argv) {
     }
     static const int def[] = {1024, 8192, 32768};
     const char *mode = argc > 1 ? argv[1] : "all";
-    int n = argc > 2 ? argc - 2 : 3, dec = strcmp(mode, "prefill"), pre = strcmp(mode, "decode");
+    int n = argc > 2 ? argc - 2 : 3, dec = !strcmp(mode, "decode") || !strcmp(mode, "all");
+    int pre = !strcmp(mode, "prefill") || !strcmp(mode, "all"), split = !strcmp(mode, "split");
+    if (!dec && !pre && !split) {
+        fprintf(stderr, "cuda_mla: mode %s is none of decode, prefill, split, all\n", mode);
+        return 1;
+    }
     for (int i = 0; i < n; i++) {
         int L = argc > 2 ? atoi(argv[i + 2]) : def[i];
         if (L < 1 || L > (1 << 20)) {
             fprintf(stderr, "cuda_mla: length %s outside [1, 2^20]\n", argv[i + 2]);
             return 1;
         }
-        if (dec) bench_one("decode", 1, 1, L - 1), bench_one("decode", 64, 1, L - 1);
-        if (pre) bench_one("prefill", 1, L, 0);
+        if (dec) bench_one("decode", 1, 1, L - 1, WF_BF16), bench_one("decode", 64, 1, L - 1, WF_BF16);
+        if (pre || split) {
+            const char *what = pre ? "prefill" : "split";
+            enum wfmt wf = pre ? WF_BF16 : WF_F32;
+            bench_one(what, 1, L, 0, wf);
+            if (L > 8192) bench_one(what, 1, 8192, L - 8192, wf);
+        }
     }
     backend_free(be);
     return 0;

@@ -691,13 +691,18 @@ static void test_kimi_kda(void) {
 // (splits for a max_model_len of 32k: most of them past every context). At
 // Kimi-Linear-48B's shapes (32 heads, latent 512 + 64), at 40 heads of a
 // small latent (a second, partial head group; 1,100 prefill tokens: two
-// passes) and at the kimi fixtures' 4 heads.
+// passes) and at the kimi fixtures' 4 heads. In 16-bit mode (weight_dtype
+// bf16, 2e-2) the prefills at 48B's shapes take the tensor-core path (their
+// contexts expanded per head, then cuda_flash.cu's kernel), several
+// sequences in one group: the cases above over an fp32 cache, and over a
+// bf16 one a chunk of 1,100 tokens after 3,000 with two more prefills; the
+// other shapes keep k_mla_split there.
 struct mla_case {
     struct mla_dims d;
     int n, nd, qlen[12], ctx[12];
 };
 
-static void test_mla(const struct mla_case *mc, enum dtype kv, double tol) {
+static void test_mla(const struct mla_case *mc, enum dtype kv, enum wfmt wf, double tol) {
     struct mla_dims d = mc->d;
     d.scale = 1.0f / sqrtf((float)(d.nope + d.rope));
     int S = mc->n, H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), init[12] = {0}, mbps = 1;
@@ -706,13 +711,17 @@ static void test_mla(const struct mla_case *mc, enum dtype kv, double tol) {
     make_tb(&t, S, mc->qlen, mc->ctx, init, mc->nd, d.block_size, mbps, NULL);
     int T = t.c.num_tokens;
     // the context of every sequence, written through mla_kv_write on both sides
-    int cq[12], zero[12] = {0};
+    int cq[12] = {0}, zero[12] = {0};
     for (int s = 0; s < S; s++) cq[s] = mc->ctx[s] + mc->qlen[s];
     struct tb full;
     make_tb(&full, S, cq, zero, init, 0, d.block_size, mbps, NULL);
     int TF = full.c.num_tokens;
     size_t cn = (size_t)S * mbps * d.block_size * W;
-    gpu->kv_dtype = kv;
+    gpu->kv_dtype = kv, gpu->weight_dtype = wf;
+    int longest = 0; // the scratch reserved as at load (in 16-bit mode it sizes the flash path's groups)
+    for (int s = 0; s < S; s++) longest = MAX(longest, mc->ctx[s] + mc->qlen[s]);
+    CHECK(gpu->ops->supports(gpu, &(struct op_query){.op = OP_MLA, .max_tokens = T, .max_seq_len = longest,
+                                                      .mla = &d}) == VLLM_OK);
     struct pair pc = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     float *fl = test_rnd((size_t)TF * W, 1), *lat = test_rnd((size_t)T * (W + 3), 1), *q = test_rnd((size_t)T * qw, 1);
     float *kvb = test_rnd((size_t)H * (d.nope + d.v_dim) * d.rank, 0.05f);
@@ -737,15 +746,15 @@ static void test_mla(const struct mla_case *mc, enum dtype kv, double tol) {
             t.g.fixed_shapes = 0;
             gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, mc->nd, S, &d);
         } else gpu->ops->mla_attn(gpu, po.g, pq.g, pc.g, pkvb.g, &t.g, 0, S, &d);
-        snprintf(name, sizeof name, "MLA %d heads, latent %d+%d, %s KV%s", H, d.rank, d.rope,
-                 kv == DT_BF16 ? "bf16" : "fp32", fixed ? ", graph splits" : "");
+        snprintf(name, sizeof name, "MLA %d heads, latent %d+%d, %s KV%s%s", H, d.rank, d.rope,
+                 kv == DT_BF16 ? "bf16" : "fp32", wf == WF_F32 ? "" : ", 16-bit", fixed ? ", graph splits" : "");
         cmp(name, po, (size_t)T * H * d.v_dim, tol);
     }
     struct pair all[] = {pc, pfl, plat, pq, pkvb, po};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free_tb(&t), free_tb(&full);
     free(fl), free(lat), free(q), free(kvb);
-    gpu->kv_dtype = DT_F32;
+    gpu->kv_dtype = DT_F32, gpu->weight_dtype = WF_F32;
 }
 
 // Constrained decoding's mask: a vocabulary that is no multiple of 32 (a last
@@ -955,9 +964,14 @@ int main(int argc, char **argv) {
         {{4, 16, 8, 16, 32, 16, 0}, 4, 2, {1, 1, 20, 5}, {0, 64, 0, 9}},
     };
     for (size_t i = 0; i < sizeof mla / sizeof mla[0]; i++) {
-        test_mla(&mla[i], DT_F32, 1e-5);
-        test_mla(&mla[i], DT_BF16, 1e-4);
+        test_mla(&mla[i], DT_F32, WF_F32, 1e-5);
+        test_mla(&mla[i], DT_BF16, WF_F32, 1e-4);
+        test_mla(&mla[i], DT_F32, WF_BF16, 2e-2); // 16-bit mode over an fp32 cache
     }
+    // 16-bit mode, bf16 cache: a decode, then 1,100 tokens after 3,000, 64
+    // after 500 and 300 from zero: the three prefills on tensor cores
+    static const struct mla_case mla16 = {{32, 128, 64, 128, 512, 16, 0}, 4, 1, {1, 1100, 64, 300}, {99, 3000, 500, 0}};
+    test_mla(&mla16, DT_BF16, WF_BF16, 2e-2);
     test_sample();
     test_mask_logits();
     test_bias_logits();

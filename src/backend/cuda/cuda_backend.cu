@@ -295,13 +295,6 @@ static void cu_add_rmsnorm(struct backend *be, float *res, const float *x, float
     add_rmsnorm(cu(be)->stream, res, x, out, w, n, dim, eps);
 }
 
-// x rounded to the weight's 16-bit type: the input of a 16-bit GEMM
-template <typename T>
-__global__ void k_to_16(T *y, const float *x, int64_t n) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += (int64_t)gridDim.x * blockDim.x) y[i] = (T)x[i];
-}
-
 __device__ __forceinline__ float2 pair_f32(const __nv_bfloat162 &h) { return __bfloat1622float2(h); }
 __device__ __forceinline__ float2 pair_f32(const __half2 &h) { return __half22float2(h); }
 template <typename T> struct pair_of;
@@ -1091,7 +1084,7 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
             snprintf(buf, sizeof buf, "multi-head latent attention: kv_lora_rank %d, qk_rope_head_dim %d (multiples "
                      "of 4, rank at most %d, together at most %d)", d->rank, d->rope, CUDA_MLA_MAX_RANK,
                      CUDA_MLA_MAX_W), why = buf;
-        else need = cuda_mla_scratch(be, d, (int)T);
+        else need = cuda_mla_scratch(be, d, (int)T, (int)S);
         break;
     }
     }

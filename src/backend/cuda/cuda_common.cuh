@@ -167,6 +167,15 @@ __device__ __forceinline__ float act_dev(enum act k, float x) {
     return x;
 }
 
+// y = x rounded to a 16-bit type (bf16, fp16): a 16-bit GEMM's input
+template <typename T>
+__global__ void k_to_16(T *y, const float *x, int64_t n) {
+    pdl_wait();
+    pdl_trigger();
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = (T)x[i];
+}
+
 // Tensor-core building blocks (sm_80+): one m16n8k16 product with fp32
 // accumulation, 16-byte async copies (zero-filled when !valid), ldmatrix.
 template <typename T> struct mma16;
@@ -314,6 +323,13 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
 // 64 / 128 (cuda_flash.cu); 0 when the shape is not one it runs.
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
+// MLA's prefill on the same kernel (cuda_flash.cu) over keys expanded per
+// head by cuda_mla.cu: kv [keys, H*(N+V)] (K_nope_h | V_h per head), lat
+// [keys, R+P] (k_r at R), the contexts of sequences [seq0, seq1) back to back;
+// cuda_flash_mla_shape: 1 for the shapes it runs (N 128, N + P 192, V 128).
+int cuda_flash_mla_shape(const struct mla_dims *d);
+void cuda_flash_mla(struct backend *be, float *out, const float *q, const __nv_bfloat16 *kv,
+                    const __nv_bfloat16 *lat, const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
 // Quantized dense weights (cuda_quant.cu). cuda_gemv_quant: y [n, N] = x [n,
 // K] W^T (+ W.bias) for n <= CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
 // (cuda_dequant: into dst, cuda_dequant_bytes of device memory, as a dense
@@ -348,8 +364,9 @@ void cuda_mla_attn(struct backend *be, float *out, const float *q, const void *c
                    const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
 size_t cuda_kda_smem(int head_dim);
 size_t cuda_mla_smem(const struct mla_dims *d);
-// Scratch bytes of mla_attn over steps of up to max_tokens rows (cuda_mla.cu)
-size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens);
+// Scratch bytes of mla_attn over steps of up to max_tokens rows and contexts
+// of up to max_seq_len tokens (cuda_mla.cu)
+size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens, int max_seq_len);
 // tensor parallelism, in cuda_nccl.cu (the collectives exist only with NCCL)
 void cuda_all_reduce(struct backend *be, float *x, int64_t n);
 void cuda_all_gather(struct backend *be, float *out, int out_cols, const float *in, int in_cols, int rows);

@@ -13,18 +13,22 @@
 //      and walked the context one block per head: 32 blocks for a decode);
 //   3. k_mla_merge: the splits of each (token, head), as k_attn_merge;
 //   4. out = W_vb_h lat: the second strided GEMM.
-// Decode and prefill take the same kernel: a prefill token is one tile of
-// rows like a decode's, so the context rows of a prefill are re-read once
-// per query token, but from L2 (a 32k context is 38 MB of bf16 latents).
+// Decode rows always take this kernel, and so do prefill rows in the fp32
+// mode (weight_dtype float32: the exactness gates): a prefill token is one
+// tile of rows like a decode's, its context rows re-read once per query
+// token from L2 (a 32k context is 38 MB of bf16 latents). A key is 1152
+// bytes (bf16) and 32 x 1088 MACs: 60 FLOP a byte, so even decode is
+// compute-bound on fp32 SIMT (docs/BENCHMARKS.md).
 //
-// Why not expand K_nope / V per head and run cuda_flash.cu: its K and V
-// share one head_dim (64 or 128), MLA's are 192 and 128. Per (query, key,
-// head) at Kimi-Linear-48B's shapes the absorbed form costs W + R = 1088
-// MACs, the expanded one N + P + V = 320 plus the expansion, (N + V) R =
-// 131k MACs per (key, head) on tensor cores: for long prompts the expanded
-// form with a tensor-core kernel of its own is the path to come (vLLM's).
-// Here a key is 1152 bytes (bf16) and 32 x 1088 MACs: 60 FLOP a byte, so
-// even decode is compute-bound on fp32 SIMT (docs/BENCHMARKS.md).
+// In 16-bit mode prefill rows take the expanded form on tensor cores
+// instead (vLLM's split; "prefill on tensor cores" below): K_nope and V per
+// head from the cached latents by one GEMM, then cuda_flash.cu's kernel with
+// K rows of N + P = 192 (the rope part k_r shared by the heads) and V rows
+// of 128: per (query, key, head) (N + P) + V = 320 MACs on tensor cores
+// against the absorbed W + R = 1,088 on SIMT, plus the expansion, (N + V) R
+// MACs per (key, head), once per step. Shapes it does not run (N != 128,
+// N + P != 192, V != 128) and contexts over MLA_FLASH_MAX_KEYS keep this
+// kernel.
 #include "backend/cuda/cuda_common.cuh"
 
 template <typename T> __device__ __forceinline__ void store_f(T *dst, float v);
@@ -294,13 +298,6 @@ static void mla_launch(const mla_args &a, dim3 grid, size_t sm, cudaStream_t s, 
 
 static size_t mla_part_offset(size_t rows, int R) { return (rows * R * sizeof(float) + 255) & ~(size_t)255; }
 
-// Scratch of one pass: lat [rows, R], then the partials (tiles * nsplit <=
-// num_sms when nsplit > 1, and a tile has at most 32 rows; 64 for margin).
-size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens) {
-    size_t rows = (size_t)MIN(max_tokens, MAX(1, MLA_PASS_ROWS / d->heads)) * d->heads;
-    return mla_part_offset(rows, d->rank) + (size_t)64 * cu(be)->num_sms * (d->rank + 4) * sizeof(float);
-}
-
 // One pass: tokens [ta, tb) of sequences [seq0, seq1), splits for contexts
 // of up to maxlen.
 static void mla_pass(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
@@ -335,8 +332,157 @@ static void mla_pass(struct backend *be, float *out, const float *q, const void 
                                             CUBLAS_GEMM_DEFAULT));
 }
 
+// Prefill tokens of sequences [p0, p1) on k_mla_split, in passes of at most
+// MLA_PASS_ROWS (token, head) rows.
+static void mla_prefill_split(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                              const struct batch *b, int p0, int p1, const struct mla_dims *d) {
+    int pass = MAX(1, MLA_PASS_ROWS / d->heads), maxlen = 0;
+    int ta = b->h_query_start_loc[p0], te = b->h_query_start_loc[p1];
+    for (int s = p0; s < p1; s++) maxlen = MAX(maxlen, b->h_seq_lens[s]);
+    for (int t = ta; t < te; t += pass) mla_pass(be, out, q, cache, kv_b, b, p0, p1, t, MIN(te, t + pass), maxlen, d);
+}
+
+// ---- prefill on tensor cores: K_nope, V expanded per head, flash ----
+//
+// In 16-bit mode (not the fp32 mode of the exactness gates) a prefill
+// sequence's context is expanded as vLLM does: per (query, key, head) the
+// absorbed form costs W + R = 1,088 MACs at 48B's shapes, the expanded one
+// (N + P) + V = 320 on tensor cores. For a group of prefill sequences, one
+// after another (their contexts back to back, at most what the scratch holds):
+//   1. k_mla_gather: every cached latent of their contexts (this step's
+//      included) -> lat16 [keys, W] bf16, contiguous;
+//   2. kv16 [keys, H*(N+V)] = lat16[:, :R] kv_b^T: one cuBLAS GEMM (bf16 in,
+//      fp32 accumulation, bf16 out; kv_b rounded to bf16 first, once per
+//      call): per head K_nope_h | V_h;
+//   3. cuda_flash_mla: the flash kernel of cuda_flash.cu with K rows of 192
+//      (K_nope_h | k_r, the rope part read from lat16: shared by the heads)
+//      and V rows of 128, causal from each sequence's context_lens, out
+//      [T, H*V] as the op's contract.
+// The whole context is expanded at every step (a chunked prefill's later
+// chunks too): its cost, keys x H(N+V) x R, is 1/(query tokens x 320 / (R x
+// 256)) of the attention's, under 2% of it for a chunk of 8,192 tokens, and
+// the flash kernel stays the one of cuda_flash.cu (streaming key tiles
+// through the expansion would need a state carried across key chunks).
+// Scratch: kvb16, then lat16 and kv16 for MLA_FLASH_MAX_KEYS keys at most
+// (W + H(N+V) bf16 a key: 17.5 KB at 48B's shapes, 1.15 GB for 64k keys); a
+// sequence whose context is longer takes k_mla_split (slow, but exact).
+#define MLA_FLASH_MAX_KEYS (1 << 16)
+#define MLA_GATHER_ROWS 16 // latent rows a gather block copies
+
+static size_t mla_align(size_t n) { return (n + 255) & ~(size_t)255; }
+static size_t mla_flash_kvb(const struct mla_dims *d) {
+    return mla_align((size_t)d->heads * (d->nope + d->v_dim) * d->rank * 2);
+}
+static size_t mla_flash_lat(const struct mla_dims *d, int keys) {
+    return mla_align((size_t)keys * (d->rank + d->rope) * 2);
+}
+// Bytes of the flash path for groups of up to `keys` keys.
+static size_t mla_flash_bytes(const struct mla_dims *d, int keys) {
+    return mla_flash_kvb(d) + mla_flash_lat(d, keys) + (size_t)keys * d->heads * (d->nope + d->v_dim) * 2;
+}
+
+// The latents of sequences [seq0, seq0 + gridDim.y) (keys [0, seq_lens[s])
+// each) back to back from row 0 of dst [keys, W] bf16: block (x, y) copies
+// rows [16x, 16x + 16) of sequence seq0 + y, four elements a thread a step.
+template <typename T>
+__global__ void k_mla_gather(__nv_bfloat16 *dst, const T *cache, const int32_t *seq_lens, const int32_t *btab,
+                             int mbps, int bs, int W, int seq0) {
+    pdl_wait();
+    pdl_trigger();
+    int s = seq0 + blockIdx.y, n = seq_lens[s], wq = W / 4;
+    int64_t row0 = 0;
+    for (int u = seq0; u < s; u++) row0 += seq_lens[u];
+    const int32_t *bt = btab + (int64_t)s * mbps;
+    for (int i = threadIdx.x; i < MLA_GATHER_ROWS * wq; i += blockDim.x) {
+        int j = blockIdx.x * MLA_GATHER_ROWS + i / wq, e = i % wq * 4;
+        if (j >= n) break; // i only grows
+        int64_t slot = (int64_t)bt[j / bs] * bs + j % bs;
+        float4 v = to_f4(*(const typename raw4<T>::t *)(cache + slot * W + e));
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *(const uint32_t *)&lo, u.y = *(const uint32_t *)&hi;
+        *(uint2 *)(dst + (row0 + j) * W + e) = u;
+    }
+}
+
+// 1 when this batch's prefills take the flash path.
+static int mla_flash_on(const struct backend *be, const struct batch *b, const struct mla_dims *d) {
+    return be->weight_dtype != WF_F32 && !b->fixed_shapes && cuda_flash_mla_shape(d);
+}
+
+// The group of prefill sequences starting at s: [s, end) with contexts of
+// at most MLA_FLASH_MAX_KEYS each and `cap` keys together (one sequence
+// even when over cap); its keys in *keys. Longer contexts are skipped (the
+// caller runs them on k_mla_split): a group never holds one.
+static int mla_group(const struct batch *b, int s, int p1, int cap, int *keys) {
+    while (s < p1 && b->h_seq_lens[s] > MLA_FLASH_MAX_KEYS) s++;
+    int e = s, n = 0;
+    while (e < p1 && b->h_seq_lens[e] <= MLA_FLASH_MAX_KEYS && (e == s || n + b->h_seq_lens[e] <= cap))
+        n += b->h_seq_lens[e++];
+    *keys = n;
+    return e;
+}
+
+static void mla_prefill_flash(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
+                              const struct batch *b, int p0, int p1, const struct mla_dims *d) {
+    cuda_impl *c = cu(be);
+    int H = d->heads, R = d->rank, W = R + d->rope, M = H * (d->nope + d->v_dim);
+    for (int s = p0; s < p1; s++) // contexts too long to expand (their outputs are rows of their own)
+        if (b->h_seq_lens[s] > MLA_FLASH_MAX_KEYS) mla_prefill_split(be, out, q, cache, kv_b, b, s, s + 1, d);
+    // groups as large as the scratch reserved at load holds (a lone longer
+    // sequence grows it: only where supports() was not asked, as in tests)
+    size_t have = c->scratch_bytes, per = (size_t)W * 2 + (size_t)M * 2, fixed = mla_flash_kvb(d) + 256;
+    int cap = have > fixed ? (int)MIN((have - fixed) / per, (size_t)MLA_FLASH_MAX_KEYS) : 0, most = 0, keys;
+    for (int s = p0, e; s < p1; s = e) {
+        e = mla_group(b, s, p1, cap, &keys);
+        most = MAX(most, keys);
+    }
+    if (!most) return;
+    char *scr = (char *)cuda_scratch(be, mla_flash_bytes(d, most));
+    __nv_bfloat16 *kvb16 = (__nv_bfloat16 *)scr, *lat16 = (__nv_bfloat16 *)(scr + mla_flash_kvb(d));
+    __nv_bfloat16 *kv16 = (__nv_bfloat16 *)(scr + mla_flash_kvb(d) + mla_flash_lat(d, most));
+    int64_t nb = (int64_t)M * R;
+    launch_pdl(k_to_16<__nv_bfloat16>, (int)MIN(cdiv(nb, 256), 65536), 256, 0, c->stream, kvb16, kv_b, nb);
+    const float one = 1.0f, zero = 0.0f;
+    for (int s = p0, e; s < p1; s = e) {
+        e = mla_group(b, s, p1, cap, &keys);
+        if (!keys) continue;
+        while (b->h_seq_lens[s] > MLA_FLASH_MAX_KEYS) s++; // the group's first sequence
+        int maxlen = 0;
+        for (int u = s; u < e; u++) maxlen = MAX(maxlen, b->h_seq_lens[u]);
+        dim3 grid(cdiv(maxlen, MLA_GATHER_ROWS), e - s);
+        if (be->kv_dtype == DT_BF16)
+            launch_pdl(k_mla_gather<__nv_bfloat16>, grid, 128, 0, c->stream, lat16, (const __nv_bfloat16 *)cache,
+                       (const int32_t *)b->seq_lens, (const int32_t *)b->block_tables, b->max_blocks_per_seq,
+                       d->block_size, W, s);
+        else launch_pdl(k_mla_gather<float>, grid, 128, 0, c->stream, lat16, (const float *)cache,
+                        (const int32_t *)b->seq_lens, (const int32_t *)b->block_tables, b->max_blocks_per_seq,
+                        d->block_size, W, s);
+        // kv16 [keys, M] = lat16[:, :R] [keys, R] kvb16^T (column-major: M x keys = kvb16^T (R x M)^T lat16^T)
+        CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, M, keys, R, &one, kvb16, CUDA_R_16BF, R, lat16,
+                                  CUDA_R_16BF, W, &zero, kv16, CUDA_R_16BF, M, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+        cuda_flash_mla(be, out, q, kv16, lat16, b, s, e, d);
+    }
+}
+
+// Scratch bytes of mla_attn over steps of up to max_tokens rows and
+// contexts of up to max_seq_len: the split kernel's pass (lat [rows, R],
+// then the partials: tiles * nsplit <= num_sms when nsplit > 1, a tile of
+// at most 32 rows; 64 for margin), and in 16-bit
+// mode the flash path's for the longest context plus a step's tokens (so
+// that short prompts share a group with it), up to MLA_FLASH_MAX_KEYS keys.
+size_t cuda_mla_scratch(struct backend *be, const struct mla_dims *d, int max_tokens, int max_seq_len) {
+    size_t rows = (size_t)MIN(max_tokens, MAX(1, MLA_PASS_ROWS / d->heads)) * d->heads;
+    size_t split = mla_part_offset(rows, d->rank) + (size_t)64 * cu(be)->num_sms * (d->rank + 4) * sizeof(float);
+    if (be->weight_dtype == WF_F32 || !cuda_flash_mla_shape(d)) return split;
+    int keys = (int)MIN((int64_t)max_seq_len + max_tokens, (int64_t)MLA_FLASH_MAX_KEYS);
+    return MAX(split, mla_flash_bytes(d, keys) + 256);
+}
+
 // Decode rows (one token each, first in the batch) and prefill rows in
-// passes of at most MLA_PASS_ROWS (token, head) rows. The decodes' passes
+// passes of at most MLA_PASS_ROWS (token, head) rows; in 16-bit mode the
+// prefills on tensor cores (above). The decodes' passes
 // and splits come from the batch's shape alone when it is recorded into a
 // graph (splits for max_model_len; each sequence cuts its own context on the
 // device), as cuda_attn_decode's.
@@ -354,7 +500,6 @@ void cuda_mla_attn(struct backend *be, float *out, const float *q, const void *c
     }
     int p0 = MAX(seq0, nd);
     if (p0 >= seq1) return;
-    int maxlen = 0, ta = b->h_query_start_loc[p0], te = b->h_query_start_loc[seq1];
-    for (int s = p0; s < seq1; s++) maxlen = MAX(maxlen, b->h_seq_lens[s]);
-    for (int t = ta; t < te; t += pass) mla_pass(be, out, q, cache, kv_b, b, p0, seq1, t, MIN(te, t + pass), maxlen, d);
+    if (mla_flash_on(be, b, d)) mla_prefill_flash(be, out, q, cache, kv_b, b, p0, seq1, d);
+    else mla_prefill_split(be, out, q, cache, kv_b, b, p0, seq1, d);
 }

@@ -536,14 +536,6 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
 // thread's accumulator pair is (gate, up) of one hidden unit, and the
 // epilogue writes h = act(gate) * up (or act(W x)) in 16 bits. Down: A = h,
 // B = W_e's rows, fp32 out.
-template <typename T>
-__global__ void k_to_16_moe(T *y, const float *x, int64_t n) {
-    pdl_wait();
-    pdl_trigger();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = (T)x[i];
-}
-
 #define TBM 128
 #define TBN 128
 #define TBK 32
@@ -1029,7 +1021,7 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
                        int top_k, bool dec) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int64_t nx = (int64_t)n * L;
-    launch_pdl(k_to_16_moe<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
+    launch_pdl(k_to_16<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
     if (dec) { // the thin tiles (schedule sorted with bm = DBM)
         dec_experts<T, WT>(st, w, xb, h, y, offsets, mtile_off, perm, n, top_k);
         return;
