@@ -283,25 +283,27 @@ struct dec_blk {
 };
 
 // The cache slot of this lane's key (lane % DEC_TK) of the warp's tile i,
-// or -1 past the range
-__device__ __forceinline__ int64_t dec_slot(const attn_args &a, const dec_blk &b, int i) {
+// or -1 past the range (slots are int32: batch.slot_mapping)
+__device__ __forceinline__ int dec_slot(const attn_args &a, const dec_blk &b, int i) {
     int w = threadIdx.x >> 5, j = b.j0 + (i * DEC_WARPS + w) * DEC_TK + (threadIdx.x & (DEC_TK - 1));
-    return i < b.nt && j < b.j1 ? (int64_t)b.bt[j / a.bs] * a.bs + j % a.bs : -1;
+    return i < b.nt && j < b.j1 ? b.bt[j / a.bs] * a.bs + j % a.bs : -1;
 }
 
 // cp.async of a tile into stage st [K, V][DEC_TK][RS] (NC pieces a row):
-// 2 * DEC_TK * NC pieces, NC a lane; sl: the slots of dec_slot. One
-// commit group (empty past the warp's tiles).
+// piece c (lane + 32 i) of the DEC_TK * NC of K and the same of V; sl: the
+// slots of dec_slot. One commit group (empty past the warp's tiles).
 template <typename T>
-__device__ __forceinline__ void dec_issue(uint4 *st, const T *kc, const T *vc, int64_t kvd, const dec_blk &b,
-                                          int64_t sl, int NC, int RS, bool any) {
+__device__ __forceinline__ void dec_issue(uint4 *st, const T *kc, const T *vc, int64_t kvd, const dec_blk &b, int sl,
+                                          int NC, int RS, bool any) {
     int lane = threadIdx.x & 31;
     if (any)
-        for (int c = lane; c < 2 * DEC_TK * NC; c += 32) { // the same count on every lane (2 * DEC_TK == 32)
-            int m = c / (DEC_TK * NC), r = c / NC % DEC_TK, ch = c % NC;
-            int64_t s = __shfl_sync(0xffffffffu, sl, r);
-            const T *src = (m ? vc : kc) + (s >= 0 ? s : 0) * kvd + b.kvo + ch * (16 / (int)sizeof(T));
-            cp_async16(st + (m * DEC_TK + r) * RS + ch, src, s >= 0);
+        for (int i = 0; i < (DEC_TK * NC + 31) / 32; i++) { // the same count on every lane: the shuffle needs all
+            int c = lane + 32 * i, r = c / NC, ch = c - r * NC, s = __shfl_sync(0xffffffffu, sl, r & 31);
+            if (c < DEC_TK * NC) {
+                int64_t off = (int64_t)(s >= 0 ? s : 0) * kvd + b.kvo + ch * (16 / (int)sizeof(T));
+                cp_async16(st + r * RS + ch, kc + off, s >= 0);
+                cp_async16(st + (DEC_TK + r) * RS + ch, vc + off, s >= 0);
+            }
         }
     asm volatile("cp.async.commit_group;\n");
 }
@@ -399,7 +401,8 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
     b.nt = b.j1 - b.j0 > w * DEC_TK ? cdiv_dev(b.j1 - b.j0 - w * DEC_TK, DEC_ALIGN) : 0;
     float *q = (float *)smu, *sp = q + G * D + w * DEC_TK * G;
     uint4 *stg = smu + (G * D + DEC_WARPS * DEC_TK * G) / 4, *ring = stg + w * NS * 2 * DEC_TK * RS;
-    int64_t kvd = (int64_t)a.Hkv * D, sl = dec_slot(a, b, 0);
+    int64_t kvd = (int64_t)a.Hkv * D;
+    int sl = dec_slot(a, b, 0);
 #pragma unroll
     for (int k = 0; k < NS - 1; k++) {
         dec_issue(ring + k * 2 * DEC_TK * RS, kc, vc, kvd, b, sl, NC, RS, k < b.nt);
