@@ -192,17 +192,21 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
 // The arithmetic is fp32 throughout (the cache's values exactly: bf16 and
 // e4m3 codes widen without rounding; an fp8 cache's k_scale is folded into
 // q and its v_scale applied to the sums), so every cache type is held to the
-// reference as tightly as the order of the sums allows.
+// reference as tightly as the order of the sums allows. The limit this
+// leaves is arithmetic: G multiply-adds a cache element, so at 4.2 TB/s a
+// bf16 cache needs 2.1e12 * G of them a second against the H200's ~3.3e13
+// fp32 ones (a quarter of them at G 4, all at G 16), an fp8 cache twice
+// that; tensor cores (bf16 products of exact values, q split in bf16 parts)
+// would be the next step for G >= 8 and fp8.
 // The split count is fixed by the batch's shape and the SM count (so a
 // recorded graph covers any context); each sequence cuts its own context
 // into that many ranges of a multiple of DEC_WARPS * DEC_TK keys, on the
 // device.
 #define DEC_WARPS 4
 #define DEC_THREADS (32 * DEC_WARPS)
-#define DEC_TK 16 // keys per tile: two lanes a key; 2 * DEC_TK rows (K and V) = a lane per row piece
+#define DEC_TK 16 // keys per tile: two lanes a key (2 * DEC_TK == 32)
 #define DEC_ALIGN (DEC_WARPS * DEC_TK)
 #define DEC_MAX_SPLITS 256
-#define DEC_BLOCKS_PER_SM 8 // splits: this many blocks per SM over the batch (a few waves: no long tail)
 #define DEC_MAX_E (CUDA_MAX_HEAD_DIM / 32) // output columns per lane
 
 __device__ __forceinline__ int cdiv_dev(int a, int b) { return (a + b - 1) / b; }
@@ -543,27 +547,18 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
     merge(be, &a, ntok);
 }
 
-template <typename T, int G, int DT>
-static void launch_dec_k(const attn_args &a, dim3 grid, cudaStream_t s, const void *kc, const void *vc) {
-    size_t smem = dec_smem(G, a.Dh, sizeof(T), dec_stages(sizeof(T), DT));
-    CUDA_CHECK(cudaFuncSetAttribute(k_attn_dec<T, G, DT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    launch_pdl(k_attn_dec<T, G, DT>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
+// The decode kernel for G heads a block at head_dim D (64 and 128: constants).
+static int dec_dt(int D) { return D == 64 || D == 128 ? D : 0; }
+template <typename T> using dec_fn = void (*)(attn_args, const T *, const T *);
+template <typename T, int G> static dec_fn<T> dec_kernel_g(int D) {
+    return D == 128 ? k_attn_dec<T, G, 128> : D == 64 ? k_attn_dec<T, G, 64> : k_attn_dec<T, G, 0>;
 }
-
-template <typename T, int G>
-static void launch_dec_g(const attn_args &a, dim3 grid, cudaStream_t s, const void *kc, const void *vc) {
-    if (a.Dh == 128) launch_dec_k<T, G, 128>(a, grid, s, kc, vc);
-    else if (a.Dh == 64) launch_dec_k<T, G, 64>(a, grid, s, kc, vc);
-    else launch_dec_k<T, G, 0>(a, grid, s, kc, vc);
-}
-
-template <typename T>
-static void launch_dec_t(const attn_args &a, int G, dim3 grid, cudaStream_t s, const void *kc, const void *vc) {
-    if (G == 1) launch_dec_g<T, 1>(a, grid, s, kc, vc);
-    else if (G == 2) launch_dec_g<T, 2>(a, grid, s, kc, vc);
-    else if (G == 4) launch_dec_g<T, 4>(a, grid, s, kc, vc);
-    else if (G == 8) launch_dec_g<T, 8>(a, grid, s, kc, vc);
-    else launch_dec_g<T, 16>(a, grid, s, kc, vc);
+template <typename T> static dec_fn<T> dec_kernel(int G, int D) {
+    return G == 1   ? dec_kernel_g<T, 1>(D)
+           : G == 2 ? dec_kernel_g<T, 2>(D)
+           : G == 4 ? dec_kernel_g<T, 4>(D)
+           : G == 8 ? dec_kernel_g<T, 8>(D)
+                    : dec_kernel_g<T, 16>(D);
 }
 
 void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
@@ -580,14 +575,26 @@ static int dec_group(struct backend *be, const struct attn_dims *d) {
     int es = (int)dtype_size(be->kv_dtype), D = d->head_dim, g = d->heads / d->kv_heads, G = 1;
     while (G < g && G < 16) G *= 2;
     if ((D * es) % 16 || D * es > 512 || D > CUDA_MAX_HEAD_DIM) return 0;
-    int dt = D == 64 || D == 128 ? D : 0;
-    return dec_smem(G, D, es, dec_stages(es, dt)) <= cu(be)->smem_optin ? G : 0;
+    return dec_smem(G, D, es, dec_stages(es, dec_dt(D))) <= cu(be)->smem_optin ? G : 0;
 }
 
-// Splits: enough blocks for DEC_BLOCKS_PER_SM per SM, from the batch's
-// shape alone (a recorded graph replays them at any context), at most
-// DEC_MAX_SPLITS and no more than DEC_ALIGN-key ranges of the longest
-// context allow. A shape the decode kernel cannot run takes the generic one.
+// Splits, from the batch's shape and the device alone (a recorded graph
+// replays them at any context): blocks fill whole waves of what the SMs hold
+// at once (slots) as nearly as they can, over at least two waves (a block's
+// first loads then overlap another's stream), fewer splits on a tie (fewer
+// partials to merge, longer streams); at most DEC_MAX_SPLITS, and no more
+// than ranges of DEC_ALIGN keys of the longest context allow.
+static int dec_splits(int blocks, int slots, int maxlen) {
+    int lo = cdiv(2 * slots, blocks), hi = MAX(MIN(MIN(2 * lo, DEC_MAX_SPLITS), cdiv(maxlen, DEC_ALIGN)), 1), best = 1;
+    double cost = INFINITY; // waves per split's share of the work
+    for (int ns = MIN(lo, hi); ns <= hi; ns++) {
+        double c = (double)cdiv(blocks * ns, slots) / ns;
+        if (c < cost - 1e-12) cost = c, best = ns;
+    }
+    return best;
+}
+
+// A shape the decode kernel cannot run takes the generic one.
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d) {
     int nd = b->num_decodes, G = dec_group(be, d);
@@ -596,22 +603,25 @@ void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
         launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, nd, d, SPLIT_DECODE);
         return;
     }
-    int g = d->heads / d->kv_heads, blocks = nd * d->kv_heads * cdiv(g, G), maxlen = b->max_model_len;
+    int g = d->heads / d->kv_heads, D = d->head_dim, blocks = nd * d->kv_heads * cdiv(g, G), maxlen = b->max_model_len;
     if (!b->fixed_shapes) {
         maxlen = 0;
         for (int s = 0; s < nd; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
     }
-    int nsplit = cdiv(DEC_BLOCKS_PER_SM * cu(be)->num_sms, blocks);
-    nsplit = nsplit < DEC_MAX_SPLITS ? nsplit : DEC_MAX_SPLITS;
-    nsplit = nsplit < cdiv(maxlen, DEC_ALIGN) ? nsplit : cdiv(maxlen, DEC_ALIGN);
-    nsplit = nsplit > 1 ? nsplit : 1;
-    attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
+    attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, D, d->block_size, b->max_blocks_per_seq, 1,
                    0, d->scale, b->query_start_loc, b->positions, b->block_tables, 0, nd, 0, d->k_scale, d->v_scale};
-    if (nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * nsplit * (d->head_dim + 2));
-    dim3 grid(nd, d->kv_heads * cdiv(g, G), nsplit);
     cudaStream_t s = cu(be)->stream;
     kv_dispatch(be->kv_dtype, [&](auto *z) {
-        launch_dec_t<typename std::remove_pointer<decltype(z)>::type>(a, G, grid, s, k_cache, v_cache);
+        typedef typename std::remove_pointer<decltype(z)>::type T;
+        dec_fn<T> k = dec_kernel<T>(G, D);
+        size_t smem = dec_smem(G, D, sizeof(T), dec_stages(sizeof(T), dec_dt(D)));
+        int per_sm = 0;
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));
+        a.nsplit = dec_splits(blocks, MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
+        if (a.nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * a.nsplit * (D + 2));
+        launch_pdl(k, dim3(nd, d->kv_heads * cdiv(g, G), a.nsplit), DEC_THREADS, smem, s, a, (const T *)k_cache,
+                   (const T *)v_cache);
     });
     LAUNCH_CHECK();
     merge(be, &a, nd);
