@@ -35,4 +35,29 @@ static inline double bench_median(double *t, int n) {
     return t[n / 2];
 }
 
+// One op call; i picks the copy of its weights (and inputs) to read.
+typedef void (*bench_op_fn)(void *ctx, int i);
+
+// Median over 5 launches of a graph of `calls` calls of f: microseconds per
+// call. One call runs first, outside the graph (scratch sized: a recording
+// cannot grow it).
+static inline double bench_graph_us(struct backend *be, bench_op_fn f, void *ctx, int calls) {
+    const struct backend_ops *o = be->ops;
+    f(ctx, 0);
+    o->sync(be);
+    o->graph_begin(be);
+    for (int i = 0; i < calls; i++) f(ctx, i);
+    void *g = o->graph_end(be);
+    double t[5];
+    for (int r = 0; r < 5; r++) {
+        o->sync(be);
+        double t0 = now_s();
+        o->graph_launch(be, g);
+        o->sync(be);
+        t[r] = (now_s() - t0) * 1e6 / calls;
+    }
+    o->graph_free(be, g);
+    return bench_median(t, 5);
+}
+
 #endif

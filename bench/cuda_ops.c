@@ -49,29 +49,6 @@ static float *dev_random(size_t n, float scale, unsigned seed) {
     return bench_uniform(be, n, -scale / 2, scale / 2, seed);
 }
 
-// One op call; i picks the copy of its weights (and inputs) to read.
-typedef void (*op_fn)(void *ctx, int i);
-
-// Median over 5 launches of a graph of `calls` calls: us per call.
-static double time_graph(op_fn f, void *ctx, int calls) {
-    const struct backend_ops *o = be->ops;
-    f(ctx, 0); // warm: scratch sized outside the graph
-    o->sync(be);
-    o->graph_begin(be);
-    for (int i = 0; i < calls; i++) f(ctx, i);
-    void *g = o->graph_end(be);
-    double t[5];
-    for (int r = 0; r < 5; r++) {
-        o->sync(be);
-        double t0 = now_s();
-        o->graph_launch(be, g);
-        o->sync(be);
-        t[r] = (now_s() - t0) * 1e6 / calls;
-    }
-    o->graph_free(be, g);
-    return bench_median(t, 5);
-}
-
 // flops: of a matrix product (printed as TFLOP/s), else 0
 static void report(const char *what, double us, double bytes, double flops) {
     double gbs = bytes / (us * 1e-6) / 1e9;
@@ -101,7 +78,7 @@ static void bench_matmul(const char *what, enum wfmt f, int64_t rows, int64_t co
     }
     c.x = dev_random((size_t)n * cols, 1, 1);
     c.y = be->ops->alloc(be, sizeof(float) * n * rows);
-    report(what, time_graph(mm_call, &c, calls), (double)bytes, n > 16 ? 2.0 * rows * cols * n : 0);
+    report(what, bench_graph_us(be, mm_call, &c, calls), (double)bytes, n > 16 ? 2.0 * rows * cols * n : 0);
     for (int k = 0; k < c.copies; k++) be->ops->free(be, c.w[k].data);
     be->ops->free(be, c.x), be->ops->free(be, c.y);
 }
@@ -210,7 +187,7 @@ static void bench_moe(int n, int calls, enum wfmt f, const char *fname) {
     char what[64];
     snprintf(what, sizeof what, "moe_experts%s%s (%.1f experts)", fname ? " " : "", fname ? fname : "",
              distinct / c.sets);
-    report(what, time_graph(moe_call, &c, calls), bytes, 0);
+    report(what, bench_graph_us(be, moe_call, &c, calls), bytes, 0);
     struct weight *ws[2] = {&c.w.up, &c.w.down};
     for (int i = 0; i < 2; i++) {
         be->ops->free(be, ws[i]->data);
@@ -290,9 +267,9 @@ static void bench_small(int n, int calls) {
     c.route = (struct moe_route_cfg){.kind = ROUTE_SIGMOID_GROUPED, .num_experts = E, .top_k = K, .n_group = 1,
                                      .topk_group = 1, .norm_topk_prob = 1, .routed_scaling_factor = 2.5f};
     double act = (double)n * D * 4;
-    report("add_rmsnorm", time_graph(add_rmsnorm_call, &c, calls), 4 * act, 0);
-    report("add", time_graph(add_call, &c, calls), 3 * act, 0);
-    report("moe_route", time_graph(route_call, &c, calls), (double)n * E * 4, 0);
+    report("add_rmsnorm", bench_graph_us(be, add_rmsnorm_call, &c, calls), 4 * act, 0);
+    report("add", bench_graph_us(be, add_call, &c, calls), 3 * act, 0);
+    report("moe_route", bench_graph_us(be, route_call, &c, calls), (double)n * E * 4, 0);
     c.md = (struct mamba_dims){.heads = H, .head_dim = P, .groups = G, .state = N, .conv_kernel = CONV,
                                .chunk_size = 128, .conv_dim = H * P + 2 * G * N, .dt_min = 0, .dt_max = 1e30f};
     c.ld = 2 * H * P + 2 * G * N + H;
@@ -305,9 +282,9 @@ static void bench_small(int n, int calls) {
     c.norm_w = dev_random(H * P, 1, 25);
     make_batch(&c);
     double state = (double)n * H * P * N * 4;
-    report("conv1d_update", time_graph(conv_call, &c, calls), (double)n * c.md.conv_dim * 4 * 4, 0);
-    report("ssd_decode (state r+w)", time_graph(ssd_call, &c, calls), 2 * state, 0);
-    report("gated_rmsnorm", time_graph(gnorm_call, &c, calls), (double)n * H * P * 4 * 3, 0);
+    report("conv1d_update", bench_graph_us(be, conv_call, &c, calls), (double)n * c.md.conv_dim * 4 * 4, 0);
+    report("ssd_decode (state r+w)", bench_graph_us(be, ssd_call, &c, calls), 2 * state, 0);
+    report("gated_rmsnorm", bench_graph_us(be, gnorm_call, &c, calls), (double)n * H * P * 4 * 3, 0);
 }
 
 // The dense linears in each weight format (the model's --dtype bf16: what

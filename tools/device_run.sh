@@ -22,7 +22,7 @@ grep -E "tests passed|\*\*\*" "$OUT/ctest.log" | head -40
 grep -E "rel err|sample row|DIVERGE" "$OUT/ctest.log" | head -70
 if [ -n "${MUTATE:-}" ]; then
     patch -p1 < tests/mutations/$MUTATE.patch >/dev/null && build &&
-        (cd build-cuda && timeout 300 ctest -R "${MUTATE_TESTS:-^gpu_(gate_fp32|ops$|ssd|quant|moe_quant|kv_fp8)}" -j 4 \
+        (cd build-cuda && timeout 300 ctest -R "${MUTATE_TESTS:-^gpu_(gate_fp32|ops$|attn|ssd|quant|moe_quant|kv_fp8)}" -j 4 \
             > "$OUT/mutation.log" 2>&1)
     echo "mutation $MUTATE: $(grep -c 'Failed' "$OUT/mutation.log") GPU tests red of $(grep -c 'Test *#' "$OUT/mutation.log")"
     grep -m3 DIVERGE "$OUT/mutation.log"

@@ -248,12 +248,14 @@ static void test_mamba(void) {
     free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
 }
 
-// Four decodes (contexts of 1,101, 31, 256 and 2,001 tokens: one chunk of the
-// decode kernel, a chunk boundary, several chunks) and three prefills, at the
-// GQA shapes in use: 16 and 8 query heads a KV head (NemotronH, Qwen3), 32
-// (two head groups a block), 3 (a partial group), MHA at head_dim 64, and a
-// head_dim that is not a multiple of 8 (the generic kernel). `fixed` runs the
-// decode as a recorded graph would (splits sized for max_model_len).
+// Four decodes (contexts of 1,101, 31, 256 and 2,001 tokens: the decode
+// kernel's 64-key ranges ending inside a 16-key tile and on one) and three
+// prefills, at the GQA shapes in use: 16 and 8 query heads a KV head
+// (NemotronH, Qwen3), 32 (two head groups a block), 3 (a partial group), MHA
+// at head_dim 64, and head_dim 20 (rows of 80 bytes in fp32: the decode
+// kernel with 5 pieces a row; 40 in bf16: the generic kernel). `fixed` runs
+// the decode as a recorded graph would (splits sized for max_model_len).
+// Long contexts: test_cuda_attn.c.
 struct attn_case {
     int heads, kv_heads, head_dim, fixed;
 };

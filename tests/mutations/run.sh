@@ -22,7 +22,7 @@ for n in "${names[@]}"; do
     regex='^gate_|ops_cpu|^rows$|^quant_|^kv_fp8'
     if ! grep '^+++ b/' tests/mutations/$n.patch | grep -qv '^+++ b/src/backend/cuda/'; then
         nvidia-smi >/dev/null 2>&1 || { echo "$n: skipped (a CUDA kernel's mutation: needs a GPU)"; continue; }
-        regex='^gpu_(ops|ssd|quant|moe_quant|kv_fp8|gate_fp32)'
+        regex='^gpu_(ops|attn|ssd|quant|moe_quant|kv_fp8|gate_fp32)'
     fi
     git apply tests/mutations/$n.patch || { echo "$n: patch does not apply"; status=1; continue; }
     make BUILD=build-mut >/dev/null 2>&1 || { echo "$n: build failed"; git apply -R tests/mutations/$n.patch; status=1; continue; }

@@ -166,33 +166,61 @@ __global__ void k_attn(attn_args a, const T *kc, const T *vc) {
 }
 
 // Decode: a block per (sequence, KV head, group of up to G of its query
-// heads, split). The K and V rows of a KV head are read once for all the
-// query heads that share them (GQA), in chunks of DEC_CHUNK keys:
-//   1. scores: four threads per key, each a quarter of the head (16-byte
-//      loads), reduced by shuffles; sc[G][DEC_CHUNK] in shared memory;
-//   2. an online softmax per head over the chunk (a warp per head);
-//   3. outputs: a thread per C columns (8, 4 or 2 as G allows) and key lane,
-//      p * V summed in registers for the G heads, key lanes reduced through
-//      shared memory.
+// heads, split); each K and V row is read once for all the query heads that
+// share it (GQA). The design follows from the bytes: at 32k context the KV
+// cache is most of what a decode step reads, so the kernel must keep HBM busy
+// (some 32 KB in flight per SM at 4.2 TB/s) with arithmetic that never
+// waits on a load of its own:
+//   - each of the DEC_WARPS warps of a block streams its own tiles of DEC_TK
+//     keys (tiles w, w + DEC_WARPS, ... of the block's range) through a ring
+//     of NS stages in shared memory, filled by cp.async (16-byte pieces,
+//     a key's K or V row of the head contiguous; zero-filled past the range)
+//     NS - 1 tiles ahead of the one it computes: a warp synchronizes only
+//     with itself, so no warp waits on another's loads or arithmetic;
+//   - the slots of a tile's keys (the block table) are read a tile earlier
+//     still, so no load's address waits on a load;
+//   - rows are padded by 16 bytes in shared memory: the lanes reading one
+//     column of 8 rows hit 8 different banks;
+//   - scores: two lanes per key (halves of the row, in alternate 16-byte
+//     pieces), each with the G heads' dots in registers and q read from
+//     shared memory (a broadcast); an online softmax per warp and head
+//     (max and sum by shuffles over the tile's 16 keys), p to shared memory;
+//   - p * V: a lane per head_dim / 32 output columns of the G heads, in
+//     registers, the V row read as one vector per key;
+//   - the warps' (m, l, acc) are merged through shared memory at the end
+//     (the stages' memory again), then the splits by k_attn_merge.
+// The arithmetic is fp32 throughout (the cache's values exactly: bf16 and
+// e4m3 codes widen without rounding; an fp8 cache's k_scale is folded into
+// q and its v_scale applied to the sums), so every cache type is held to the
+// reference as tightly as the order of the sums allows. The limit this
+// leaves is arithmetic: G multiply-adds a cache element, so at 4.2 TB/s a
+// bf16 cache needs 2.1e12 * G of them a second against the H200's ~3.3e13
+// fp32 ones (a quarter of them at G 4, all at G 16), an fp8 cache twice
+// that; tensor cores (bf16 products of exact values, q split in bf16 parts)
+// would be the next step for G >= 8 and fp8.
 // The split count is fixed by the batch's shape and the SM count (so a
 // recorded graph covers any context); each sequence cuts its own context
-// into that many ranges of a multiple of 32 keys, on the device.
-#define DEC_THREADS 128
-#define DEC_TPK 4
-#define DEC_CHUNK 256
+// into that many ranges of a multiple of DEC_WARPS * DEC_TK keys, on the
+// device.
+#define DEC_WARPS 4
+#define DEC_THREADS (32 * DEC_WARPS)
+#define DEC_TK 16 // keys per tile: two lanes a key (2 * DEC_TK == 32)
+#define DEC_ALIGN (DEC_WARPS * DEC_TK)
 #define DEC_MAX_SPLITS 256
+#define DEC_MAX_E (CUDA_MAX_HEAD_DIM / 32) // output columns per lane
 
 __device__ __forceinline__ int cdiv_dev(int a, int b) { return (a + b - 1) / b; }
-__device__ __forceinline__ int dec_range(int n, int nsplit) { return (cdiv_dev(n, nsplit) + 31) & ~31; }
+__device__ __forceinline__ int dec_range(int n, int nsplit) { return cdiv_dev(cdiv_dev(n, nsplit), DEC_ALIGN) * DEC_ALIGN; }
+// Stages of the ring: 3, or 2 where a row is over 256 bytes (fp32 at
+// head_dim 128) or head_dim is not a constant, so that a block fits.
+__host__ __device__ constexpr int dec_stages(int esize, int dt) { return dt == 0 || dt * esize > 256 ? 2 : 3; }
 
-// 8 cache elements at k in one load (32, 16 or 8 bytes) as floats (an fp8
-// cache's codes times its scale s)
-__device__ __forceinline__ void load8(const float *k, float *f, float) {
-    float4 a = *(const float4 *)k, b = *(const float4 *)(k + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+// 16 bytes of cache as floats: 4 fp32, 8 bf16 or 16 e4m3 codes (the first
+// argument picks the type)
+__device__ __forceinline__ void unpack16(const float *, uint4 u, float *f) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
 }
-__device__ __forceinline__ void load8(const __nv_bfloat16 *k, float *f, float) {
-    uint4 u = *(const uint4 *)k;
+__device__ __forceinline__ void unpack16(const __nv_bfloat16 *, uint4 u, float *f) {
     const __nv_bfloat162 *h2 = (const __nv_bfloat162 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -200,54 +228,31 @@ __device__ __forceinline__ void load8(const __nv_bfloat16 *k, float *f, float) {
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
-__device__ __forceinline__ void load8(const __nv_fp8_e4m3 *k, float *f, float s) {
-    uint2 u = *(const uint2 *)k;
+__device__ __forceinline__ void unpack16(const __nv_fp8_e4m3 *, uint4 u, float *f) {
     const __nv_fp8x2_storage_t *p = (const __nv_fp8x2_storage_t *)&u;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 8; i++) {
         float2 v = fp8x2_f2(p[i]);
-        f[2 * i] = v.x * s, f[2 * i + 1] = v.y * s;
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
-// dot[h] += q[h] . k over the chunks of 8 of this thread (sub of DEC_TPK);
-// s: an fp8 cache's k_scale
-template <int G, int DT, typename T>
-__device__ __forceinline__ void dot_part(float *dot, const float *q, int qs, const T *k, int D, int sub, float s) {
-#pragma unroll
-    for (int e = sub * 8; e < (DT ? DT : D); e += DEC_TPK * 8) {
-        float f[8];
-        load8(k + e, f, s);
-#pragma unroll
-        for (int h = 0; h < G; h++) {
-            const float *qh = q + h * qs + e;
-            float d = 0;
-#pragma unroll
-            for (int i = 0; i < 8; i++) d += qh[i] * f[i];
-            dot[h] += d;
-        }
-    }
-}
-// f[0..C) = p[0..C), C of 2, 4 or 8 in one load (p aligned to C elements);
-// an fp8 cache's codes times its v_scale s
+// f[0..C) = p[0..C), C of 2 or 4 in one load (p aligned to C elements); an
+// fp8 cache's codes times s
 template <int C>
 __device__ __forceinline__ void load_cols(const float *p, float *f, float) {
     if (C == 2) {
         float2 v = *(const float2 *)p;
         f[0] = v.x, f[1] = v.y;
     } else {
-#pragma unroll
-        for (int i = 0; i < C; i += 4) {
-            float4 v = *(const float4 *)(p + i);
-            f[i] = v.x, f[i + 1] = v.y, f[i + 2] = v.z, f[i + 3] = v.w;
-        }
+        float4 v = *(const float4 *)p;
+        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
     }
 }
 template <int C>
 __device__ __forceinline__ void load_cols(const __nv_bfloat16 *p, float *f, float) {
     __nv_bfloat162 h[C / 2];
     if (C == 2) *(uint32_t *)h = *(const uint32_t *)p;
-    else if (C == 4) *(uint2 *)h = *(const uint2 *)p;
-    else *(uint4 *)h = *(const uint4 *)p;
+    else *(uint2 *)h = *(const uint2 *)p;
 #pragma unroll
     for (int i = 0; i < C / 2; i++) {
         float2 v = __bfloat1622float2(h[i]);
@@ -256,10 +261,7 @@ __device__ __forceinline__ void load_cols(const __nv_bfloat16 *p, float *f, floa
 }
 template <int C>
 __device__ __forceinline__ void load_cols(const __nv_fp8_e4m3 *p, float *f, float s) {
-    uint2 u = {0, 0};
-    if (C == 2) u.x = *(const uint16_t *)p;
-    else if (C == 4) u.x = *(const uint32_t *)p;
-    else u = *(const uint2 *)p;
+    uint32_t u = C == 2 ? *(const uint16_t *)p : *(const uint32_t *)p;
     const __nv_fp8x2_storage_t *h = (const __nv_fp8x2_storage_t *)&u;
 #pragma unroll
     for (int i = 0; i < C / 2; i++) {
@@ -267,183 +269,256 @@ __device__ __forceinline__ void load_cols(const __nv_fp8_e4m3 *p, float *f, floa
         f[2 * i] = v.x * s, f[2 * i + 1] = v.y * s;
     }
 }
-// Output columns per thread: as many as the accumulators (G heads) allow.
-template <int G> struct dec_cols { static const int C = G <= 4 ? 8 : G <= 8 ? 4 : 2; };
 
-// Shared memory: slots [DEC_CHUNK], q [G][D], sc [G][DEC_CHUNK], m/l/c [3][G],
-// red [KL-1][G][D] (key lanes past the first).
-static size_t dec_smem(int G, int D) {
-    int C = G <= 4 ? 8 : G <= 8 ? 4 : 2, KL = DEC_THREADS / (D / C);
-    return sizeof(float) * ((size_t)G * D + (size_t)G * DEC_CHUNK + 3 * G + (size_t)(KL - 1) * G * D) +
-           sizeof(int64_t) * DEC_CHUNK;
+// Shared memory: q [G][D] | per warp p [DEC_TK][G] | per warp NS stages
+// [K, V][DEC_TK][RS] of 16-byte pieces (RS: a row's pieces + 1 of padding),
+// whose memory then holds the warps' (m [G], l [G], acc [G][D]) at the end.
+static size_t dec_smem(int G, int D, int esize, int ns) {
+    size_t rs = (size_t)D * esize / 16 + 1, head = sizeof(float) * ((size_t)G * D + (size_t)DEC_WARPS * DEC_TK * G);
+    size_t stages = 16 * rs * DEC_TK * 2 * ns * DEC_WARPS, fin = sizeof(float) * DEC_WARPS * ((size_t)G * D + 2 * G);
+    return head + (stages > fin ? stages : fin);
 }
 
-// head_dim % 8 == 0 (checked by the launcher); G heads a block at most; DT:
-// head_dim as a constant (so the loops over it unroll and their loads are in
-// flight together), or 0 for any other.
+// What one block works on, and its warp's place in it.
+struct dec_blk {
+    const int32_t *bt; // the sequence's block table
+    int64_t kvo;       // the KV head's offset in a cache row
+    int j0, j1, nt;    // keys [j0, j1); this warp's tiles
+};
+
+// The cache slot of this lane's key (lane % DEC_TK) of the warp's tile i,
+// or -1 past the range (slots are int32: batch.slot_mapping)
+__device__ __forceinline__ int dec_slot(const attn_args &a, const dec_blk &b, int i) {
+    int w = threadIdx.x >> 5, j = b.j0 + (i * DEC_WARPS + w) * DEC_TK + (threadIdx.x & (DEC_TK - 1));
+    return i < b.nt && j < b.j1 ? b.bt[j / a.bs] * a.bs + j % a.bs : -1;
+}
+
+// cp.async of a tile into stage st [K, V][DEC_TK][RS] (NC pieces a row):
+// piece c (lane + 32 i) of the DEC_TK * NC of K and the same of V; sl: the
+// slots of dec_slot. One commit group (empty past the warp's tiles).
+template <typename T>
+__device__ __forceinline__ void dec_issue(uint4 *st, const T *kc, const T *vc, int64_t kvd, const dec_blk &b, int sl,
+                                          int NC, int RS, bool any) {
+    int lane = threadIdx.x & 31;
+    if (any)
+        for (int i = 0; i < (DEC_TK * NC + 31) / 32; i++) { // the same count on every lane: the shuffle needs all
+            int c = lane + 32 * i, r = c / NC, ch = c - r * NC, s = __shfl_sync(0xffffffffu, sl, r & 31);
+            if (c < DEC_TK * NC) {
+                int64_t off = (int64_t)(s >= 0 ? s : 0) * kvd + b.kvo + ch * (16 / (int)sizeof(T));
+                cp_async16(st + r * RS + ch, kc + off, s >= 0);
+                cp_async16(st + (DEC_TK + r) * RS + ch, vc + off, s >= 0);
+            }
+        }
+    asm volatile("cp.async.commit_group;\n");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// The output columns of lane's acc[.][i]: DT / 32 adjacent ones (DT a
+// constant), else every 32nd.
+template <int DT> __device__ __forceinline__ int dec_col(int lane, int i) { return DT ? lane * (DT / 32) + i : lane + 32 * i; }
+
+// One tile of stage st: scores of its DEC_TK keys (key base + lane % DEC_TK)
+// for the G heads, the online softmax (m, l per head; l of this lane's keys
+// only), acc rescaled and p * V added. sp: the warp's p [DEC_TK][G].
 template <typename T, int G, int DT>
-__global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *kc, const T *vc) {
-    pdl_wait();
-    pdl_trigger();
-    extern __shared__ int64_t sm[];
-    const int D = DT ? DT : a.Dh, g = a.H / a.Hkv, ngrp = cdiv_dev(g, G), tid = threadIdx.x;
-    int s = a.seq0 + blockIdx.x, t = a.qsl[s], kvh = blockIdx.y / ngrp, h0 = kvh * g + (blockIdx.y % ngrp) * G;
-    int nh = min(G, kvh * g + g - h0), n = a.pos[t] + 1, L = dec_range(n, a.nsplit);
-    int j0 = blockIdx.z * L, j1 = min(n, j0 + L);
-    if (j0 >= n) return; // past this sequence's context: the merge skips it
-    const int C = dec_cols<G>::C;
-    int KL = DEC_THREADS / (D / C), kvd = a.Hkv * D;
-    int64_t *slot = (int64_t *)sm; // first: 8-byte aligned
-    float *q = (float *)(slot + DEC_CHUNK), *sc = q + G * D, *mh = sc + G * DEC_CHUNK, *lh = mh + G, *ch = lh + G;
-    float *red = ch + G;
-    for (int i = tid; i < G * D; i += DEC_THREADS) {
-        int hh = i / D;
-        q[i] = hh < nh ? a.qkv[(int64_t)t * a.ld + (h0 + hh) * D + i % D] * a.scale : 0.0f;
-    }
-    if (tid < G) mh[tid] = -INFINITY, lh[tid] = 0;
-    const int32_t *bt = a.btab + (int64_t)s * a.mbps;
-    int cp = tid % (D / C), kl = tid / (D / C);
-    float acc[G][C];
+__device__ __forceinline__ void dec_tile(const uint4 *st, const float *q, float *sp, int D, int NC, int RS, bool valid,
+                                         float *m, float *l, float (*acc)[DT ? DT / 32 : DEC_MAX_E]) {
+    const int EPC = 16 / sizeof(T), E = DT ? DT / 32 : DEC_MAX_E;
+    int lane = threadIdx.x & 31, r = lane % DEC_TK, hf = lane / DEC_TK;
+    float dot[G], c[G];
 #pragma unroll
-    for (int h = 0; h < G; h++)
-#pragma unroll
-        for (int c = 0; c < C; c++) acc[h][c] = 0;
-    for (int c0 = j0; c0 < j1; c0 += DEC_CHUNK) {
-        int nk = min(DEC_CHUNK, j1 - c0);
-        for (int j = tid; j < nk; j += DEC_THREADS) slot[j] = (int64_t)bt[(c0 + j) / a.bs] * a.bs + (c0 + j) % a.bs;
-        __syncthreads();
-        // 1. scores, KP keys per pass (their loads in flight together; one
-        // at G = 16, whose accumulators fill the registers); the loop is
-        // uniform across a warp: the shuffles need every lane
-        const int KP = G >= 16 ? 1 : 2, KG = DEC_THREADS / DEC_TPK;
-        for (int base = 0; base < nk; base += KP * KG) {
-            float d[KP][G];
-#pragma unroll
-            for (int k = 0; k < KP; k++) {
-                int j = base + k * KG + tid / DEC_TPK;
-#pragma unroll
-                for (int h = 0; h < G; h++) d[k][h] = 0;
-                if (j < nk) dot_part<G, DT>(d[k], q, D, kc + slot[j] * kvd + kvh * D, D, tid % DEC_TPK, a.ks);
-            }
-#pragma unroll
-            for (int k = 0; k < KP; k++) {
-                int j = base + k * KG + tid / DEC_TPK;
-#pragma unroll
-                for (int h = 0; h < G; h++) {
-                    d[k][h] += __shfl_xor_sync(0xffffffffu, d[k][h], 1);
-                    d[k][h] += __shfl_xor_sync(0xffffffffu, d[k][h], 2);
-                }
-                if (j < nk && tid % DEC_TPK == 0) {
-#pragma unroll
-                    for (int h = 0; h < G; h++) sc[h * DEC_CHUNK + j] = d[k][h];
-                }
-            }
-        }
-        __syncthreads();
-        // 2. online softmax: chunk max, rescale of what came before
-        int lane = tid & 31;
-        for (int h = tid >> 5; h < nh; h += DEC_THREADS / 32) {
-            float mx = -INFINITY;
-            for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, sc[h * DEC_CHUNK + j]);
-            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            float mo = mh[h], mn = fmaxf(mo, mx), sum = 0;
-            for (int j = lane; j < nk; j += 32) {
-                float p = expf(sc[h * DEC_CHUNK + j] - mn);
-                sc[h * DEC_CHUNK + j] = p, sum += p;
-            }
-            sum = warp_sum(sum);
-            __syncwarp();
-            if (lane == 0) {
-                float c = mo == -INFINITY ? 0.0f : expf(mo - mn);
-                ch[h] = c, lh[h] = lh[h] * c + sum, mh[h] = mn;
-            }
-        }
-        __syncthreads();
-        // 3. p * V
-        if (kl < KL) {
-#pragma unroll
-            for (int h = 0; h < G; h++) {
-                float c = h < nh ? ch[h] : 0.0f;
-#pragma unroll
-                for (int i = 0; i < C; i++) acc[h][i] *= c;
-            }
+    for (int h = 0; h < G; h++) dot[h] = 0;
+    const uint4 *kr = st + r * RS;
 #pragma unroll 4
-            for (int j = kl; j < nk; j += KL) {
-                float v[C];
-                load_cols<C>(vc + slot[j] * kvd + kvh * D + C * cp, v, a.vs);
+    for (int ch = hf; ch < NC; ch += 2) {
+        float f[EPC];
+        unpack16((const T *)0, kr[ch], f);
 #pragma unroll
-                for (int h = 0; h < G; h++) {
-                    float p = sc[h * DEC_CHUNK + j];
+        for (int h = 0; h < G; h++) {
+            const float4 *qh = (const float4 *)(q + h * D + ch * EPC);
+            float d = 0;
 #pragma unroll
-                    for (int i = 0; i < C; i++) acc[h][i] += p * v[i];
-                }
+            for (int i = 0; i < EPC / 4; i++) {
+                float4 x = qh[i];
+                d += x.x * f[4 * i] + x.y * f[4 * i + 1] + x.z * f[4 * i + 2] + x.w * f[4 * i + 3];
             }
+            dot[h] += d;
         }
-        __syncthreads(); // sc and slot are rewritten by the next chunk
-    }
-    if (kl > 0 && kl < KL) {
-        float *r = red + (kl - 1) * G * D + C * cp;
-#pragma unroll
-        for (int h = 0; h < G; h++)
-#pragma unroll
-            for (int i = 0; i < C; i++) r[h * D + i] = acc[h][i];
-    }
-    __syncthreads();
-    if (kl != 0) return;
-    for (int k = 1; k < KL; k++) {
-        const float *r = red + (k - 1) * G * D + C * cp;
-#pragma unroll
-        for (int h = 0; h < G; h++)
-#pragma unroll
-            for (int i = 0; i < C; i++) acc[h][i] += r[h * D + i];
     }
 #pragma unroll
     for (int h = 0; h < G; h++) {
-        if (h >= nh) break;
+        float s = dot[h] + __shfl_xor_sync(0xffffffffu, dot[h], DEC_TK);
+        s = valid ? s : -INFINITY;
+        float mx = s;
+#pragma unroll
+        for (int o = DEC_TK / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float mn = fmaxf(m[h], mx), p = expf(s - mn); // a tile's first key is in range: mn is finite
+        c[h] = expf(m[h] - mn), m[h] = mn, l[h] = l[h] * c[h] + p;
+        if (hf == 0) sp[r * G + h] = p;
+    }
+    __syncwarp();
+    const T *vr = (const T *)(st + DEC_TK * RS);
+#pragma unroll
+    for (int h = 0; h < G; h++)
+#pragma unroll
+        for (int i = 0; i < E; i++) acc[h][i] *= c[h];
+#pragma unroll 2
+    for (int j = 0; j < DEC_TK; j++) {
+        float v[E];
+        const T *row = vr + j * RS * EPC;
+        if (DT) {
+            load_cols<DT ? DT / 32 : 2>(row + lane * E, v, 1.0f);
+        } else {
+#pragma unroll
+            for (int i = 0; i < E; i++) v[i] = dec_col<DT>(lane, i) < D ? load_kv(row + dec_col<DT>(lane, i), 1.0f) : 0;
+        }
+        float p[G];
+#pragma unroll
+        for (int h = 0; h < G; h += 4) { // a broadcast; sp and j * G aligned to 16 bytes when G % 4 == 0
+            if (G % 4 == 0) *(float4 *)(p + h) = *(const float4 *)(sp + j * G + h);
+            else
+                for (int k = h; k < G; k++) p[k] = sp[j * G + k];
+        }
+#pragma unroll
+        for (int h = 0; h < G; h++)
+#pragma unroll
+            for (int i = 0; i < E; i++) acc[h][i] += p[h] * v[i];
+    }
+}
+
+// head_dim * sizeof(T) a multiple of 16 and at most 512 bytes (checked by
+// the launcher); G heads a block at most; DT: head_dim as a constant (64 or
+// 128: the loops over it unroll), or 0 for any other.
+template <typename T, int G, int DT>
+__global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *kc, const T *vc) {
+    constexpr int NS = dec_stages(sizeof(T), DT), E = DT ? DT / 32 : DEC_MAX_E;
+    const bool F8 = sizeof(T) == 1;
+    pdl_wait();
+    pdl_trigger();
+    extern __shared__ uint4 smu[];
+    const int D = DT ? DT : a.Dh, NC = D * (int)sizeof(T) / 16, RS = NC + 1, g = a.H / a.Hkv, ngrp = cdiv_dev(g, G);
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    int s = a.seq0 + blockIdx.x, t = a.qsl[s], kvh = blockIdx.y / ngrp, h0 = kvh * g + (blockIdx.y % ngrp) * G;
+    int nh = min(G, kvh * g + g - h0), n = a.pos[t] + 1, L = dec_range(n, a.nsplit), z = blockIdx.z;
+    dec_blk b = {a.btab + (int64_t)s * a.mbps, (int64_t)kvh * D, z * L, min(n, z * L + L), 0};
+    if (b.j0 >= n) return; // past this sequence's context: the merge skips it
+    b.nt = b.j1 - b.j0 > w * DEC_TK ? cdiv_dev(b.j1 - b.j0 - w * DEC_TK, DEC_ALIGN) : 0;
+    float *q = (float *)smu, *sp = q + G * D + w * DEC_TK * G;
+    uint4 *stg = smu + (G * D + DEC_WARPS * DEC_TK * G) / 4, *ring = stg + w * NS * 2 * DEC_TK * RS;
+    int64_t kvd = (int64_t)a.Hkv * D;
+    int sl = dec_slot(a, b, 0);
+#pragma unroll
+    for (int k = 0; k < NS - 1; k++) {
+        dec_issue(ring + k * 2 * DEC_TK * RS, kc, vc, kvd, b, sl, NC, RS, k < b.nt);
+        sl = dec_slot(a, b, k + 1);
+    }
+    float qs = a.scale * (F8 ? a.ks : 1.0f); // an fp8 cache's k_scale folded into q
+    for (int i = tid; i < G * D; i += DEC_THREADS) {
+        int hh = i / D;
+        q[i] = hh < nh ? a.qkv[(int64_t)t * a.ld + (int64_t)(h0 + hh) * D + i % D] * qs : 0.0f;
+    }
+    __syncthreads();
+    float m[G], l[G], acc[G][E];
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        m[h] = -INFINITY, l[h] = 0;
+#pragma unroll
+        for (int i = 0; i < E; i++) acc[h][i] = 0;
+    }
+    for (int i = 0; i < b.nt; i++) {
+        int k = i + NS - 1;
+        dec_issue(ring + k % NS * 2 * DEC_TK * RS, kc, vc, kvd, b, sl, NC, RS, k < b.nt);
+        sl = dec_slot(a, b, k + 1); // read now, used by the next tile's issue
+        cp_async_wait<NS - 1>();    // tile i's group is complete
+        __syncwarp();
+        bool valid = b.j0 + (i * DEC_WARPS + w) * DEC_TK + lane % DEC_TK < b.j1;
+        dec_tile<T, G, DT>(ring + i % NS * 2 * DEC_TK * RS, q, sp, D, NC, RS, valid, m, l, acc);
+        __syncwarp(); // the stage and sp are rewritten next
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // every warp is done with its stages: they hold the warps' results now
+    float *wm = (float *)stg + w * (G * D + 2 * G), *wl = wm + G, *wa = wl + G;
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        float lh = l[h];
+#pragma unroll
+        for (int o = DEC_TK / 2; o > 0; o >>= 1) lh += __shfl_xor_sync(0xffffffffu, lh, o); // the tile's 16 keys
+        if (lane == 0) wm[h] = m[h], wl[h] = lh;
+#pragma unroll
+        for (int i = 0; i < E; i++)
+            if (dec_col<DT>(lane, i) < D) wa[h * D + dec_col<DT>(lane, i)] = acc[h][i];
+    }
+    __syncthreads();
+    float vsc = F8 ? a.vs : 1.0f;
+    for (int i = tid; i < nh * D; i += DEC_THREADS) {
+        int h = i / D, e = i % D;
+        float mx = -INFINITY, lt = 0, o = 0;
+        for (int k = 0; k < DEC_WARPS; k++) mx = fmaxf(mx, ((float *)stg)[k * (G * D + 2 * G) + h]);
+        for (int k = 0; k < DEC_WARPS; k++) {
+            const float *x = (float *)stg + k * (G * D + 2 * G);
+            if (x[h] == -INFINITY) continue; // a warp without keys
+            float c = expf(x[h] - mx);
+            lt += x[G + h] * c, o += x[2 * G + h * D + e] * c;
+        }
         int hq = h0 + h;
         if (a.nsplit == 1) {
-            float inv = lh[h] > 0 ? 1.0f / lh[h] : 0.0f;
-            float *o = a.out + (int64_t)t * a.H * D + hq * D + C * cp;
-#pragma unroll
-            for (int i = 0; i < C; i++) o[i] = acc[h][i] * inv;
+            a.out[(int64_t)t * a.H * D + hq * D + e] = lt > 0 ? o * vsc / lt : 0.0f;
             continue;
         }
-        float *pp = a.part + (((int64_t)(t - a.tok0) * a.H + hq) * a.nsplit + blockIdx.z) * (D + 2);
-#pragma unroll
-        for (int i = 0; i < C; i++) pp[C * cp + i] = acc[h][i];
-        if (cp == 0) pp[D] = mh[h], pp[D + 1] = lh[h];
+        float *pp = a.part + (((int64_t)(t - a.tok0) * a.H + hq) * a.nsplit + z) * (D + 2);
+        pp[e] = o * vsc;
+        if (e == 0) pp[D] = mx, pp[D + 1] = lt;
     }
 }
 
 // Merges the splits of one (token, head): rescale each by exp(m_i - max m).
 // Only the splits that hold keys of the token's context are read: of a.split
 // keys each (prefill), or the decode kernel's per-sequence ranges (split 0).
-__global__ void k_attn_merge(attn_args a) {
+// MERGE_THREADS threads: the maximum and the sum over the splits a thread
+// each, the outputs a warp per split (a lane per column), its loads
+// independent, then the warps' sums added.
+#define MERGE_THREADS 128
+__global__ void __launch_bounds__(MERGE_THREADS) k_attn_merge(attn_args a) {
+    __shared__ float red[32], sum[MERGE_THREADS / 32][CUDA_MAX_HEAD_DIM];
     pdl_wait();
     pdl_trigger();
-    int t = a.tok0 + blockIdx.x, h = blockIdx.y, n = a.pos[t] + 1;
+    int t = a.tok0 + blockIdx.x, h = blockIdx.y, n = a.pos[t] + 1, S = a.Dh + 2, tid = threadIdx.x;
+    int lane = tid & 31, w = tid >> 5;
     int ns = min(a.nsplit, cdiv_dev(n, a.split ? a.split : dec_range(n, a.nsplit)));
-    const float *pp = a.part + ((int64_t)(t - a.tok0) * a.H + h) * a.nsplit * (a.Dh + 2);
-    float mx = -INFINITY;
-    for (int i = 0; i < ns; i++) mx = fmaxf(mx, pp[i * (a.Dh + 2) + a.Dh]);
-    float l = 0;
-    for (int i = 0; i < ns; i++) {
-        float mi = pp[i * (a.Dh + 2) + a.Dh];
-        if (mi > -INFINITY) l += pp[i * (a.Dh + 2) + a.Dh + 1] * expf(mi - mx);
+    const float *pp = a.part + ((int64_t)(t - a.tok0) * a.H + h) * a.nsplit * S;
+    float mx = -INFINITY, l = 0;
+    for (int i = tid; i < ns; i += MERGE_THREADS) mx = fmaxf(mx, pp[i * S + a.Dh]);
+    mx = block_reduce<true>(mx, red);
+    for (int i = tid; i < ns; i += MERGE_THREADS) {
+        float mi = pp[i * S + a.Dh];
+        if (mi > -INFINITY) l += pp[i * S + a.Dh + 1] * expf(mi - mx);
     }
-    for (int e = threadIdx.x; e < a.Dh; e += blockDim.x) {
-        float o = 0;
-        for (int i = 0; i < ns; i++) {
-            float mi = pp[i * (a.Dh + 2) + a.Dh];
-            if (mi > -INFINITY) o += pp[i * (a.Dh + 2) + e] * expf(mi - mx);
-        }
-        a.out[(int64_t)t * a.H * a.Dh + h * a.Dh + e] = l > 0 ? o / l : 0.0f;
+    l = block_sum(l, red);
+    float o[MAX_E];
+#pragma unroll
+    for (int k = 0; k < MAX_E; k++) o[k] = 0;
+    for (int i = w; i < ns; i += MERGE_THREADS / 32) {
+        float mi = pp[i * S + a.Dh];
+        if (mi == -INFINITY) continue; // a split without keys (the same on the whole warp)
+        float c = expf(mi - mx);
+#pragma unroll
+        for (int k = 0; k < MAX_E; k++)
+            if (lane + 32 * k < a.Dh) o[k] += pp[i * S + lane + 32 * k] * c;
+    }
+#pragma unroll
+    for (int k = 0; k < MAX_E; k++)
+        if (lane + 32 * k < a.Dh) sum[w][lane + 32 * k] = o[k];
+    __syncthreads();
+    for (int e = tid; e < a.Dh; e += MERGE_THREADS) {
+        float x = 0;
+        for (int k = 0; k < MERGE_THREADS / 32; k++) x += sum[k][e];
+        a.out[(int64_t)t * a.H * a.Dh + h * a.Dh + e] = l > 0 ? x / l : 0.0f;
     }
 }
 
 static void merge(struct backend *be, const attn_args *a, int ntok) {
     if (a->nsplit <= 1) return;
-    launch_pdl(k_attn_merge, dim3(ntok, a->H), 128, 0, cu(be)->stream, *a);
+    launch_pdl(k_attn_merge, dim3(ntok, a->H), MERGE_THREADS, 0, cu(be)->stream, *a);
 }
 
 // The generic kernel: a warp per (token, head, split of `split` keys).
@@ -472,21 +547,18 @@ static void launch_attn(struct backend *be, float *out, const float *qkv, int ld
     merge(be, &a, ntok);
 }
 
-template <typename T, int G>
-static void launch_dec_g(const attn_args &a, dim3 grid, size_t smem, cudaStream_t s, const void *kc, const void *vc) {
-    if (a.Dh == 128) launch_pdl(k_attn_dec<T, G, 128>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
-    else if (a.Dh == 64) launch_pdl(k_attn_dec<T, G, 64>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
-    else launch_pdl(k_attn_dec<T, G, 0>, grid, DEC_THREADS, smem, s, a, (const T *)kc, (const T *)vc);
+// The decode kernel for G heads a block at head_dim D (64 and 128: constants).
+static int dec_dt(int D) { return D == 64 || D == 128 ? D : 0; }
+template <typename T> using dec_fn = void (*)(attn_args, const T *, const T *);
+template <typename T, int G> static dec_fn<T> dec_kernel_g(int D) {
+    return D == 128 ? k_attn_dec<T, G, 128> : D == 64 ? k_attn_dec<T, G, 64> : k_attn_dec<T, G, 0>;
 }
-
-template <typename T>
-static void launch_dec_t(const attn_args &a, int G, dim3 grid, cudaStream_t s, const void *kc, const void *vc) {
-    size_t smem = dec_smem(G, a.Dh);
-    if (G == 1) launch_dec_g<T, 1>(a, grid, smem, s, kc, vc);
-    else if (G == 2) launch_dec_g<T, 2>(a, grid, smem, s, kc, vc);
-    else if (G == 4) launch_dec_g<T, 4>(a, grid, smem, s, kc, vc);
-    else if (G == 8) launch_dec_g<T, 8>(a, grid, smem, s, kc, vc);
-    else launch_dec_g<T, 16>(a, grid, smem, s, kc, vc);
+template <typename T> static dec_fn<T> dec_kernel(int G, int D) {
+    return G == 1   ? dec_kernel_g<T, 1>(D)
+           : G == 2 ? dec_kernel_g<T, 2>(D)
+           : G == 4 ? dec_kernel_g<T, 4>(D)
+           : G == 8 ? dec_kernel_g<T, 8>(D)
+                    : dec_kernel_g<T, 16>(D);
 }
 
 void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
@@ -495,36 +567,61 @@ void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld,
     launch_attn(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d, SPLIT_PREFILL);
 }
 
-// Splits: enough blocks for eight per SM (32 warps: the loads of one block
-// are too few to keep HBM busy), from the batch's shape alone (a
-// recorded graph replays them at any context), at most DEC_MAX_SPLITS and
-// no more than 32-key ranges of the longest context allow.
+// The decode kernel's head groups (G query heads of a KV head a block: a
+// power of two, at most 16), or 0 where it cannot run the shape: rows of
+// head_dim elements must be whole 16-byte pieces, at most 512 bytes
+// (registers and shared memory), and its shared memory must fit a block.
+static int dec_group(struct backend *be, const struct attn_dims *d) {
+    int es = (int)dtype_size(be->kv_dtype), D = d->head_dim, g = d->heads / d->kv_heads, G = 1;
+    while (G < g && G < 16) G *= 2;
+    if ((D * es) % 16 || D * es > 512 || D > CUDA_MAX_HEAD_DIM) return 0;
+    return dec_smem(G, D, es, dec_stages(es, dec_dt(D))) <= cu(be)->smem_optin ? G : 0;
+}
+
+// Splits, from the batch's shape and the device alone (a recorded graph
+// replays them at any context): blocks fill whole waves of what the SMs hold
+// at once (slots) as nearly as they can, over at least two waves (a block's
+// first loads then overlap another's stream), fewer splits on a tie (fewer
+// partials to merge, longer streams); at most DEC_MAX_SPLITS, and no more
+// than ranges of DEC_ALIGN keys of the longest context allow.
+static int dec_splits(int blocks, int slots, int maxlen) {
+    int lo = cdiv(2 * slots, blocks), hi = MAX(MIN(MIN(2 * lo, DEC_MAX_SPLITS), cdiv(maxlen, DEC_ALIGN)), 1), best = 1;
+    double cost = INFINITY; // waves per split's share of the work
+    for (int ns = MIN(lo, hi); ns <= hi; ns++) {
+        double c = (double)cdiv(blocks * ns, slots) / ns;
+        if (c < cost - 1e-12) cost = c, best = ns;
+    }
+    return best;
+}
+
+// A shape the decode kernel cannot run takes the generic one.
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d) {
-    int nd = b->num_decodes;
+    int nd = b->num_decodes, G = dec_group(be, d);
     if (nd <= 0) return;
-    if (d->head_dim % 8) { // the generic kernel (16-byte loads need head_dim % 8 == 0)
+    if (!G) {
         launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, nd, d, SPLIT_DECODE);
         return;
     }
-    int g = d->heads / d->kv_heads, G = 1;
-    while (G < g && G < 16) G *= 2;
-    int blocks = nd * d->kv_heads * cdiv(g, G), maxlen = b->max_model_len;
+    int g = d->heads / d->kv_heads, D = d->head_dim, blocks = nd * d->kv_heads * cdiv(g, G), maxlen = b->max_model_len;
     if (!b->fixed_shapes) {
         maxlen = 0;
         for (int s = 0; s < nd; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
     }
-    int nsplit = cdiv(8 * cu(be)->num_sms, blocks);
-    nsplit = nsplit < DEC_MAX_SPLITS ? nsplit : DEC_MAX_SPLITS;
-    nsplit = nsplit < cdiv(maxlen, 32) ? nsplit : cdiv(maxlen, 32);
-    nsplit = nsplit > 1 ? nsplit : 1;
-    attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, d->head_dim, d->block_size, b->max_blocks_per_seq, nsplit,
+    attn_args a = {out, NULL, qkv, ld, d->heads, d->kv_heads, D, d->block_size, b->max_blocks_per_seq, 1,
                    0, d->scale, b->query_start_loc, b->positions, b->block_tables, 0, nd, 0, d->k_scale, d->v_scale};
-    if (nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * nsplit * (d->head_dim + 2));
-    dim3 grid(nd, d->kv_heads * cdiv(g, G), nsplit);
     cudaStream_t s = cu(be)->stream;
     kv_dispatch(be->kv_dtype, [&](auto *z) {
-        launch_dec_t<typename std::remove_pointer<decltype(z)>::type>(a, G, grid, s, k_cache, v_cache);
+        typedef typename std::remove_pointer<decltype(z)>::type T;
+        dec_fn<T> k = dec_kernel<T>(G, D);
+        size_t smem = dec_smem(G, D, sizeof(T), dec_stages(sizeof(T), dec_dt(D)));
+        int per_sm = 0;
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));
+        a.nsplit = dec_splits(blocks, MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
+        if (a.nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * a.nsplit * (D + 2));
+        launch_pdl(k, dim3(nd, d->kv_heads * cdiv(g, G), a.nsplit), DEC_THREADS, smem, s, a, (const T *)k_cache,
+                   (const T *)v_cache);
     });
     LAUNCH_CHECK();
     merge(be, &a, nd);
