@@ -104,7 +104,7 @@ static void bench_matmul_act_mul(const char *what, int64_t rows, int64_t cols, i
     c.m.x = dev_random((size_t)n * cols, 1, 1);
     c.m.y = be->ops->alloc(be, sizeof(float) * n * rows / 2);
     c.gu = be->ops->alloc(be, sizeof(float) * n * rows);
-    report(what, time_graph(mam_call, &c, calls), (double)bytes, 0);
+    report(what, bench_graph_us(be, mam_call, &c, calls), (double)bytes, 0);
     for (int k = 0; k < c.m.copies; k++) be->ops->free(be, c.m.w[k].data);
     be->ops->free(be, c.m.x), be->ops->free(be, c.m.y), be->ops->free(be, c.gu);
 }
