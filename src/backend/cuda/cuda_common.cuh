@@ -47,6 +47,7 @@ struct cuda_impl {
     size_t scratch_bytes;
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
+    int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
     unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };
 
@@ -314,7 +315,9 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
 // Quantized dense weights (cuda_quant.cu). cuda_gemv_quant: y [n, N] = x [n,
-// K] W^T (+ W.bias) for n <= CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
+// K] W^T (+ W.bias) for n <= cuda_qgemv_rows(be, w): 64 in 16-bit mode where
+// the tensor-core GEMV runs (cuda_qmma.cuh; its scratch: cuda_qgemv_scratch
+// bytes), else CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
 // (cuda_dequant: into dst, cuda_dequant_bytes of device memory, as a dense
 // weight of the model's --dtype) and runs the dense GEMM on it.
 // cuda_matmul_w8a8: the same for WF_FP8 in 16-bit mode on FP8 tensor cores
@@ -322,6 +325,8 @@ int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld,
 // (nothing run) where it does not apply or cuBLASLt refuses the shape.
 #define CUDA_QGEMV_MAXB 4
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+int cuda_qgemv_rows(const struct backend *be, const struct weight *w);
+size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int n);
 size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w);
 struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst);
 int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct weight *w, int n, void *scratch);

@@ -19,7 +19,7 @@
 //   (cuda_backend.cu).
 #include <cuda_fp8.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_qmma.cuh"
 
 #define QCHUNK 16     // columns a lane loads per step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
 #define QGEMV_ROWS 4  // weight rows per block (each x value loaded serves 4)
@@ -222,6 +222,151 @@ __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qw
     }
 }
 
+// ---- 16-bit mode, up to QMMA_MAXB rows: tensor cores (cuda_qmma.cuh) ----
+
+// A lane's codes of one step (QMMA_STEP columns) of its rows g and g + 8
+template <enum wfmt F> struct qmma_a {
+    uint4 c[2][2]; // [row][i]: columns 64i + 16t .. + 15
+    float s[2];    // WF_FP8_B128: the rows' scales of the step's 128-column block
+};
+template <> struct qmma_a<WF_NVFP4> {
+    uint4 c[2];  // [row]: columns 32t .. 32t + 31
+    uint32_t b[2]; // [row]: their two blocks' e4m3 scales (bits 0..7, 8..15)
+};
+
+// Loads of step st (zeros past K: K % 64 == 0, so a last half step)
+template <enum wfmt F>
+__device__ __forceinline__ qmma_a<F> qmma_load(const qweight &w, const int64_t *row, int st, int t) {
+    qmma_a<F> a;
+    int c0 = st * QMMA_STEP, K = w.K;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if constexpr (F == WF_NVFP4) {
+            bool ok = c0 + 32 * t < K;
+            a.c[h] = ok ? __ldg((const uint4 *)(w.codes + row[h] * (K / 2) + c0 / 2) + t) : make_uint4(0, 0, 0, 0);
+            a.b[h] = ok ? __ldg((const unsigned short *)(w.bscale + row[h] * (K / WF_NVFP4_GROUP) + c0 / 16) + t) : 0;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                a.c[h][i] = c0 + 64 * i < K ? __ldg((const uint4 *)(w.codes + row[h] * K + c0 + 64 * i) + t)
+                                            : make_uint4(0, 0, 0, 0);
+            if constexpr (F == WF_FP8_B128) a.s[h] = __ldg(w.scale + row[h] * qmma_steps(K) + st);
+        }
+    }
+    return a;
+}
+
+// The A fragment of sub-step m (0..7) from a step's codes
+template <enum wfmt F>
+__device__ __forceinline__ void qmma_frag(uint32_t f[4], const qmma_a<F> &a, int m) {
+    if constexpr (F == WF_NVFP4) {
+        int w = m >> 1;
+        __half2 b0 = qmma_bcast((a.b[0] >> (8 * (w >> 1))) & 0xffu), b1 = qmma_bcast((a.b[1] >> (8 * (w >> 1))) & 0xffu);
+        qmma_a_fp4(f, (&a.c[0].x)[w], (&a.c[1].x)[w], m & 1, b0, b1);
+    } else {
+        qmma_a_fp8(f, (&a.c[0][m >> 2].x)[m & 3], (&a.c[1][m >> 2].x)[m & 3]);
+    }
+}
+
+// y [n, N] = x [n, K] W^T (+ bias), n <= 8 NT: a block a 16-row tile of W,
+// its 8 warps taking steps w, w + 8, ... (the next one's loads in flight
+// while this one computes; the first before pdl_wait, under the previous
+// kernel's tail), each step 8 mma per token tile of the staged x (xs, inv:
+// k_qmma_x), a C per token tile; FP8 blocks sum each step (one 128-column
+// block) into a fresh C, then acc += scale * C. The warps' sums reduce
+// through shared memory in a fixed order (deterministic); the epilogue
+// applies the row scale (FP8; NVFP4's times 2^14), the row of x's 2^-sh and
+// the bias.
+template <enum wfmt F, int NT>
+__global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, qweight w,
+                                                   const float *bias, int N, int n) {
+    __shared__ float red[8][NT][4][32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, row0 = blockIdx.x * 16;
+    int steps = qmma_steps(w.K);
+    int64_t row[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0;
+    int st = warp;
+    qmma_a<F> cur = {}, nxt = {};
+    if (st < steps) cur = qmma_load<F>(w, row, st, t);
+    pdl_wait(); // xs is k_qmma_x's
+    pdl_trigger();
+    for (; st < steps; st += 8) {
+        if (st + 8 < steps) nxt = qmma_load<F>(w, row, st + 8, t);
+        uint32_t a[8][4];
+#pragma unroll
+        for (int m = 0; m < 8; m++) qmma_frag<F>(a[m], cur, m);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            uint4 b[4];
+            qmma_b(b, xs, nt, steps, st, lane);
+            uint32_t br[8][2];
+#pragma unroll
+            for (int m = 0; m < 8; m++) qmma_b_regs(br[m], b, m);
+            if constexpr (F == WF_FP8_B128) {
+                float c[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int m = 0; m < 8; m++) mma16<__half>::run(c, a[m], br[m]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[nt][j] = fmaf(cur.s[j >> 1], c[j], acc[nt][j]);
+            } else {
+#pragma unroll
+                for (int m = 0; m < 8; m++) mma16<__half>::run(acc[nt], a[m], br[m]);
+            }
+        }
+        cur = nxt;
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) red[warp][i][j][lane] = acc[i][j];
+    __syncthreads();
+    for (int i = threadIdx.x; i < NT * 128; i += 256) { // (tile, C register, lane)
+        int nt = i / 128, j = (i / 32) % 4, l = i % 32;
+        int r = row0 + (l >> 2) + 8 * (j >> 1), tok = 8 * nt + 2 * (l & 3) + (j & 1);
+        if (r >= N || tok >= n) continue;
+        float s = 0;
+        for (int q = 0; q < 8; q++) s += red[q][nt][j][l];
+        float rs = F == WF_FP8_B128 ? 1.0f : q_row_scale<F>(w, r); // FP8 blocks: scaled per step
+        y[(int64_t)tok * N + r] = s * rs * inv[tok] + (bias ? bias[r] : 0.0f);
+    }
+}
+
+template <enum wfmt F>
+static void gemv_qmma(cudaStream_t s, float *y, const float *x, const struct weight *w, int n, void *scratch) {
+    qweight q = qweight_of(w);
+    int N = (int)w->rows, K = (int)w->cols, nt = qmma_tiles(n);
+    float *inv = (float *)scratch;
+    uint4 *xs = (uint4 *)((char *)scratch + 256);
+    launch_pdl(k_qmma_x<F == WF_NVFP4>, 8 * nt, 256, 0, s, xs, inv, x, n, K);
+    dim3 g(cdiv(N, 16));
+    switch (nt) {
+    case 1: launch_pdl(k_gemv_qmma<F, 1>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
+    case 2: launch_pdl(k_gemv_qmma<F, 2>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
+    case 4: launch_pdl(k_gemv_qmma<F, 4>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
+    default: launch_pdl(k_gemv_qmma<F, 8>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
+    }
+}
+
+// The tensor-core GEMV's conditions: 16-bit mode (not VLLM_QMMA=0), K % 64
+// == 0, the codes 16-byte aligned (NVFP4's block scales 2).
+static bool qmma_fits(const struct backend *be, const struct weight *w) {
+    cuda_impl *c = (cuda_impl *)be->impl;
+    return c->qmma && (be->weight_dtype == WF_BF16 || be->weight_dtype == WF_F16) && w->cols % 64 == 0 &&
+           !((uintptr_t)w->data & 15) && !((uintptr_t)w->bscale & 1);
+}
+
+int cuda_qgemv_rows(const struct backend *be, const struct weight *w) {
+    return qmma_fits(be, w) ? QMMA_MAXB : CUDA_QGEMV_MAXB;
+}
+
+size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int n) {
+    return qmma_fits(be, w) ? qmma_x_bytes(MIN(n, QMMA_MAXB), (int)w->cols) : 0;
+}
+
 // The chunked kernels' conditions: K a multiple of 16, the codes and x (the
 // GEMV's input, the dequantization's output) 16-byte aligned.
 static bool q_chunked(const void *x, const struct weight *w) {
@@ -241,10 +386,11 @@ static void gemv_q(cudaStream_t s, float *y, const float *x, const struct weight
 
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cudaStream_t s = cu(be)->stream;
+    void *sc = qmma_fits(be, w) ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
     switch (w->fmt) {
-    case WF_FP8: gemv_q<WF_FP8>(s, y, x, w, n); break;
-    case WF_FP8_B128: gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
-    case WF_NVFP4: gemv_q<WF_NVFP4>(s, y, x, w, n); break;
+    case WF_FP8: sc ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : gemv_q<WF_FP8>(s, y, x, w, n); break;
+    case WF_FP8_B128: sc ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
+    case WF_NVFP4: sc ? gemv_qmma<WF_NVFP4>(s, y, x, w, n, sc) : gemv_q<WF_NVFP4>(s, y, x, w, n); break;
     case WF_F32:
     case WF_BF16:
     case WF_F16: break; // dense: cuda_backend.cu's GEMVs
