@@ -140,12 +140,17 @@ __device__ __forceinline__ __nv_fp8_e4m3 fp8_code(float x, float scale) {
     c.__x = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
     return c;
 }
-__device__ __forceinline__ float fp8_f(__nv_fp8_e4m3 c) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(c.__x, __NV_E4M3)));
+// Every e4m3 code widens through e4m3x2_h2 (and only it): two codes (bits
+// 0..15, the first low) as half2, one conversion, exact; then to float
+// exactly where fp32 is wanted.
+__device__ __forceinline__ __half2 e4m3x2_h2(uint32_t c) {
+    return __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3));
 }
-__device__ __forceinline__ float2 fp8x2_f2(__nv_fp8x2_storage_t p) {
-    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p, __NV_E4M3)));
-}
+__device__ __forceinline__ float2 fp8x2_f2(__nv_fp8x2_storage_t p) { return __half22float2(e4m3x2_h2(p)); }
+__device__ __forceinline__ float e4m3_f(uint32_t b) { return __low2float(e4m3x2_h2(b & 0xffu)); }
+__device__ __forceinline__ float fp8_f(__nv_fp8_e4m3 c) { return e4m3_f(c.__x); }
+// The e4m3 byte b (a block scale) as half in both halves
+__device__ __forceinline__ __half2 e4m3_bcast(uint32_t b) { return e4m3x2_h2((b & 0xffu) * 0x101u); }
 // Calls f with a null pointer of the KV cache's element type: float, bf16
 // or e4m3 codes (DT_F16 is refused when the backend is created), so that
 // each launcher names its kernels once.

@@ -238,7 +238,7 @@ constexpr int WVEC = 16 / (int)sizeof(WT) * PACK<WT>;
 __device__ __forceinline__ void e4m3x8(const __nv_fp8x2_storage_t *p, float f[8]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        float2 v = fp8x2_f2(p[i]);
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
@@ -255,11 +255,6 @@ __device__ __forceinline__ void e4m3x8_scaled(const __nv_fp8x2_storage_t *p, uin
 // table for prmt (bytes 0-3, then 4-7).
 #define E2M1_E4M3_LO 0x3C383000u
 #define E2M1_E4M3_HI 0x4C484440u
-
-// The e4m3 block scale byte b as half in both halves.
-__device__ __forceinline__ __half2 e4m3_bcast(uint32_t b) {
-    return __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(b * 0x101u), __NV_E4M3));
-}
 
 // 8 e2m1 codes (q: code j in bits [4j, 4j + 4), the byte order of memory)
 // times their block scale bs -> f, exactly (wfmt_dequant's e2m1 * e4m3, its

@@ -90,10 +90,12 @@ __global__ void __launch_bounds__(256) k_qmma_x(uint4 *xs, float *inv, const flo
     }
 }
 
-// Two e4m3 codes (bits 0..15, the first low) as half2: exact.
+// Two e4m3 codes (bits 0..15, the first low) as half2 (e4m3x2_h2), as a register
 __device__ __forceinline__ uint32_t qmma_e4m3x2(uint32_t c) {
-    __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3);
-    return (uint32_t)r.y << 16 | r.x;
+    __half2 h = e4m3x2_h2(c);
+    uint32_t r;
+    memcpy(&r, &h, sizeof r);
+    return r;
 }
 
 // e2m1 codes j and j + 4 of word u (code i at bits 4i) as half2 of e2m1 *
@@ -112,14 +114,6 @@ __device__ __forceinline__ uint32_t qmma_e2m1(uint32_t u, int j, __half2 bs) {
     uint32_t o;
     memcpy(&o, &p, sizeof o);
     return o;
-}
-
-// An e4m3 byte as half in both halves (exact)
-__device__ __forceinline__ __half2 qmma_bcast(uint32_t b) {
-    uint32_t h = qmma_e4m3x2(b * 0x101u);
-    __half2 r;
-    memcpy(&r, &h, sizeof r);
-    return r;
 }
 
 // A fragment of sub-step m for FP8 from the two rows' words (rows g, g + 8).

@@ -36,10 +36,6 @@ static qweight qweight_of(const struct weight *w) {
     return {(const uint8_t *)w->data, w->scale, w->bscale, (int)w->cols};
 }
 
-__device__ __forceinline__ float e4m3_f(uint8_t b) { // exact (e4m3 -> half -> float)
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3)));
-}
-
 // An e2m1 code's bits as an fp16 of value e2m1 * 2^-14: the sign to bit 15,
 // exponent and mantissa (3 bits) to bits 9..11, so that the e2m1 exponent
 // becomes the fp16 one (e2m1's 0.5, exponent 0, is the fp16 subnormal 2^-15).
@@ -109,7 +105,7 @@ template <enum wfmt F>
 __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float *v) {
     if constexpr (F == WF_NVFP4) {
         uint32_t u = h ? q.c.y : q.c.x; // element j at bits 4j..4j+3
-        __half2 bs = __half2half2(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q.b, __NV_E4M3)));
+        __half2 bs = e4m3_bcast(q.b);
 #pragma unroll
         for (int j = 0; j < 4; j++) { // elements j and j + 4: their nibbles to bits 12..15 of each half
             uint32_t t = u << (12 - 4 * j);
@@ -125,7 +121,7 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             __nv_fp8x2_storage_t c2 = (__nv_fp8x2_storage_t)(p[i / 2] >> (16 * (i % 2)));
-            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c2, __NV_E4M3)));
+            float2 f = fp8x2_f2(c2);
             v[2 * i] = f.x * q.s, v[2 * i + 1] = f.y * q.s;
         }
     }
@@ -261,7 +257,7 @@ template <enum wfmt F>
 __device__ __forceinline__ void qmma_frag(uint32_t f[4], const qmma_a<F> &a, int m) {
     if constexpr (F == WF_NVFP4) {
         int w = m >> 1;
-        __half2 b0 = qmma_bcast((a.b[0] >> (8 * (w >> 1))) & 0xffu), b1 = qmma_bcast((a.b[1] >> (8 * (w >> 1))) & 0xffu);
+        __half2 b0 = e4m3_bcast(a.b[0] >> (8 * (w >> 1))), b1 = e4m3_bcast(a.b[1] >> (8 * (w >> 1)));
         qmma_a_fp4(f, (&a.c[0].x)[w], (&a.c[1].x)[w], m & 1, b0, b1);
     } else {
         qmma_a_fp8(f, (&a.c[0][m >> 2].x)[m & 3], (&a.c[1][m >> 2].x)[m & 3]);
