@@ -41,7 +41,25 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #define QMMA_STEP 128 // columns a warp takes a step (8 mma of 16 k)
-#define QMMA_MAXB 64  // rows of x (tokens) one pass takes: 8 tiles of 8
+#define QMMA_MAXB 64  // rows of x (tokens) one pass of the dense GEMV takes: 8 tiles of 8
+
+// A quantized weight as its kernels take it (device pointers, struct weight's).
+struct qweight {
+    const uint8_t *codes;  // [N, K] e4m3, or [N, K/2] two e2m1 a byte (element 2i in the low nibble)
+    const float *scale;    // [N] (WF_FP8, WF_NVFP4) or [N, ceil(K/128)] (WF_FP8_B128)
+    const uint8_t *bscale; // WF_NVFP4: [N, K/16] e4m3
+    int K;
+};
+
+// What a row's values share, applied to its fp32 sums: WF_FP8 its scale;
+// WF_NVFP4 its scale * 2^14 (the codes decode to e2m1 * 2^-14: q_dq8,
+// qmma_e2m1); WF_FP8_B128 none (1: its scales are per 128 columns).
+template <enum wfmt F>
+__device__ __forceinline__ float q_row_scale(const qweight &w, int64_t r) {
+    if constexpr (F == WF_NVFP4) return w.scale[r] * 16384.0f; // exact: a power of two
+    else if constexpr (F == WF_FP8) return w.scale[r];
+    else return 1.0f;
+}
 
 // The physical column (within a step) of lane t's B register r (0, 1) half
 // h (0, 1) of sub-step m (0..7): see the comment above.
@@ -53,16 +71,17 @@ __host__ __device__ constexpr int qmma_col(bool fp4, int t, int m, int r, int h)
 __host__ __device__ constexpr int qmma_steps(int K) { return (K + QMMA_STEP - 1) / QMMA_STEP; }
 // Token tiles of n rows as the kernels are instantiated: 1, 2, 4, 8
 static inline int qmma_tiles(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
-// Scratch of the staged x: 64 row scales, then [tiles, steps, 4, 32] uint4
-static inline size_t qmma_x_bytes(int n, int K) {
-    return 256 + (size_t)qmma_tiles(n) * qmma_steps(K) * 4 * 32 * sizeof(uint4);
+// Scratch of `rows` staged rows of x: their scales, then [rows / 8, steps, 4, 32] uint4
+static inline size_t qmma_x_bytes(int rows, int K) {
+    size_t r8 = (size_t)(rows + 7) / 8 * 8;
+    return (4 * r8 + 255) / 256 * 256 + r8 / 8 * qmma_steps(K) * 4 * 32 * sizeof(uint4);
 }
 
-// x [n, K] fp32 -> xs: the staged fp16 x (uint4 [tiles, steps, 4, 32]: tile
-// nt, step s, load v of lane 4g + t holds token 8 nt + g's halves of
+// x [n, K] fp32 -> xs: the staged fp16 x (uint4 [rows / 8, steps, 4, 32]:
+// tile nt, step s, load v of lane 4g + t holds row 8 nt + g's halves of
 // sub-steps 2v, 2v + 1 in the order b[0] lo, hi, b[1] lo, hi), rows n.. and
-// columns K.. zero; inv [8 tiles]: each row's 2^-sh. A block a row of x (grid
-// 8 tiles), a uint4 a thread a pass.
+// columns K.. zero; inv [rows]: each row's 2^-sh. A block a row (grid: rows,
+// a multiple of 8), a uint4 a thread a pass.
 template <bool FP4>
 __global__ void __launch_bounds__(256) k_qmma_x(uint4 *xs, float *inv, const float *x, int n, int K) {
     __shared__ float red[32];
@@ -126,9 +145,23 @@ __device__ __forceinline__ void qmma_a_fp4(uint32_t a[4], uint32_t w0, uint32_t 
     a[2] = qmma_e2m1(w0, 2 * p + 1, bs0), a[3] = qmma_e2m1(w1, 2 * p + 1, bs1);
 }
 
-// A lane's B of one step of token tile nt (the staged x): 4 uint4 loads
-__device__ __forceinline__ void qmma_b(uint4 b[4], const uint4 *xs, int nt, int steps, int step, int lane) {
-    const uint4 *p = xs + ((int64_t)(nt * steps + step) * 4) * 32 + lane;
+// The staged x of `rows` rows in scratch (qmma_x_bytes), staged from x [n, K]
+struct qmma_x {
+    float *inv;
+    const uint4 *xs;
+};
+template <bool FP4>
+static inline qmma_x qmma_stage(cudaStream_t s, void *scratch, const float *x, int n, int rows, int K) {
+    int r8 = (rows + 7) / 8 * 8;
+    qmma_x q = {(float *)scratch, (const uint4 *)((char *)scratch + (4 * (size_t)r8 + 255) / 256 * 256)};
+    launch_pdl(k_qmma_x<FP4>, r8, 256, 0, s, (uint4 *)q.xs, q.inv, x, n, K);
+    return q;
+}
+
+// A lane's B of one step (the staged x): 4 uint4 loads of staged row src's
+// (the B column of lane t's group), as lane 4 (src % 8) + t holds them
+__device__ __forceinline__ void qmma_b(uint4 b[4], const uint4 *xs, int src, int steps, int step, int t) {
+    const uint4 *p = xs + ((int64_t)((src >> 3) * steps + step) * 4) * 32 + 4 * (src & 7) + t;
 #pragma unroll
     for (int v = 0; v < 4; v++) b[v] = p[32 * v];
 }
@@ -136,4 +169,130 @@ __device__ __forceinline__ void qmma_b(uint4 b[4], const uint4 *xs, int nt, int 
 __device__ __forceinline__ void qmma_b_regs(uint32_t r[2], const uint4 b[4], int m) {
     const uint4 &u = b[m >> 1];
     r[0] = m & 1 ? u.z : u.x, r[1] = m & 1 ? u.w : u.y;
+}
+
+// A lane's codes of one step (QMMA_STEP columns) of its rows g and g + 8
+template <enum wfmt F> struct qmma_a {
+    uint4 c[2][2]; // [row][i]: columns 64i + 16t .. + 15
+    float s[2];    // WF_FP8_B128: the rows' scales of the step's 128-column block
+};
+template <> struct qmma_a<WF_NVFP4> {
+    uint4 c[2];  // [row]: columns 32t .. 32t + 31
+    uint32_t b[2]; // [row]: their two blocks' e4m3 scales (bits 0..7, 8..15)
+};
+
+// Loads of step st (zeros past K: K % 64 == 0, so a last half step)
+template <enum wfmt F>
+__device__ __forceinline__ qmma_a<F> qmma_load(const qweight &w, const int64_t *row, int st, int t) {
+    qmma_a<F> a;
+    int c0 = st * QMMA_STEP, K = w.K;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if constexpr (F == WF_NVFP4) {
+            bool ok = c0 + 32 * t < K;
+            a.c[h] = ok ? __ldg((const uint4 *)(w.codes + row[h] * (K / 2) + c0 / 2) + t) : make_uint4(0, 0, 0, 0);
+            a.b[h] = ok ? __ldg((const unsigned short *)(w.bscale + row[h] * (K / WF_NVFP4_GROUP) + c0 / 16) + t) : 0;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                a.c[h][i] = c0 + 64 * i < K ? __ldg((const uint4 *)(w.codes + row[h] * K + c0 + 64 * i) + t)
+                                            : make_uint4(0, 0, 0, 0);
+            if constexpr (F == WF_FP8_B128) a.s[h] = __ldg(w.scale + row[h] * qmma_steps(K) + st);
+        }
+    }
+    return a;
+}
+
+// The A fragment of sub-step m (0..7) from a step's codes
+template <enum wfmt F>
+__device__ __forceinline__ void qmma_frag(uint32_t f[4], const qmma_a<F> &a, int m) {
+    if constexpr (F == WF_NVFP4) {
+        int w = m >> 1;
+        __half2 b0 = e4m3_bcast(a.b[0] >> (8 * (w >> 1))), b1 = e4m3_bcast(a.b[1] >> (8 * (w >> 1)));
+        qmma_a_fp4(f, (&a.c[0].x)[w], (&a.c[1].x)[w], m & 1, b0, b1);
+    } else {
+        qmma_a_fp8(f, (&a.c[0][m >> 2].x)[m & 3], (&a.c[1][m >> 2].x)[m & 3]);
+    }
+}
+
+// A warp's share of a tile product over the steps warp, warp + 8, ... of K:
+// NA A tiles (row[a]: the lane's weight rows g and g + 8 of tile a; cur[a]:
+// their codes of the warp's first step, loaded by the caller, before or
+// after its PDL wait) times NT B tiles (src[nt]: the staged row of x lane
+// group g's B column reads), into acc [NA][NT] C fragments. The next step's
+// codes are loaded while this one computes; FP8 blocks sum each step (one
+// 128-column block) into a fresh C, then acc += scale * C.
+template <enum wfmt F, int NA, int NT>
+__device__ __forceinline__ void qmma_run(const qweight &w, const int64_t (&row)[NA][2], qmma_a<F> (&cur)[NA],
+                                         const uint4 *xs, const int (&src)[NT], float (&acc)[NA][NT][4]) {
+    int t = threadIdx.x & 3, steps = qmma_steps(w.K);
+#pragma unroll
+    for (int a = 0; a < NA; a++)
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[a][i][j] = 0;
+    for (int st = threadIdx.x >> 5; st < steps; st += 8) {
+        qmma_a<F> nxt[NA];
+#pragma unroll
+        for (int a = 0; a < NA; a++)
+            if (st + 8 < steps) nxt[a] = qmma_load<F>(w, row[a], st + 8, t);
+#pragma unroll
+        for (int a = 0; a < NA; a++) {
+            uint32_t fa[8][4];
+#pragma unroll
+            for (int m = 0; m < 8; m++) qmma_frag<F>(fa[m], cur[a], m);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint4 b[4];
+                qmma_b(b, xs, src[nt], steps, st, t);
+                uint32_t br[8][2];
+#pragma unroll
+                for (int m = 0; m < 8; m++) qmma_b_regs(br[m], b, m);
+                if constexpr (F == WF_FP8_B128) {
+                    float c[4] = {0, 0, 0, 0};
+#pragma unroll
+                    for (int m = 0; m < 8; m++) mma16<__half>::run(c, fa[m], br[m]);
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[a][nt][j] = fmaf(cur[a].s[j >> 1], c[j], acc[a][nt][j]);
+                } else {
+#pragma unroll
+                    for (int m = 0; m < 8; m++) mma16<__half>::run(acc[a][nt], fa[m], br[m]);
+                }
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < NA; a++) cur[a] = nxt[a];
+    }
+}
+
+// The 8 warps' fragments into red (shared), then each thread's outputs i =
+// threadIdx.x, + 256, ... < NA NT 128 read their sums (qmma_sum) in a fixed
+// order: deterministic.
+template <int NA, int NT>
+__device__ __forceinline__ void qmma_reduce(float (*red)[NA][NT][4][32], const float (&acc)[NA][NT][4]) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int a = 0; a < NA; a++)
+#pragma unroll
+        for (int i = 0; i < NT; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) red[warp][a][i][j][lane] = acc[a][i][j];
+    __syncthreads();
+}
+// Output i of the C fragments (per A tile): tile nt = i / 128, register j,
+// lane l: weight row (l >> 2) + 8 (j >> 1) of the tile, B column 8 nt + 2 (l
+// & 3) + (j & 1); its sum over the warps.
+struct qmma_out {
+    int r, col, nt, j, l;
+};
+__device__ __forceinline__ qmma_out qmma_at(int i) {
+    int nt = i / 128, j = (i / 32) % 4, l = i % 32;
+    return {(l >> 2) + 8 * (j >> 1), 8 * nt + 2 * (l & 3) + (j & 1), nt, j, l};
+}
+template <int NA, int NT>
+__device__ __forceinline__ float qmma_sum(float (*red)[NA][NT][4][32], int a, const qmma_out &o) {
+    float s = 0;
+    for (int q = 0; q < 8; q++) s += red[q][a][o.nt][o.j][o.l];
+    return s;
 }

@@ -24,14 +24,6 @@
 #define QCHUNK 16     // columns a lane loads per step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
 #define QGEMV_ROWS 4  // weight rows per block (each x value loaded serves 4)
 
-// A quantized weight as its kernels take it (device pointers, struct weight's).
-struct qweight {
-    const uint8_t *codes;  // [N, K] e4m3, or [N, K/2] two e2m1 a byte (element 2i in the low nibble)
-    const float *scale;    // [N] (WF_FP8, WF_NVFP4) or [N, ceil(K/128)] (WF_FP8_B128)
-    const uint8_t *bscale; // WF_NVFP4: [N, K/16] e4m3
-    int K;
-};
-
 static qweight qweight_of(const struct weight *w) {
     return {(const uint8_t *)w->data, w->scale, w->bscale, (int)w->cols};
 }
@@ -68,15 +60,6 @@ template <> struct qchunk<WF_NVFP4> {
     uint2 c;    // 16 e2m1 codes (element 2i in the low nibble of byte i)
     uint8_t b;  // the block's e4m3 scale
 };
-
-// What a row's chunks share: WF_FP8 its scale; WF_NVFP4 its scale * 2^14
-// (the codes decode to e2m1 * 2^-14, q_dq8); WF_FP8_B128 nothing.
-template <enum wfmt F>
-__device__ __forceinline__ float q_row_scale(const qweight &w, int64_t r) {
-    if constexpr (F == WF_NVFP4) return w.scale[r] * 16384.0f; // exact: a power of two
-    else if constexpr (F == WF_FP8) return w.scale[r];
-    else return 0.0f;
-}
 
 template <enum wfmt F>
 __device__ __forceinline__ qchunk<F> q_load(const qweight &w, int64_t r, int k, float rs) {
@@ -220,114 +203,33 @@ __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qw
 
 // ---- 16-bit mode, up to QMMA_MAXB rows: tensor cores (cuda_qmma.cuh) ----
 
-// A lane's codes of one step (QMMA_STEP columns) of its rows g and g + 8
-template <enum wfmt F> struct qmma_a {
-    uint4 c[2][2]; // [row][i]: columns 64i + 16t .. + 15
-    float s[2];    // WF_FP8_B128: the rows' scales of the step's 128-column block
-};
-template <> struct qmma_a<WF_NVFP4> {
-    uint4 c[2];  // [row]: columns 32t .. 32t + 31
-    uint32_t b[2]; // [row]: their two blocks' e4m3 scales (bits 0..7, 8..15)
-};
-
-// Loads of step st (zeros past K: K % 64 == 0, so a last half step)
-template <enum wfmt F>
-__device__ __forceinline__ qmma_a<F> qmma_load(const qweight &w, const int64_t *row, int st, int t) {
-    qmma_a<F> a;
-    int c0 = st * QMMA_STEP, K = w.K;
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        if constexpr (F == WF_NVFP4) {
-            bool ok = c0 + 32 * t < K;
-            a.c[h] = ok ? __ldg((const uint4 *)(w.codes + row[h] * (K / 2) + c0 / 2) + t) : make_uint4(0, 0, 0, 0);
-            a.b[h] = ok ? __ldg((const unsigned short *)(w.bscale + row[h] * (K / WF_NVFP4_GROUP) + c0 / 16) + t) : 0;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                a.c[h][i] = c0 + 64 * i < K ? __ldg((const uint4 *)(w.codes + row[h] * K + c0 + 64 * i) + t)
-                                            : make_uint4(0, 0, 0, 0);
-            if constexpr (F == WF_FP8_B128) a.s[h] = __ldg(w.scale + row[h] * qmma_steps(K) + st);
-        }
-    }
-    return a;
-}
-
-// The A fragment of sub-step m (0..7) from a step's codes
-template <enum wfmt F>
-__device__ __forceinline__ void qmma_frag(uint32_t f[4], const qmma_a<F> &a, int m) {
-    if constexpr (F == WF_NVFP4) {
-        int w = m >> 1;
-        __half2 b0 = e4m3_bcast(a.b[0] >> (8 * (w >> 1))), b1 = e4m3_bcast(a.b[1] >> (8 * (w >> 1)));
-        qmma_a_fp4(f, (&a.c[0].x)[w], (&a.c[1].x)[w], m & 1, b0, b1);
-    } else {
-        qmma_a_fp8(f, (&a.c[0][m >> 2].x)[m & 3], (&a.c[1][m >> 2].x)[m & 3]);
-    }
-}
-
 // y [n, N] = x [n, K] W^T (+ bias), n <= 8 NT: a block a 16-row tile of W,
-// its 8 warps taking steps w, w + 8, ... (the next one's loads in flight
-// while this one computes; the first before pdl_wait, under the previous
-// kernel's tail), each step 8 mma per token tile of the staged x (xs, inv:
-// k_qmma_x), a C per token tile; FP8 blocks sum each step (one 128-column
-// block) into a fresh C, then acc += scale * C. The warps' sums reduce
-// through shared memory in a fixed order (deterministic); the epilogue
-// applies the row scale (FP8; NVFP4's times 2^14), the row of x's 2^-sh and
-// the bias.
+// its 8 warps taking its steps in turn (qmma_run; the first step's codes
+// loaded before pdl_wait, under the previous kernel's tail) over the staged
+// x (k_qmma_x), a C per token tile; the warps' sums reduce through shared
+// memory in a fixed order (deterministic); the epilogue applies the row
+// scale (FP8; NVFP4's times 2^14), the row of x's 2^-sh and the bias.
 template <enum wfmt F, int NT>
 __global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, qweight w,
                                                    const float *bias, int N, int n) {
-    __shared__ float red[8][NT][4][32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, row0 = blockIdx.x * 16;
-    int steps = qmma_steps(w.K);
-    int64_t row[2] = {min(row0 + g, N - 1), min(row0 + g + 8, N - 1)};
-    float acc[NT][4];
+    __shared__ float red[8][1][NT][4][32];
+    int g = (threadIdx.x & 31) >> 2, row0 = blockIdx.x * 16;
+    int64_t row[1][2] = {{min(row0 + g, N - 1), min(row0 + g + 8, N - 1)}};
+    int src[NT];
 #pragma unroll
-    for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = 0;
-    int st = warp;
-    qmma_a<F> cur = {}, nxt = {};
-    if (st < steps) cur = qmma_load<F>(w, row, st, t);
+    for (int i = 0; i < NT; i++) src[i] = 8 * i + g;
+    qmma_a<F> cur[1] = {};
+    if ((int)(threadIdx.x >> 5) < qmma_steps(w.K)) cur[0] = qmma_load<F>(w, row[0], threadIdx.x >> 5, threadIdx.x & 3);
     pdl_wait(); // xs is k_qmma_x's
     pdl_trigger();
-    for (; st < steps; st += 8) {
-        if (st + 8 < steps) nxt = qmma_load<F>(w, row, st + 8, t);
-        uint32_t a[8][4];
-#pragma unroll
-        for (int m = 0; m < 8; m++) qmma_frag<F>(a[m], cur, m);
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            uint4 b[4];
-            qmma_b(b, xs, nt, steps, st, lane);
-            uint32_t br[8][2];
-#pragma unroll
-            for (int m = 0; m < 8; m++) qmma_b_regs(br[m], b, m);
-            if constexpr (F == WF_FP8_B128) {
-                float c[4] = {0, 0, 0, 0};
-#pragma unroll
-                for (int m = 0; m < 8; m++) mma16<__half>::run(c, a[m], br[m]);
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[nt][j] = fmaf(cur.s[j >> 1], c[j], acc[nt][j]);
-            } else {
-#pragma unroll
-                for (int m = 0; m < 8; m++) mma16<__half>::run(acc[nt], a[m], br[m]);
-            }
-        }
-        cur = nxt;
-    }
-#pragma unroll
-    for (int i = 0; i < NT; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) red[warp][i][j][lane] = acc[i][j];
-    __syncthreads();
-    for (int i = threadIdx.x; i < NT * 128; i += 256) { // (tile, C register, lane)
-        int nt = i / 128, j = (i / 32) % 4, l = i % 32;
-        int r = row0 + (l >> 2) + 8 * (j >> 1), tok = 8 * nt + 2 * (l & 3) + (j & 1);
-        if (r >= N || tok >= n) continue;
-        float s = 0;
-        for (int q = 0; q < 8; q++) s += red[q][nt][j][l];
-        float rs = F == WF_FP8_B128 ? 1.0f : q_row_scale<F>(w, r); // FP8 blocks: scaled per step
-        y[(int64_t)tok * N + r] = s * rs * inv[tok] + (bias ? bias[r] : 0.0f);
+    float acc[1][NT][4];
+    qmma_run<F, 1, NT>(w, row, cur, xs, src, acc);
+    qmma_reduce<1, NT>(red, acc);
+    for (int i = threadIdx.x; i < NT * 128; i += 256) {
+        qmma_out o = qmma_at(i);
+        int r = row0 + o.r;
+        if (r >= N || o.col >= n) continue;
+        y[(int64_t)o.col * N + r] = qmma_sum<1, NT>(red, 0, o) * q_row_scale<F>(w, r) * inv[o.col] + (bias ? bias[r] : 0.0f);
     }
 }
 
@@ -335,15 +237,13 @@ template <enum wfmt F>
 static void gemv_qmma(cudaStream_t s, float *y, const float *x, const struct weight *w, int n, void *scratch) {
     qweight q = qweight_of(w);
     int N = (int)w->rows, K = (int)w->cols, nt = qmma_tiles(n);
-    float *inv = (float *)scratch;
-    uint4 *xs = (uint4 *)((char *)scratch + 256);
-    launch_pdl(k_qmma_x<F == WF_NVFP4>, 8 * nt, 256, 0, s, xs, inv, x, n, K);
+    qmma_x sx = qmma_stage<F == WF_NVFP4>(s, scratch, x, n, 8 * nt, K);
     dim3 g(cdiv(N, 16));
     switch (nt) {
-    case 1: launch_pdl(k_gemv_qmma<F, 1>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
-    case 2: launch_pdl(k_gemv_qmma<F, 2>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
-    case 4: launch_pdl(k_gemv_qmma<F, 4>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
-    default: launch_pdl(k_gemv_qmma<F, 8>, g, 256, 0, s, y, xs, inv, q, w->bias, N, n); break;
+    case 1: launch_pdl(k_gemv_qmma<F, 1>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    case 2: launch_pdl(k_gemv_qmma<F, 2>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    case 4: launch_pdl(k_gemv_qmma<F, 4>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    default: launch_pdl(k_gemv_qmma<F, 8>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
     }
 }
 
@@ -360,7 +260,7 @@ int cuda_qgemv_rows(const struct backend *be, const struct weight *w) {
 }
 
 size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int n) {
-    return qmma_fits(be, w) ? qmma_x_bytes(MIN(n, QMMA_MAXB), (int)w->cols) : 0;
+    return qmma_fits(be, w) ? qmma_x_bytes(8 * qmma_tiles(MIN(n, QMMA_MAXB)), (int)w->cols) : 0;
 }
 
 // The chunked kernels' conditions: K a multiple of 16, the codes and x (the
