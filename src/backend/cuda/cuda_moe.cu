@@ -549,9 +549,9 @@ __global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, co
         if (o >= O || q.col >= cnt) continue;
         int64_t asg = rows[q.col];
         float xi = inv[UP ? asg / k : asg], v = qmma_sum<NA, NT>(red, 0, q) * q_row_scale<F>(w, base + o) * xi;
-        if (!UP) out[asg * N + o] = v;
-        else if (NA == 2)
-            out[asg * I + o] = act_dev(kind, v) * (qmma_sum<NA, NT>(red, NA - 1, q) * q_row_scale<F>(w, base + I + o) * xi);
+        if constexpr (!UP) out[asg * N + o] = v;
+        else if constexpr (NA == 2) // gate, up
+            out[asg * I + o] = act_dev(kind, v) * (qmma_sum<NA, NT>(red, 1, q) * q_row_scale<F>(w, base + I + o) * xi);
         else out[asg * I + o] = act_dev(kind, v);
     }
 }

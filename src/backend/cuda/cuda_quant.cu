@@ -229,7 +229,8 @@ __global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, co
         qmma_out o = qmma_at(i);
         int r = row0 + o.r;
         if (r >= N || o.col >= n) continue;
-        y[(int64_t)o.col * N + r] = qmma_sum<1, NT>(red, 0, o) * q_row_scale<F>(w, r) * inv[o.col] + (bias ? bias[r] : 0.0f);
+        float v = qmma_sum<1, NT>(red, 0, o) * q_row_scale<F>(w, r) * inv[o.col];
+        y[(int64_t)o.col * N + r] = v + (bias ? bias[r] : 0.0f);
     }
 }
 
