@@ -23,9 +23,12 @@
 //   (2p + 1, 2p + 5) -> a[2] / a[3], each as half2 of e2m1 * 2^-14 by bit
 //   moves (no conversion), times the block scale in half: exact (see
 //   qmma_e2m1).
-// qmma_col says which physical column each lane's B register half is; the
-// staging kernel (k_qmma_x) writes x in that order, so a lane's B of a step
-// is 4 uint4 and the warp's loads are 512 contiguous bytes each.
+// qmma_col says which physical column each lane's B register half is; x is
+// staged in that order (qmma_stage_row), so a lane's B of a step is 4 uint4
+// and the warp's loads are 512 contiguous bytes each: by a kernel before
+// the GEMV (k_qmma_x, into scratch) or, for 1 or 2 rows of x, by each GEMV
+// block itself into shared memory (no launch, no round trip; each block
+// reads x from L2 once).
 //
 // x is fp32: each row is scaled by a power of two 2^sh (max |x| in [2^13,
 // 2^14): no overflow, the scaling itself exact) and rounded to fp16 once,
@@ -77,37 +80,65 @@ static inline size_t qmma_x_bytes(int rows, int K) {
     return (4 * r8 + 255) / 256 * 256 + r8 / 8 * qmma_steps(K) * 4 * 32 * sizeof(uint4);
 }
 
-// x [n, K] fp32 -> xs: the staged fp16 x (uint4 [rows / 8, steps, 4, 32]:
-// tile nt, step s, load v of lane 4g + t holds row 8 nt + g's halves of
-// sub-steps 2v, 2v + 1 in the order b[0] lo, hi, b[1] lo, hi), rows n.. and
-// columns K.. zero; inv [rows]: each row's 2^-sh. A block a row (grid: rows,
-// a multiple of 8), a uint4 a thread a pass.
-template <bool FP4>
-__global__ void __launch_bounds__(256) k_qmma_x(uint4 *xs, float *inv, const float *x, int n, int K) {
-    __shared__ float red[32];
-    int row = blockIdx.x, steps = qmma_steps(K), nt = row / 8, g = row % 8;
-    pdl_wait(); // x is the previous kernel's output
-    pdl_trigger();
-    const float *xr = x + (int64_t)row * K;
+// The staged fp16 x: row r of a group of R rows (R 8: every row of a tile
+// of B columns, k_qmma_x into scratch; R 1, 2: the rows a GEMV block stages
+// itself into shared memory, qmma_stage_rows) as uint4 [rows / R, steps, 4,
+// R, 4]: group r / R, step s, load v of lane 4 (r % R) + t holds row r's
+// halves of sub-steps 2v, 2v + 1 in the order b[0] lo, hi, b[1] lo, hi
+// (qmma_col); columns K.. zero. Each row scaled by 2^sh (max |x| 2^sh in
+// [2^13, 2^14)), inv[r] = 2^-sh. All of the block's threads stage row r of
+// x (xr; zeros when !live); red: 32 floats of shared memory.
+template <bool FP4, int R>
+__device__ __forceinline__ void qmma_stage_row(uint4 *xs, float *inv, const float *xr, bool live, int K, int r,
+                                               float *red) {
+    int steps = qmma_steps(K);
     float m = 0;
-    if (row < n)
+    if (live)
         for (int i = threadIdx.x; i < K; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
     m = block_reduce<true>(m, red);
     int ex = (int)((__float_as_uint(m) >> 23) & 0xff) - 126;          // m < 2^ex (>= 2^(ex-1) unless subnormal)
     int sh = m > 0 && isfinite(m) ? max(-126, min(126, 14 - ex)) : 0; // max |x| 2^sh in [2^13, 2^14)
     float s = __uint_as_float((uint32_t)(127 + sh) << 23);           // 2^sh, exact
-    if (threadIdx.x == 0) inv[row] = __uint_as_float((uint32_t)(127 - sh) << 23);
+    if (threadIdx.x == 0) inv[r] = __uint_as_float((uint32_t)(127 - sh) << 23);
     for (int i = threadIdx.x; i < steps * 16; i += blockDim.x) { // (step, t, v)
         int st = i / 16, t = (i / 4) % 4, v = i % 4;
         __half h[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) { // half j of the uint4: sub-step 2v + j / 4, register (j / 2) % 2, half j % 2
             int c = st * QMMA_STEP + qmma_col(FP4, t, 2 * v + j / 4, (j / 2) % 2, j % 2);
-            h[j] = __float2half_rn(row < n && c < K ? xr[c] * s : 0.0f);
+            h[j] = __float2half_rn(live && c < K ? xr[c] * s : 0.0f);
         }
-        xs[((int64_t)(nt * steps + st) * 4 + v) * 32 + 4 * g + t] = *(const uint4 *)h;
+        xs[((int64_t)((r / R) * steps + st) * 4 + v) * 4 * R + 4 * (r % R) + t] = *(const uint4 *)h;
     }
 }
+
+// x [n, K] fp32 staged (R 8) into xs, inv: a block a row (grid: the staged
+// rows, a multiple of 8; rows n.. zero).
+template <bool FP4>
+__global__ void __launch_bounds__(256) k_qmma_x(uint4 *xs, float *inv, const float *x, int n, int K) {
+    __shared__ float red[32];
+    pdl_wait(); // x is the previous kernel's output
+    pdl_trigger();
+    int r = blockIdx.x;
+    qmma_stage_row<FP4, 8>(xs, inv, x + (int64_t)r * K, r < n, K, r, red);
+}
+
+// A block's own staging (R 1, 2) of rows src(0..R-1) of x [*, K] into
+// shared memory (xs: R * qmma_steps(K) * 256 bytes, inv [R]); rows past
+// cnt zero. src(r): the row of x.
+template <bool FP4, int R, typename S>
+__device__ __forceinline__ void qmma_stage_rows(uint4 *xs, float *inv, const float *x, int K, int cnt, S src) {
+    __shared__ float red[32];
+#pragma unroll
+    for (int r = 0; r < R; r++) qmma_stage_row<FP4, R>(xs, inv, x + (int64_t)src(r < cnt ? r : 0) * K, r < cnt, K, r, red);
+    __syncthreads();
+}
+// ... the shared memory it takes (bytes) and whether a block may
+static inline size_t qmma_smem(int R, int K) { return (size_t)R * qmma_steps(K) * 256; }
+#ifndef QMMA_BLOCK_MAXB
+#define QMMA_BLOCK_MAXB 2 // rows of x a GEMV block stages itself (above: k_qmma_x, a kernel before it)
+#endif
+static inline bool qmma_in_block(int n, int K) { return n <= QMMA_BLOCK_MAXB && qmma_smem(n, K) <= 48 * 1024; }
 
 // Two e4m3 codes (bits 0..15, the first low) as half2 (e4m3x2_h2), as a register
 __device__ __forceinline__ uint32_t qmma_e4m3x2(uint32_t c) {
@@ -158,12 +189,13 @@ static inline qmma_x qmma_stage(cudaStream_t s, void *scratch, const float *x, i
     return q;
 }
 
-// A lane's B of one step (the staged x): 4 uint4 loads of staged row src's
-// (the B column of lane t's group), as lane 4 (src % 8) + t holds them
+// A lane's B of one step (the staged x, groups of R rows): 4 uint4 loads of
+// staged row src's (the B column of lane t's group), as qmma_stage_row put them
+template <int R>
 __device__ __forceinline__ void qmma_b(uint4 b[4], const uint4 *xs, int src, int steps, int step, int t) {
-    const uint4 *p = xs + ((int64_t)((src >> 3) * steps + step) * 4) * 32 + 4 * (src & 7) + t;
+    const uint4 *p = xs + ((int64_t)((src / R) * steps + step) * 4) * 4 * R + 4 * (src % R) + t;
 #pragma unroll
-    for (int v = 0; v < 4; v++) b[v] = p[32 * v];
+    for (int v = 0; v < 4; v++) b[v] = p[4 * R * v];
 }
 // ... and sub-step m's two registers of it
 __device__ __forceinline__ void qmma_b_regs(uint32_t r[2], const uint4 b[4], int m) {
@@ -221,8 +253,9 @@ __device__ __forceinline__ void qmma_frag(uint32_t f[4], const qmma_a<F> &a, int
 // after its PDL wait) times NT B tiles (src[nt]: the staged row of x lane
 // group g's B column reads), into acc [NA][NT] C fragments. The next step's
 // codes are loaded while this one computes; FP8 blocks sum each step (one
-// 128-column block) into a fresh C, then acc += scale * C.
-template <enum wfmt F, int NA, int NT>
+// 128-column block) into a fresh C, then acc += scale * C. R: the staged
+// x's rows a group (qmma_stage_row).
+template <enum wfmt F, int NA, int NT, int R>
 __device__ __forceinline__ void qmma_run(const qweight &w, const int64_t (&row)[NA][2], qmma_a<F> (&cur)[NA],
                                          const uint4 *xs, const int (&src)[NT], float (&acc)[NA][NT][4]) {
     int t = threadIdx.x & 3, steps = qmma_steps(w.K);
@@ -245,7 +278,7 @@ __device__ __forceinline__ void qmma_run(const qweight &w, const int64_t (&row)[
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint4 b[4];
-                qmma_b(b, xs, src[nt], steps, st, t);
+                qmma_b<R>(b, xs, src[nt], steps, st, t);
                 uint32_t br[8][2];
 #pragma unroll
                 for (int m = 0; m < 8; m++) qmma_b_regs(br[m], b, m);

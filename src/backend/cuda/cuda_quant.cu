@@ -206,24 +206,32 @@ __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qw
 // y [n, N] = x [n, K] W^T (+ bias), n <= 8 NT: a block a 16-row tile of W,
 // its 8 warps taking its steps in turn (qmma_run; the first step's codes
 // loaded before pdl_wait, under the previous kernel's tail) over the staged
-// x (k_qmma_x), a C per token tile; the warps' sums reduce through shared
-// memory in a fixed order (deterministic); the epilogue applies the row
-// scale (FP8; NVFP4's times 2^14), the row of x's 2^-sh and the bias.
-template <enum wfmt F, int NT>
-__global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, qweight w,
-                                                   const float *bias, int N, int n) {
-    __shared__ float red[8][1][NT][4][32];
+// x: R 8, k_qmma_x's (xs, inv); R = n (1, 2: qmma_in_block), staged by the
+// block itself into shared memory (dynamic: qmma_smem) from x [n, K]. A C
+// per token tile; the warps' sums reduce through shared memory in a fixed
+// order (deterministic); the epilogue applies the row scale (FP8; NVFP4's
+// times 2^14), the row of x's 2^-sh and the bias.
+template <enum wfmt F, int NT, int R>
+__global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, const float *x,
+                                                   qweight w, const float *bias, int N, int n) {
+    extern __shared__ uint4 xsm[];
+    __shared__ float red[8][1][NT][4][32], invs[R];
+    static_assert(R == 8 || NT == 1, "a block stages one tile at most");
     int g = (threadIdx.x & 31) >> 2, row0 = blockIdx.x * 16;
     int64_t row[1][2] = {{min(row0 + g, N - 1), min(row0 + g + 8, N - 1)}};
     int src[NT];
 #pragma unroll
-    for (int i = 0; i < NT; i++) src[i] = 8 * i + g;
+    for (int i = 0; i < NT; i++) src[i] = R == 8 ? 8 * i + g : min(g, n - 1); // past n: not written
     qmma_a<F> cur[1] = {};
     if ((int)(threadIdx.x >> 5) < qmma_steps(w.K)) cur[0] = qmma_load<F>(w, row[0], threadIdx.x >> 5, threadIdx.x & 3);
-    pdl_wait(); // xs is k_qmma_x's
+    pdl_wait(); // x, xs: the previous kernel's
     pdl_trigger();
+    if constexpr (R < 8) {
+        qmma_stage_rows<F == WF_NVFP4, R>(xsm, invs, x, w.K, n, [](int r) { return r; });
+        xs = xsm, inv = invs;
+    }
     float acc[1][NT][4];
-    qmma_run<F, 1, NT>(w, row, cur, xs, src, acc);
+    qmma_run<F, 1, NT, R>(w, row, cur, xs, src, acc);
     qmma_reduce<1, NT>(red, acc);
     for (int i = threadIdx.x; i < NT * 128; i += 256) {
         qmma_out o = qmma_at(i);
@@ -238,13 +246,19 @@ template <enum wfmt F>
 static void gemv_qmma(cudaStream_t s, float *y, const float *x, const struct weight *w, int n, void *scratch) {
     qweight q = qweight_of(w);
     int N = (int)w->rows, K = (int)w->cols, nt = qmma_tiles(n);
-    qmma_x sx = qmma_stage<F == WF_NVFP4>(s, scratch, x, n, 8 * nt, K);
     dim3 g(cdiv(N, 16));
+    if (qmma_in_block(n, K)) { // n 1, 2: no staging kernel
+        size_t sm = qmma_smem(n, K);
+        if (n == 1) launch_pdl(k_gemv_qmma<F, 1, 1>, g, 256, sm, s, y, (const uint4 *)0, (const float *)0, x, q, w->bias, N, n);
+        else launch_pdl(k_gemv_qmma<F, 1, 2>, g, 256, sm, s, y, (const uint4 *)0, (const float *)0, x, q, w->bias, N, n);
+        return;
+    }
+    qmma_x sx = qmma_stage<F == WF_NVFP4>(s, scratch, x, n, 8 * nt, K);
     switch (nt) {
-    case 1: launch_pdl(k_gemv_qmma<F, 1>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
-    case 2: launch_pdl(k_gemv_qmma<F, 2>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
-    case 4: launch_pdl(k_gemv_qmma<F, 4>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
-    default: launch_pdl(k_gemv_qmma<F, 8>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    case 1: launch_pdl(k_gemv_qmma<F, 1, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    case 2: launch_pdl(k_gemv_qmma<F, 2, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    case 4: launch_pdl(k_gemv_qmma<F, 4, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    default: launch_pdl(k_gemv_qmma<F, 8, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
     }
 }
 
