@@ -185,8 +185,8 @@ static void test_exact(enum wfmt f, int64_t K) {
     weight_upload_scales(gpu, &wg, 0, N, sc, bs);
     struct op_query q = {.op = OP_MATMUL, .max_tokens = 80, .max_seq_len = 1, .w = &wg};
     CHECK(gpu->ops->supports(gpu, &q) == 0);
-    const int ns[] = {16, 40, 80}; // bf16 mode up to 64: the tensor-core GEMV; else the GEMM
-    for (int i = 0; i < 3; i++) {
+    const int ns[] = {1, 16, 40, 80}; // bf16 mode up to 64: the tensor-core GEMV (1: x staged in-block); else the GEMM
+    for (int i = 0; i < 4; i++) {
         int n = ns[i];
         float *x = xcalloc((size_t)(n * K), sizeof(float)), *y = xmalloc(sizeof(float) * (size_t)(n * N));
         int64_t col[80];
