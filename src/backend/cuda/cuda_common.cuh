@@ -146,6 +146,12 @@ __device__ __forceinline__ __nv_fp8_e4m3 fp8_code(float x, float scale) {
 __device__ __forceinline__ __half2 e4m3x2_h2(uint32_t c) {
     return __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3));
 }
+__device__ __forceinline__ uint32_t e4m3x2_bits(uint32_t c) { // the half2's bits (an mma fragment's register)
+    __half2 h = e4m3x2_h2(c);
+    uint32_t r;
+    memcpy(&r, &h, sizeof r);
+    return r;
+}
 __device__ __forceinline__ float2 fp8x2_f2(__nv_fp8x2_storage_t p) { return __half22float2(e4m3x2_h2(p)); }
 __device__ __forceinline__ float e4m3_f(uint32_t b) { return __low2float(e4m3x2_h2(b & 0xffu)); }
 __device__ __forceinline__ float fp8_f(__nv_fp8_e4m3 c) { return e4m3_f(c.__x); }

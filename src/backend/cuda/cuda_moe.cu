@@ -268,10 +268,10 @@ __device__ __forceinline__ void e2m1x8(uint32_t q, __half2 bs, float f[8]) {
     uint32_t pr[2] = {__byte_perm(lo, hi, 0x5140), __byte_perm(lo, hi, 0x7362)}; // codes (0 4 1 5), (2 6 3 7)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pr[j >> 1] >> (16 * (j & 1))), __NV_E4M3);
-        uint32_t b = ((uint32_t)r.y << 16 | r.x) ^ ((q << (12 - 4 * j)) & 0x80008000u);
-        r.x = (unsigned short)(b & 0xffffu), r.y = (unsigned short)(b >> 16);
-        float2 v = __half22float2(__hmul2(__half2(r), bs));
+        uint32_t b = e4m3x2_bits(pr[j >> 1] >> (16 * (j & 1))) ^ ((q << (12 - 4 * j)) & 0x80008000u);
+        __half2 h;
+        memcpy(&h, &b, sizeof h);
+        float2 v = __half22float2(__hmul2(h, bs));
         f[j] = v.x, f[j + 4] = v.y;
     }
 }

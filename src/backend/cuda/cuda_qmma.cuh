@@ -140,14 +140,6 @@ static inline size_t qmma_smem(int R, int K) { return (size_t)R * qmma_steps(K) 
 #endif
 static inline bool qmma_in_block(int n, int K) { return n <= QMMA_BLOCK_MAXB && qmma_smem(n, K) <= 48 * 1024; }
 
-// Two e4m3 codes (bits 0..15, the first low) as half2 (e4m3x2_h2), as a register
-__device__ __forceinline__ uint32_t qmma_e4m3x2(uint32_t c) {
-    __half2 h = e4m3x2_h2(c);
-    uint32_t r;
-    memcpy(&r, &h, sizeof r);
-    return r;
-}
-
 // e2m1 codes j and j + 4 of word u (code i at bits 4i) as half2 of e2m1 *
 // 2^-14 (sign to bit 15, exponent and mantissa to bits 9..11: e2m1's
 // exponent becomes fp16's, its 0.5 the subnormal 2^-15), times bs (the
@@ -168,7 +160,7 @@ __device__ __forceinline__ uint32_t qmma_e2m1(uint32_t u, int j, __half2 bs) {
 
 // A fragment of sub-step m for FP8 from the two rows' words (rows g, g + 8).
 __device__ __forceinline__ void qmma_a_fp8(uint32_t a[4], uint32_t w0, uint32_t w1) {
-    a[0] = qmma_e4m3x2(w0), a[1] = qmma_e4m3x2(w1), a[2] = qmma_e4m3x2(w0 >> 16), a[3] = qmma_e4m3x2(w1 >> 16);
+    a[0] = e4m3x2_bits(w0), a[1] = e4m3x2_bits(w1), a[2] = e4m3x2_bits(w0 >> 16), a[3] = e4m3x2_bits(w1 >> 16);
 }
 // ... and for NVFP4 (p: the sub-step's half of the word; bs0, bs1: the rows' block scales)
 __device__ __forceinline__ void qmma_a_fp4(uint32_t a[4], uint32_t w0, uint32_t w1, int p, __half2 bs0, __half2 bs1) {
