@@ -12,8 +12,10 @@
 //        a scale per row, half the bytes; fp8_block: e4m3 + a scale per row and 128 columns; nvfp4: e2m1 +
 //        an e4m3 scale per 16 columns + a scale per row, 0.28 of the bytes) |
 //        quant: the dense linears (Mamba in / out_proj, the shared expert) in bf16, FP8, FP8 blocks and NVFP4
-//        (up to 4 rows: the GEMVs; above: FP8 as W8A8 on cuBLASLt's FP8 GEMM, the others dequantized to
-//        bf16, then the GEMM), then above 4 rows FP8 again dequantized (VLLM_FP8_W8A8=0); TFLOP/s too |
+//        (up to 64 rows: the tensor-core GEMV; above: FP8 as W8A8 on cuBLASLt's FP8 GEMM, the others
+//        dequantized to bf16, then the GEMM), then up to 64 rows the quantized formats again without it
+//        (VLLM_QMMA=0: the fp32 GEMV up to 4 rows, W8A8 or dequantized above), above 64 FP8 again dequantized
+//        (VLLM_FP8_W8A8=0); TFLOP/s too. Every mode is bf16 (--dtype bfloat16) |
 //        gemv: the 16-bit decode GEMV's kernels (VLLM_GEMV16=0..5) side by side at NemotronH-Nano's and
 //        Qwen3-8B's dense shapes, the gate | up one GATED (matmul_act_mul), and a 151,936-row lm_head]
 // e.g. cuda_ops 8192 4 quant (prefill at --max-num-batched-tokens 8192), cuda_ops 1 64 quant (decode)
@@ -288,8 +290,9 @@ static void bench_small(int n, int calls) {
 }
 
 // The dense linears in each weight format (the model's --dtype bf16: what
-// quantized prefill dequantizes to); above 4 rows FP8 (W8A8 by default) also
-// dequantized, on a backend made again with VLLM_FP8_W8A8=0.
+// quantized prefill dequantizes to); then, on a backend made again, up to 64
+// rows the quantized formats without the tensor-core GEMV (VLLM_QMMA=0), above
+// FP8 (W8A8 by default) dequantized (VLLM_FP8_W8A8=0).
 static void bench_quant(int n, int calls) {
     static const struct {
         const char *name;
@@ -304,15 +307,16 @@ static void bench_quant(int n, int calls) {
             snprintf(what, sizeof what, "%s %s", sh[s].name, wfmt_name(fmts[f]));
             bench_matmul(what, fmts[f], sh[s].rows, sh[s].cols, n, calls);
         }
-    if (n <= 4) return; // the GEMV's rows (CUDA_QGEMV_MAXB)
-    backend_free(be); // FP8 above the GEMV's rows again, dequantized instead of W8A8
-    setenv("VLLM_FP8_W8A8", "0", 1);
+    backend_free(be); // again without the tensor-core GEMV (up to 64 rows), or FP8 dequantized, not W8A8 (above)
+    setenv(n <= 64 ? "VLLM_QMMA" : "VLLM_FP8_W8A8", "0", 1);
     if (backend_cuda_create(DT_BF16, &be)) die("cuda: %s", vllm_last_error());
     be->weight_dtype = WF_BF16;
-    for (int s = 0; s < 4; s++) {
-        snprintf(what, sizeof what, "%s fp8 dequantized", sh[s].name);
-        bench_matmul(what, WF_FP8, sh[s].rows, sh[s].cols, n, calls);
-    }
+    for (int s = 0; s < 4; s++)
+        for (int f = 1; f < 4; f++) {
+            if (n > 64 && fmts[f] != WF_FP8) break;
+            snprintf(what, sizeof what, "%s %s %s", sh[s].name, wfmt_name(fmts[f]), n <= 64 ? "no mma" : "dequantized");
+            bench_matmul(what, fmts[f], sh[s].rows, sh[s].cols, n, calls);
+        }
 }
 
 int main(int argc, char **argv) {
@@ -323,6 +327,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     double fl;
+    be->weight_dtype = WF_BF16; // the model's --dtype bfloat16
     be->ops->peaks(be, &bw_peak, &fl);
     printf("cuda_ops: %d rows, %d calls per graph; copy %.0f GB/s\n", n, calls, bw_peak / 1e9);
     if (argc > 3 && !strcmp(argv[3], "gemv")) {

@@ -4,7 +4,8 @@
 // WF_FP8 (e4m3, a scale per row), WF_FP8_B128 (e4m3, 128x128 block scales)
 // and WF_NVFP4 (e2m1, an e4m3 scale per 16 columns, a scale per row), at
 // nano30b (relu2, 128 experts x 1856, hidden 2688, top 6) and qwen3-30b
-// (SwiGLU, 128 x 768, hidden 2048, top 8) shapes; and the refusals at load,
+// (SwiGLU, 128 x 768, hidden 2048, top 8) shapes, in the fp32 mode and, up
+// to 32 tokens (the tensor-core GEMV), the bf16 mode; and the refusals at load,
 // each naming what it refuses. `test_cuda_moe_quant [fp8|fp8_block|nvfp4]...`:
 // those formats only (the device scripts' mutation steps). Exits 77 (skip)
 // without a GPU.
@@ -123,6 +124,25 @@ static void test_experts_quant(enum wfmt f, const char *fname, const struct moe_
                  i >= NR + 2 ? " + add" : i >= NR ? " shared" : "");
         cmp(name, po, (size_t)ns[i] * L, ns[i] <= 32 ? 1e-4 : 2e-2);
     }
+    // the 16-bit mode (--dtype bfloat16): up to 32 tokens the GEMV on tensor
+    // cores (cuda_qmma.cuh: x and h rounded to fp16 after a power-of-two
+    // scaling per row, products exact, fp32 sums: |err| <= (2^-11 + K 2^-24)
+    // sum |w x| per product, ~1e-4 of the largest output expected with
+    // random data; held to 2e-3 against the bf16 mode's 2e-2), 1 to 32 tokens,
+    // shared routing (passes of one expert's 32 assignments), + add
+    gpu->weight_dtype = WF_BF16;
+    const int qn[] = {1, 2, 3, 5, 8, 9, 16, 32, 32, 7};
+    for (int i = 0; i < 10; i++) {
+        char name[96];
+        struct pair pi = i == 8 ? psame : pids;
+        const float *ac = i == 9 ? px.c : NULL, *ag = i == 9 ? px.g : NULL;
+        cpu->ops->moe_experts(cpu, po.c, px.c, qn[i] == 1 ? &mc : &mf, pi.c, pw.c, qn[i], k, ac);
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, qn[i], k, ag);
+        snprintf(name, sizeof name, "moe_experts %s %s n=%d%s bf16 mode", m->name, fname, qn[i],
+                 i == 9 ? " + add" : i == 8 ? " shared" : "");
+        cmp(name, po, (size_t)qn[i] * L, 2e-3);
+    }
+    gpu->weight_dtype = WF_F32;
     pfree(psame), pfree(px), pfree(po);
     free(same), free(x), free(mf.up.data), free(mf.down.data);
     weight_free(cpu, &mc.up), weight_free(cpu, &mc.down);

@@ -5,15 +5,20 @@
 // then sgemm in fp32):
 // - matmul at Nemotron-3-Nano shapes (hidden 2688 <-> Mamba in_proj 10304,
 //   shared expert 3712, out_proj 4096; K 1856, a routed expert's, is not a
-//   multiple of 128; K 1000 takes the any-shape kernels), rows 1, 3, 8, 16
-//   (the GEMV), 17, 40, 300, 2048 (dequantized, then the GEMM), bias off and
+//   multiple of 128; K 1000 takes the any-shape kernels), rows 1, 3 (the
+//   GEMV), 8, 16, 17, 40, 300, 2048 (dequantized, then the GEMM; in bf16
+//   mode up to 64 rows the tensor-core GEMV), bias off and
 //   on; fp32 mode (be->weight_dtype WF_F32: what the exactness gates run)
 //   within 1e-5 relative to the largest |y|, bf16 mode within 2e-2;
 // - matmul_act_mul (SwiGLU and relu2) the same way;
 // - exactness: a weight holding every code (and NVFP4 block scale) times
 //   one-hot rows of x gives each value of wfmt_dequant, bit for bit (fp32
-//   mode; bf16 mode: that value rounded to bf16), in the GEMV and the GEMM;
-// - W8A8 (the default; VLLM_FP8_W8A8=0 off) for WF_FP8 above 4 rows in bf16 mode (test_w8a8);
+//   mode and the bf16 mode's tensor-core GEMV; the bf16 GEMM: that value
+//   rounded to bf16), in the GEMV and the GEMM;
+// - the tensor-core GEMV of the bf16 mode (src/backend/cuda/cuda_qmma.cuh:
+//   up to 64 rows, K % 64 == 0) at the real shapes and 1, 2, 3, 5, 8, 9,
+//   16, 33, 64 rows, odd N, and K % 64 != 0 (the old paths) (test_qmma);
+// - W8A8 (the default; VLLM_FP8_W8A8=0 off) for WF_FP8 above 64 rows in bf16 mode (test_w8a8);
 // - refusals: an NVFP4 weight of 1000 columns (not a multiple of 16), the
 //   embedding of a quantized table, each naming it.
 // Exits 77 (skip) without a GPU.
@@ -88,8 +93,8 @@ static void compare_mode(const char *what, enum wfmt f, int64_t N, int64_t K, in
 static const int row_counts[] = {1, 3, 8, 16, 17, 40, 300, 2048};
 #define NROWS ((int)(sizeof row_counts / sizeof row_counts[0]))
 
-// matmul of one format and shape over every row count; bias on at every
-// other row count. bf16 mode only above the GEMV (it is the same below).
+// matmul of one format and shape over every row count, in both modes; bias
+// on at every other row count.
 static void test_matmul(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
     struct weight wc, wg;
     make_pair(f, N, K, seed, 2048, &wc, &wg);
@@ -103,7 +108,6 @@ static void test_matmul(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
             for (int64_t r = 0; r < N; r++) yc[t * N + r] += bias[r]; // the reference op's bias, once
         wg.bias = with_bias ? bias_d : NULL;
         for (int mode = 0; mode < 2; mode++) {
-            if (mode && n <= 16) break;
             gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
             gpu->ops->matmul(gpu, yd, xd, &wg, n);
             compare_mode(with_bias ? "matmul+bias" : "matmul", f, N, K, n, yc, yd, N);
@@ -142,7 +146,6 @@ static void test_act_mul(enum wfmt f, int64_t I, int64_t K, enum act kind) {
         float *gud = gpu->ops->alloc(gpu, sizeof(float) * n * 2 * I);
         cpu->ops->matmul_act_mul(cpu, kind, oc, x, &wc, n, guc);
         for (int mode = 0; mode < 2; mode++) {
-            if (mode && n <= 16) break;
             gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
             gpu->ops->matmul_act_mul(gpu, kind, od, xd, &wg, n, gud);
             compare_mode(kind == ACT_SILU ? "act_mul silu" : "act_mul relu2", f, 2 * I, K, n, oc, od, I);
@@ -180,25 +183,25 @@ static void test_exact(enum wfmt f, int64_t K) {
     CHECK(gpu->ops->weight_alloc(gpu, &wg, f, N, K) == 0);
     CHECK(gpu->ops->weight_upload_raw(gpu, &wg, 0, N, codes, f, K) == 0);
     weight_upload_scales(gpu, &wg, 0, N, sc, bs);
-    struct op_query q = {.op = OP_MATMUL, .max_tokens = 40, .max_seq_len = 1, .w = &wg};
+    struct op_query q = {.op = OP_MATMUL, .max_tokens = 80, .max_seq_len = 1, .w = &wg};
     CHECK(gpu->ops->supports(gpu, &q) == 0);
-    const int ns[] = {16, 40}; // the GEMV, the GEMM
-    for (int i = 0; i < 2; i++) {
+    const int ns[] = {1, 16, 40, 80}; // bf16 mode up to 64: the tensor-core GEMV (1: x staged in-block); else the GEMM
+    for (int i = 0; i < 4; i++) {
         int n = ns[i];
         float *x = xcalloc((size_t)(n * K), sizeof(float)), *y = xmalloc(sizeof(float) * (size_t)(n * N));
-        int64_t col[40];
+        int64_t col[80];
         for (int b = 0; b < n; b++) col[b] = (b * 131 + 3) % K, x[b * K + col[b]] = 1;
         float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *yd = gpu->ops->alloc(gpu, sizeof(float) * n * N);
         for (int mode = 0; mode < 2; mode++) {
-            if (mode && n <= 16) break;
             gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
+            int qmma = mode && K % 64 == 0 && n <= 64; // exact too: x 2^sh in fp16, the sums scaled back
             gpu->ops->matmul(gpu, yd, xd, &wg, n);
             gpu->ops->download(gpu, y, yd, sizeof(float) * (size_t)(n * N));
             int64_t wrong = 0, first = -1;
             for (int b = 0; b < n; b++)
                 for (int64_t r = 0; r < N; r++) {
                     float v = wfmt_dequant(f, codes, sc, bs, K, r, col[b]);
-                    if (mode) v = bf16_to_f32(f32_to_bf16(v));
+                    if (mode && !qmma) v = bf16_to_f32(f32_to_bf16(v));
                     if (y[b * N + r] != v && first < 0) first = b * N + r;
                     wrong += y[b * N + r] != v;
                 }
@@ -216,7 +219,44 @@ static void test_exact(enum wfmt f, int64_t K) {
     free(codes), free(bs), free(sc);
 }
 
-// W8A8 (the default in bf16 mode): WF_FP8 above 4 rows on FP8 tensor cores, x
+// The bf16 mode's tensor-core GEMV (cuda_qmma.cuh) against the reference:
+// x is rounded to fp16 after a power-of-two scaling per row (exact), so each
+// x value is off by at most 2^-11 of itself, products are exact and the sums
+// fp32: |y - y_ref| <= (2^-11 + K 2^-24) sum_k |w_k x_k|. With these random
+// weights and x (signs random) the error is ~2^-11 / sqrt(3) of the root of
+// sum_k w_k^2 x_k^2, about 1e-4 of the largest |y| at K 2688; the bound
+// checked is QMMA_TOL, 10x the bf16 GEMM's 2e-3 measured error below the 2e-2
+// allowed the bf16 mode. Rows 1..64 (a pass of up to 8 tiles of 8), bias on
+// at every other row count; K % 64 != 0 runs the old paths (the fp32 GEMV up
+// to 4 rows, else dequantized to bf16: 2e-2).
+#define QMMA_TOL 2e-3
+static void test_qmma(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
+    static const int ns[] = {1, 2, 3, 5, 8, 9, 16, 33, 64};
+    struct weight wc, wg;
+    gpu->weight_dtype = WF_BF16;
+    make_pair(f, N, K, seed, 64, &wc, &wg);
+    float *bias = test_rnd((size_t)N, 0.5f), *bias_d = dev_copy(bias, sizeof(float) * N);
+    for (int i = 0; i < (int)(sizeof ns / sizeof ns[0]); i++) {
+        int n = ns[i], with_bias = i % 2, qmma = K % 64 == 0;
+        float *x = test_rnd((size_t)(n * K), 1), *yc = xmalloc(sizeof(float) * (size_t)(n * N));
+        float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *yd = gpu->ops->alloc(gpu, sizeof(float) * n * N);
+        cpu->ops->matmul(cpu, yc, x, &wc, n);
+        for (int t = 0; with_bias && t < n; t++)
+            for (int64_t r = 0; r < N; r++) yc[t * N + r] += bias[r];
+        wg.bias = with_bias ? bias_d : NULL;
+        gpu->ops->matmul(gpu, yd, xd, &wg, n);
+        free(compare(gpu, with_bias ? "qmma+bias" : "qmma", f, N, K, n, qmma ? "bf16 mma" : "bf16 old",
+                     qmma ? QMMA_TOL : n <= 4 ? 1e-5 : 2e-2, yc, yd, N));
+        gpu->ops->free(gpu, xd), gpu->ops->free(gpu, yd);
+        free(x), free(yc);
+    }
+    wg.bias = bias_d;
+    wfree(cpu, &wc), wfree(gpu, &wg);
+    free(bias);
+    gpu->weight_dtype = WF_F32;
+}
+
+// W8A8 (the default in bf16 mode): WF_FP8 above 64 rows on FP8 tensor cores, x
 // quantized per token. Bound 5e-2 of the largest |y| (emulated on the host
 // with these weights and x: 2.5e-2 at K 1856..4096; the dequantized bf16
 // GEMM: 2.5e-3). Its result must differ from the dequantized path's: equal,
@@ -226,7 +266,7 @@ static void test_w8a8(void) {
     CHECK(backend_create("cuda", 0, DT_F32, &g8) == 0); // W8A8: the default
     g8->weight_dtype = gpu->weight_dtype = WF_BF16;
     const int64_t shapes[][2] = {{10304, 2688}, {2688, 4096}, {2688, 1856}};
-    const int ns[] = {5, 16, 300, 2048};
+    const int ns[] = {65, 128, 300, 2048}; // up to 64: the tensor-core GEMV (test_qmma)
     for (int s = 0; s < 3; s++) {
         int64_t N = shapes[s][0], K = shapes[s][1];
         struct weight wc, wg, w8;
@@ -284,6 +324,15 @@ int main(void) {
         for (int s = 0; s < 6; s++) {
             if (fmts[i] == WF_NVFP4 && shapes[s][1] % WF_NVFP4_GROUP) continue; // refused (test_refusals)
             test_matmul(fmts[i], shapes[s][0], shapes[s][1], 11 + 10 * i + s);
+        }
+    // the tensor-core GEMV: nano30b's in_proj, out_proj, shared up, experts' up and down, h8b-like 4096-wide
+    // rows, odd N; K % 64 != 0 (old paths)
+    const int64_t qshapes[][2] = {{10304, 2688}, {2688, 4096}, {3712, 2688}, {4096, 4096}, {1856, 2688},
+                                  {2688, 1856}, {1001, 2688}, {515, 1000}, {515, 1008}};
+    for (int i = 0; i < 3; i++)
+        for (int s = 0; s < 9; s++) {
+            if (qshapes[s][1] % (fmts[i] == WF_NVFP4 ? WF_NVFP4_GROUP : 1)) continue; // refused
+            test_qmma(fmts[i], qshapes[s][0], qshapes[s][1], 500 + 10 * i + s);
         }
     for (int i = 0; i < 3; i++) {
         test_act_mul(fmts[i], 1856, 2688, ACT_RELU2);

@@ -729,16 +729,18 @@ static bool gemv_fits(const float *x, const struct weight *w, int n) {
 }
 
 // The scratch a matmul of up to T rows takes: x rounded to 16 bits, after
-// the dequantized weight when quantized weights run through the GEMM.
+// the dequantized weight when quantized weights run through the GEMM; at
+// least the quantized GEMV's (its staged x).
 static size_t matmul_scratch(const struct backend *be, const struct weight *w, int64_t T) {
-    bool dq = wfmt_quantized(w->fmt) && T > CUDA_QGEMV_MAXB;
-    return (dq ? cuda_dequant_bytes(be, w) : 0) + (size_t)(T * w->cols * 2);
+    bool q = wfmt_quantized(w->fmt), dq = q && T > cuda_qgemv_rows(be, w);
+    size_t gemm = (dq ? cuda_dequant_bytes(be, w) : 0) + (size_t)(T * w->cols * 2);
+    return q ? MAX(gemm, cuda_qgemv_scratch(be, w, (int)MIN(T, 1 << 20))) : gemm;
 }
 
 static void cu_matmul(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     if (n <= 0) return;
     int N = (int)w->rows, K = (int)w->cols;
-    bool quant = wfmt_quantized(w->fmt), gemv = quant ? n <= CUDA_QGEMV_MAXB : gemv_fits(x, w, n);
+    bool quant = wfmt_quantized(w->fmt), gemv = quant ? n <= cuda_qgemv_rows(be, w) : gemv_fits(x, w, n);
     cudaStream_t s = cu(be)->stream;
     if (quant && gemv) cuda_gemv_quant(be, y, x, w, n);
     else if (quant) { // more rows: W8A8 (WF_FP8 in 16-bit mode), else dequantized, then the dense GEMM
@@ -1190,6 +1192,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     const char *w8a8 = getenv("VLLM_FP8_W8A8");
     c->w8a8 = !(w8a8 && !strcmp(w8a8, "0"));
     c->gemv16 = gemv16;
+    const char *qmma = getenv("VLLM_QMMA");
+    c->qmma = !(qmma && !strcmp(qmma, "0"));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

@@ -48,6 +48,7 @@ struct cuda_impl {
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
     int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16, default 0)
+    int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
     unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };
 
@@ -140,12 +141,23 @@ __device__ __forceinline__ __nv_fp8_e4m3 fp8_code(float x, float scale) {
     c.__x = __nv_cvt_float_to_fp8(x / scale, __NV_SATFINITE, __NV_E4M3);
     return c;
 }
-__device__ __forceinline__ float fp8_f(__nv_fp8_e4m3 c) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(c.__x, __NV_E4M3)));
+// Every e4m3 code widens through e4m3x2_h2 (and only it): two codes (bits
+// 0..15, the first low) as half2, one conversion, exact; then to float
+// exactly where fp32 is wanted.
+__device__ __forceinline__ __half2 e4m3x2_h2(uint32_t c) {
+    return __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3));
 }
-__device__ __forceinline__ float2 fp8x2_f2(__nv_fp8x2_storage_t p) {
-    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p, __NV_E4M3)));
+__device__ __forceinline__ uint32_t e4m3x2_bits(uint32_t c) { // the half2's bits (an mma fragment's register)
+    __half2 h = e4m3x2_h2(c);
+    uint32_t r;
+    memcpy(&r, &h, sizeof r);
+    return r;
 }
+__device__ __forceinline__ float2 fp8x2_f2(__nv_fp8x2_storage_t p) { return __half22float2(e4m3x2_h2(p)); }
+__device__ __forceinline__ float e4m3_f(uint32_t b) { return __low2float(e4m3x2_h2(b & 0xffu)); }
+__device__ __forceinline__ float fp8_f(__nv_fp8_e4m3 c) { return e4m3_f(c.__x); }
+// The e4m3 byte b (a block scale) as half in both halves
+__device__ __forceinline__ __half2 e4m3_bcast(uint32_t b) { return e4m3x2_h2((b & 0xffu) * 0x101u); }
 // Calls f with a null pointer of the KV cache's element type: float, bf16
 // or e4m3 codes (DT_F16 is refused when the backend is created), so that
 // each launcher names its kernels once.
@@ -331,7 +343,9 @@ int cuda_flash_mla_shape(const struct mla_dims *d);
 void cuda_flash_mla(struct backend *be, float *out, const float *q, const __nv_bfloat16 *kv,
                     const __nv_bfloat16 *lat, const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
 // Quantized dense weights (cuda_quant.cu). cuda_gemv_quant: y [n, N] = x [n,
-// K] W^T (+ W.bias) for n <= CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
+// K] W^T (+ W.bias) for n <= cuda_qgemv_rows(be, w): 64 in 16-bit mode where
+// the tensor-core GEMV runs (cuda_qmma.cuh; its scratch: cuda_qgemv_scratch
+// bytes), else CUDA_QGEMV_MAXB. Above, cu_matmul dequantizes W
 // (cuda_dequant: into dst, cuda_dequant_bytes of device memory, as a dense
 // weight of the model's --dtype) and runs the dense GEMM on it.
 // cuda_matmul_w8a8: the same for WF_FP8 in 16-bit mode on FP8 tensor cores
@@ -339,6 +353,8 @@ void cuda_flash_mla(struct backend *be, float *out, const float *q, const __nv_b
 // (nothing run) where it does not apply or cuBLASLt refuses the shape.
 #define CUDA_QGEMV_MAXB 4
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+int cuda_qgemv_rows(const struct backend *be, const struct weight *w);
+size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int n);
 size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w);
 struct weight cuda_dequant(struct backend *be, const struct weight *w, void *dst);
 int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct weight *w, int n, void *scratch);

@@ -6,7 +6,7 @@
 
 #include <type_traits>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_qmma.cuh"
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
 
@@ -238,7 +238,7 @@ constexpr int WVEC = 16 / (int)sizeof(WT) * PACK<WT>;
 __device__ __forceinline__ void e4m3x8(const __nv_fp8x2_storage_t *p, float f[8]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        float2 v = fp8x2_f2(p[i]);
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
 }
@@ -256,11 +256,6 @@ __device__ __forceinline__ void e4m3x8_scaled(const __nv_fp8x2_storage_t *p, uin
 #define E2M1_E4M3_LO 0x3C383000u
 #define E2M1_E4M3_HI 0x4C484440u
 
-// The e4m3 block scale byte b as half in both halves.
-__device__ __forceinline__ __half2 e4m3_bcast(uint32_t b) {
-    return __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(b * 0x101u), __NV_E4M3));
-}
-
 // 8 e2m1 codes (q: code j in bits [4j, 4j + 4), the byte order of memory)
 // times their block scale bs -> f, exactly (wfmt_dequant's e2m1 * e4m3, its
 // row scale left to the caller). No half is ever subnormal: each magnitude
@@ -273,10 +268,10 @@ __device__ __forceinline__ void e2m1x8(uint32_t q, __half2 bs, float f[8]) {
     uint32_t pr[2] = {__byte_perm(lo, hi, 0x5140), __byte_perm(lo, hi, 0x7362)}; // codes (0 4 1 5), (2 6 3 7)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(pr[j >> 1] >> (16 * (j & 1))), __NV_E4M3);
-        uint32_t b = ((uint32_t)r.y << 16 | r.x) ^ ((q << (12 - 4 * j)) & 0x80008000u);
-        r.x = (unsigned short)(b & 0xffffu), r.y = (unsigned short)(b >> 16);
-        float2 v = __half22float2(__hmul2(__half2(r), bs));
+        uint32_t b = e4m3x2_bits(pr[j >> 1] >> (16 * (j & 1))) ^ ((q << (12 - 4 * j)) & 0x80008000u);
+        __half2 h;
+        memcpy(&h, &b, sizeof h);
+        float2 v = __half22float2(__hmul2(h, bs));
         f[j] = v.x, f[j + 4] = v.y;
     }
 }
@@ -521,6 +516,74 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
     for (int r0 = 0; r0 < cnt; r0 += NB)
         moe_gemv_pass<WT, UP, NB>(w, scale, bscale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K, I, N,
                                   gated, kind);
+}
+
+// ---- quantized weights, decode sizes, 16-bit mode: the GEMV on tensor cores ----
+
+template <typename WT>
+constexpr enum wfmt WT_FMT = IS_FP4<WT> ? WF_NVFP4 : IS_B128<WT> ? WF_FP8_B128 : WF_FP8;
+
+// Decode MoE on tensor cores (cuda_qmma.cuh; quantized weights, 16-bit mode,
+// n <= MOE_GEMV_MAXR tokens, K % 64 == 0): block (x, a) = 16 outputs of the
+// a-th expert used this step (moe_decode_expert), for all its cnt <= 8 NT
+// assignments in one pass (B columns: the tokens' rows of x for UP, the
+// assignments' rows of h for down), so each weight row is read once. R 8:
+// x staged by k_qmma_x (xs, inv: rows by token for UP, by assignment for
+// down); R = n (1, 2: qmma_in_block): the block stages its cnt rows itself
+// into shared memory (dynamic: qmma_smem) from in [*, K]. UP gated (NA 2):
+// A tiles gate o0.. and up o0.. of the expert, h[asg, o] = act(gate) * up;
+// else one tile: UP h = act(W x), down y[asg, o] = W h. The row scales and
+// the staged rows' 2^-sh go on the fp32 sums. Rows of h and y are
+// assignments (t * k + j); N: down's outputs (the hidden size).
+template <enum wfmt F, bool UP, int NA, int NT, int R>
+__global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, const float *inv, const float *in,
+                                                  float *out, const int32_t *ids, int nk, int k, int E, int I, int N,
+                                                  enum act kind) {
+    extern __shared__ uint4 xsm[];
+    __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
+    __shared__ uint32_t used[MAX_EXPERTS / 32];
+    __shared__ float red[8][NA][NT][4][32], invs[R];
+    static_assert(R == 8 || NT == 1, "a block stages one tile at most");
+    pdl_wait(); // ids, in, xs: earlier kernels'
+    pdl_trigger();
+    int e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
+    int g = (threadIdx.x & 31) >> 2, O = UP ? I : N, o0 = blockIdx.x * 16;
+    if (e < 0 || o0 >= O) return; // the whole block
+    int64_t base = (int64_t)e * (UP ? NA * I : N), row[NA][2];
+#pragma unroll
+    for (int a = 0; a < NA; a++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) row[a][h] = base + a * I + min(o0 + g + 8 * h, O - 1);
+    qmma_a<F> cur[NA] = {};
+    if ((int)(threadIdx.x >> 5) < qmma_steps(w.K))
+#pragma unroll
+        for (int a = 0; a < NA; a++) cur[a] = qmma_load<F>(w, row[a], threadIdx.x >> 5, threadIdx.x & 3);
+    int src[NT];
+    if constexpr (R < 8) { // staged row b: the expert's assignment b's
+        qmma_stage_rows<F == WF_NVFP4, R>(xsm, invs, in, w.K, cnt, [&](int b) { return UP ? rows[b] / k : rows[b]; });
+        xs = xsm, inv = invs, src[0] = min(g, cnt - 1); // columns past cnt: not written
+    } else {
+#pragma unroll
+        for (int i = 0; i < NT; i++) { // columns past cnt read the last one's (their sums are not written)
+            int r = rows[min(8 * i + g, cnt - 1)];
+            src[i] = UP ? r / k : r;
+        }
+    }
+    float acc[NA][NT][4];
+    qmma_run<F, NA, NT, R>(w, row, cur, xs, src, acc);
+    qmma_reduce<NA, NT>(red, acc);
+    for (int i = threadIdx.x; i < NT * 128; i += 256) {
+        qmma_out q = qmma_at(i);
+        int o = o0 + q.r;
+        if (o >= O || q.col >= cnt) continue;
+        int64_t asg = rows[q.col];
+        float xi = inv[R < 8 ? q.col : UP ? asg / k : asg];
+        float v = qmma_sum<NA, NT>(red, 0, q) * q_row_scale<F>(w, base + o) * xi;
+        if constexpr (!UP) out[asg * N + o] = v;
+        else if constexpr (NA == 2) // gate, up
+            out[asg * I + o] = act_dev(kind, v) * (qmma_sum<NA, NT>(red, 1, q) * q_row_scale<F>(w, base + I + o) * xi);
+        else out[asg * I + o] = act_dev(kind, v);
+    }
 }
 
 // ---- 16-bit weights, prefill sizes: a grouped GEMM on tensor cores ----
@@ -1063,6 +1126,53 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
+// Quantized experts on tensor cores (k_moe_qmma), NT tiles of 8 tokens, R
+// (8: x staged into qs first, h after up; 1, 2: each block stages its own):
+// up into h [nk, I] fp32, down into y [nk, L].
+template <typename WT, int NT, int R>
+static void qmma_experts_nt(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
+                            const int32_t *ids, int n, int top_k, char *qs) {
+    constexpr enum wfmt F = WT_FMT<WT>;
+    constexpr bool FP4 = IS_FP4<WT>;
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
+    qweight up = {(const uint8_t *)w->up.data, w->up.scale, w->up.bscale, L};
+    qweight down = {(const uint8_t *)w->down.data, w->down.scale, w->down.bscale, I};
+    dim3 gu(cdiv(I, 16), ny), gd(cdiv(L, 16), ny);
+    qmma_x sx = {}, sh = {};
+    size_t mu = R < 8 ? qmma_smem(R, L) : 0, md = R < 8 ? qmma_smem(R, I) : 0;
+    if (R == 8) sx = qmma_stage<FP4>(st, qs, x, n, n, L);
+    if (w->gated)
+        launch_pdl(k_moe_qmma<F, true, 2, NT, R>, gu, 256, mu, st, up, sx.xs, sx.inv, x, h, ids, nk, top_k, E, I, L,
+                   w->act);
+    else
+        launch_pdl(k_moe_qmma<F, true, 1, NT, R>, gu, 256, mu, st, up, sx.xs, sx.inv, x, h, ids, nk, top_k, E, I, L,
+                   w->act);
+    if (R == 8) sh = qmma_stage<FP4>(st, qs + qmma_x_bytes(n, L), h, nk, nk, I);
+    launch_pdl(k_moe_qmma<F, false, 1, NT, R>, gd, 256, md, st, down, sh.xs, sh.inv, (const float *)h, y, ids, nk,
+               top_k, E, I, L, w->act);
+}
+
+template <typename WT>
+static void qmma_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
+                         const int32_t *ids, int n, int top_k, char *qs) {
+    static_assert(MOE_GEMV_MAXR <= 32, "4 tiles of 8 tokens at most");
+    if (qmma_in_block(n, MAX(w->dim, w->inter))) {
+        if (n == 1) qmma_experts_nt<WT, 1, 1>(st, w, x, h, y, ids, n, top_k, qs);
+        else qmma_experts_nt<WT, 1, 2>(st, w, x, h, y, ids, n, top_k, qs);
+        return;
+    }
+    switch (qmma_tiles(n)) {
+    case 1: qmma_experts_nt<WT, 1, 8>(st, w, x, h, y, ids, n, top_k, qs); break;
+    case 2: qmma_experts_nt<WT, 2, 8>(st, w, x, h, y, ids, n, top_k, qs); break;
+    default: qmma_experts_nt<WT, 4, 8>(st, w, x, h, y, ids, n, top_k, qs); break;
+    }
+}
+
+// The staged x and h of qmma_experts at n <= MOE_GEMV_MAXR tokens (256 for alignment)
+static size_t moe_qmma_bytes(int n, int top_k, int I, int L) {
+    return 256 + qmma_x_bytes(n, L) + qmma_x_bytes(n * top_k, I);
+}
+
 size_t cuda_moe_smem(void) { // the codes' stages are largest for FP8 (fp8b_t the same), smallest for NVFP4
     return MAX(MAX(mma_smem<__nv_bfloat16>(), mma_smem<__nv_fp8_e4m3>()),
                MAX(mma_dec_smem<__nv_bfloat16>(), mma_dec_smem<__nv_fp8_e4m3>()));
@@ -1070,16 +1180,19 @@ size_t cuda_moe_smem(void) { // the codes' stages are largest for FP8 (fp8b_t th
 
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
 // slot_of [n * k]; then (256-aligned) the up output [nk, U], h [nk, I], y
-// [nk, L] and x in 16 bits [n, L].
+// [nk, L] and x in 16 bits [n, L]; quantized experts, the staged x and h of
+// their tensor-core GEMV (moe_qmma_bytes).
 static size_t moe_ints_bytes(int E, size_t nk) { return ((2 * (size_t)(E + 1) + 2 * nk) * 4 + 255) & ~(size_t)255; }
 
 size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
     size_t nk = (size_t)n * top_k, U = (size_t)(w->gated ? 2 : 1) * w->inter;
-    return moe_ints_bytes(w->num_experts, nk) + 4 * (nk * (U + w->inter + w->dim) + (size_t)n * w->dim);
+    size_t q = wfmt_quantized(w->up.fmt) ? moe_qmma_bytes(MIN(n, MOE_GEMV_MAXR), top_k, w->inter, w->dim) : 0;
+    return moe_ints_bytes(w->num_experts, nk) + 4 * (nk * (U + w->inter + w->dim) + (size_t)n * w->dim) + q;
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
-// active experts up to moe_gemv_max tokens, the thin-tile grouped GEMM up
+// active experts up to moe_gemv_max tokens (quantized experts in the 16-bit
+// mode with L and I multiples of 64: on tensor cores, k_moe_qmma), the thin-tile grouped GEMM up
 // to MOE_DEC_MAXN, the 128 x 128 tensor-core grouped GEMM above (K % 8 == 0
 // for 16-byte loads; else the SIMT path). Quantized (FP8, FP8 blocks,
 // NVFP4; up and down in one format, L and I multiples of 16, 32 for NVFP4:
@@ -1107,7 +1220,19 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     bool k8 = L % 8 == 0 && I % 8 == 0;
     enum wfmt f = w->up.fmt;
     const int32_t *rows = NULL; // y's row of each assignment: itself (the GEMV), or slot_of (sorted)
-    if (f != WF_F32 && f == w->down.fmt && k8 && n <= moe_gemv_max(f)) { // no sort
+    bool qmma = wfmt_quantized(f) && f == w->down.fmt && cu(be)->qmma && n <= MOE_GEMV_MAXR && L % 64 == 0 &&
+                I % 64 == 0 && (be->weight_dtype == WF_BF16 || be->weight_dtype == WF_F16);
+    if (qmma) { // no sort; 16-bit mode: tensor cores
+        char *qs = (char *)(((uintptr_t)xb + 4 * (size_t)n * L + 255) & ~(uintptr_t)255);
+        switch (f) {
+        case WF_FP8: qmma_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k, qs); break;
+        case WF_FP8_B128: qmma_experts<fp8b_t>(st, w, x, h, y, ids, n, top_k, qs); break;
+        case WF_NVFP4: qmma_experts<nvfp4_t>(st, w, x, h, y, ids, n, top_k, qs); break;
+        case WF_F32:
+        case WF_BF16:
+        case WF_F16: break; // not quantized
+        }
+    } else if (f != WF_F32 && f == w->down.fmt && k8 && n <= moe_gemv_max(f)) { // no sort
         switch (f) {
         case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k); break;
         case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k); break;

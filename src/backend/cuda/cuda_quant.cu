@@ -19,25 +19,13 @@
 //   (cuda_backend.cu).
 #include <cuda_fp8.h>
 
-#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_qmma.cuh"
 
 #define QCHUNK 16     // columns a lane loads per step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
 #define QGEMV_ROWS 4  // weight rows per block (each x value loaded serves 4)
 
-// A quantized weight as its kernels take it (device pointers, struct weight's).
-struct qweight {
-    const uint8_t *codes;  // [N, K] e4m3, or [N, K/2] two e2m1 a byte (element 2i in the low nibble)
-    const float *scale;    // [N] (WF_FP8, WF_NVFP4) or [N, ceil(K/128)] (WF_FP8_B128)
-    const uint8_t *bscale; // WF_NVFP4: [N, K/16] e4m3
-    int K;
-};
-
 static qweight qweight_of(const struct weight *w) {
     return {(const uint8_t *)w->data, w->scale, w->bscale, (int)w->cols};
-}
-
-__device__ __forceinline__ float e4m3_f(uint8_t b) { // exact (e4m3 -> half -> float)
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3)));
 }
 
 // An e2m1 code's bits as an fp16 of value e2m1 * 2^-14: the sign to bit 15,
@@ -73,15 +61,6 @@ template <> struct qchunk<WF_NVFP4> {
     uint8_t b;  // the block's e4m3 scale
 };
 
-// What a row's chunks share: WF_FP8 its scale; WF_NVFP4 its scale * 2^14
-// (the codes decode to e2m1 * 2^-14, q_dq8); WF_FP8_B128 nothing.
-template <enum wfmt F>
-__device__ __forceinline__ float q_row_scale(const qweight &w, int64_t r) {
-    if constexpr (F == WF_NVFP4) return w.scale[r] * 16384.0f; // exact: a power of two
-    else if constexpr (F == WF_FP8) return w.scale[r];
-    else return 0.0f;
-}
-
 template <enum wfmt F>
 __device__ __forceinline__ qchunk<F> q_load(const qweight &w, int64_t r, int k, float rs) {
     qchunk<F> q;
@@ -109,7 +88,7 @@ template <enum wfmt F>
 __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float *v) {
     if constexpr (F == WF_NVFP4) {
         uint32_t u = h ? q.c.y : q.c.x; // element j at bits 4j..4j+3
-        __half2 bs = __half2half2(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q.b, __NV_E4M3)));
+        __half2 bs = e4m3_bcast(q.b);
 #pragma unroll
         for (int j = 0; j < 4; j++) { // elements j and j + 4: their nibbles to bits 12..15 of each half
             uint32_t t = u << (12 - 4 * j);
@@ -125,7 +104,7 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             __nv_fp8x2_storage_t c2 = (__nv_fp8x2_storage_t)(p[i / 2] >> (16 * (i % 2)));
-            float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c2, __NV_E4M3)));
+            float2 f = fp8x2_f2(c2);
             v[2 * i] = f.x * q.s, v[2 * i + 1] = f.y * q.s;
         }
     }
@@ -222,6 +201,83 @@ __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qw
     }
 }
 
+// ---- 16-bit mode, up to QMMA_MAXB rows: tensor cores (cuda_qmma.cuh) ----
+
+// y [n, N] = x [n, K] W^T (+ bias), n <= 8 NT: a block a 16-row tile of W,
+// its 8 warps taking its steps in turn (qmma_run; the first step's codes
+// loaded before pdl_wait, under the previous kernel's tail) over the staged
+// x: R 8, k_qmma_x's (xs, inv); R = n (1, 2: qmma_in_block), staged by the
+// block itself into shared memory (dynamic: qmma_smem) from x [n, K]. A C
+// per token tile; the warps' sums reduce through shared memory in a fixed
+// order (deterministic); the epilogue applies the row scale (FP8; NVFP4's
+// times 2^14), the row of x's 2^-sh and the bias.
+template <enum wfmt F, int NT, int R>
+__global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, const float *x,
+                                                   qweight w, const float *bias, int N, int n) {
+    extern __shared__ uint4 xsm[];
+    __shared__ float red[8][1][NT][4][32], invs[R];
+    static_assert(R == 8 || NT == 1, "a block stages one tile at most");
+    int g = (threadIdx.x & 31) >> 2, row0 = blockIdx.x * 16;
+    int64_t row[1][2] = {{min(row0 + g, N - 1), min(row0 + g + 8, N - 1)}};
+    int src[NT];
+#pragma unroll
+    for (int i = 0; i < NT; i++) src[i] = R == 8 ? 8 * i + g : min(g, n - 1); // past n: not written
+    qmma_a<F> cur[1] = {};
+    if ((int)(threadIdx.x >> 5) < qmma_steps(w.K)) cur[0] = qmma_load<F>(w, row[0], threadIdx.x >> 5, threadIdx.x & 3);
+    pdl_wait(); // x, xs: the previous kernel's
+    pdl_trigger();
+    if constexpr (R < 8) {
+        qmma_stage_rows<F == WF_NVFP4, R>(xsm, invs, x, w.K, n, [](int r) { return r; });
+        xs = xsm, inv = invs;
+    }
+    float acc[1][NT][4];
+    qmma_run<F, 1, NT, R>(w, row, cur, xs, src, acc);
+    qmma_reduce<1, NT>(red, acc);
+    for (int i = threadIdx.x; i < NT * 128; i += 256) {
+        qmma_out o = qmma_at(i);
+        int r = row0 + o.r;
+        if (r >= N || o.col >= n) continue;
+        float v = qmma_sum<1, NT>(red, 0, o) * q_row_scale<F>(w, r) * inv[o.col];
+        y[(int64_t)o.col * N + r] = v + (bias ? bias[r] : 0.0f);
+    }
+}
+
+template <enum wfmt F>
+static void gemv_qmma(cudaStream_t s, float *y, const float *x, const struct weight *w, int n, void *scratch) {
+    qweight q = qweight_of(w);
+    int N = (int)w->rows, K = (int)w->cols, nt = qmma_tiles(n);
+    dim3 g(cdiv(N, 16));
+    if (qmma_in_block(n, K)) { // n 1, 2: no staging kernel
+        size_t sm = qmma_smem(n, K);
+        if (n == 1) launch_pdl(k_gemv_qmma<F, 1, 1>, g, 256, sm, s, y, (const uint4 *)0, (const float *)0, x, q, w->bias, N, n);
+        else launch_pdl(k_gemv_qmma<F, 1, 2>, g, 256, sm, s, y, (const uint4 *)0, (const float *)0, x, q, w->bias, N, n);
+        return;
+    }
+    qmma_x sx = qmma_stage<F == WF_NVFP4>(s, scratch, x, n, 8 * nt, K);
+    switch (nt) {
+    case 1: launch_pdl(k_gemv_qmma<F, 1, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    case 2: launch_pdl(k_gemv_qmma<F, 2, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    case 4: launch_pdl(k_gemv_qmma<F, 4, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    default: launch_pdl(k_gemv_qmma<F, 8, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    }
+}
+
+// The tensor-core GEMV's conditions: 16-bit mode (not VLLM_QMMA=0), K % 64
+// == 0, the codes 16-byte aligned (NVFP4's block scales 2).
+static bool qmma_fits(const struct backend *be, const struct weight *w) {
+    cuda_impl *c = (cuda_impl *)be->impl;
+    return c->qmma && (be->weight_dtype == WF_BF16 || be->weight_dtype == WF_F16) && w->cols % 64 == 0 &&
+           !((uintptr_t)w->data & 15) && !((uintptr_t)w->bscale & 1);
+}
+
+int cuda_qgemv_rows(const struct backend *be, const struct weight *w) {
+    return qmma_fits(be, w) ? QMMA_MAXB : CUDA_QGEMV_MAXB;
+}
+
+size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int n) {
+    return qmma_fits(be, w) ? qmma_x_bytes(8 * qmma_tiles(MIN(n, QMMA_MAXB)), (int)w->cols) : 0;
+}
+
 // The chunked kernels' conditions: K a multiple of 16, the codes and x (the
 // GEMV's input, the dequantization's output) 16-byte aligned.
 static bool q_chunked(const void *x, const struct weight *w) {
@@ -241,10 +297,11 @@ static void gemv_q(cudaStream_t s, float *y, const float *x, const struct weight
 
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cudaStream_t s = cu(be)->stream;
+    void *sc = qmma_fits(be, w) ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
     switch (w->fmt) {
-    case WF_FP8: gemv_q<WF_FP8>(s, y, x, w, n); break;
-    case WF_FP8_B128: gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
-    case WF_NVFP4: gemv_q<WF_NVFP4>(s, y, x, w, n); break;
+    case WF_FP8: sc ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : gemv_q<WF_FP8>(s, y, x, w, n); break;
+    case WF_FP8_B128: sc ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
+    case WF_NVFP4: sc ? gemv_qmma<WF_NVFP4>(s, y, x, w, n, sc) : gemv_q<WF_NVFP4>(s, y, x, w, n); break;
     case WF_F32:
     case WF_BF16:
     case WF_F16: break; // dense: cuda_backend.cu's GEMVs
