@@ -160,6 +160,12 @@ struct vllm_stats {
     uint64_t iteration_tokens_sum;
 };
 vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out);
+// No step starts between vllm_engine_pause and vllm_engine_resume (a step
+// already under way finishes): requests submitted meanwhile are scheduled
+// together when it resumes, as one offline batch (`vllm generate --batch`).
+// Requests keep their resources while paused; blocking calls wait.
+vllm_status vllm_engine_pause(struct vllm_engine *e);
+vllm_status vllm_engine_resume(struct vllm_engine *e);
 
 // -------------------------------------------------------------- requests --
 

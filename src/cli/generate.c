@@ -93,6 +93,7 @@ static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct
     struct job_ref *refs = xcalloc(n, sizeof *refs);
     struct vllm_request **reqs = xcalloc(n, sizeof *reqs);
     int rc = 0;
+    if (stagger == 0) vllm_engine_pause(e); // a batch: every request in before the first step
     for (int i = 0; i < n && !rc; i++) {
         if (i > 0 && stagger != 0) { // wait for the previous job to be far enough
             pthread_mutex_lock(&all.mu);
@@ -121,6 +122,7 @@ static int run_jobs(struct vllm_engine *e, struct job *jobs, int n, const struct
             pthread_mutex_unlock(&all.mu);
         }
     }
+    if (stagger == 0) vllm_engine_resume(e);
     pthread_mutex_lock(&all.mu);
     while (all.pending > 0) pthread_cond_wait(&all.cv, &all.mu);
     pthread_mutex_unlock(&all.mu);

@@ -366,6 +366,18 @@ vllm_status vllm_engine_stats(struct vllm_engine *e, struct vllm_stats *out) {
     return VLLM_OK;
 }
 
+static vllm_status set_paused(struct vllm_engine *e, int paused) {
+    if (!e) return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "NULL engine");
+    pthread_mutex_lock(&e->mu);
+    e->paused = paused;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return VLLM_OK;
+}
+
+vllm_status vllm_engine_pause(struct vllm_engine *e) { return set_paused(e, 1); }
+vllm_status vllm_engine_resume(struct vllm_engine *e) { return set_paused(e, 0); }
+
 void engine_cost(const struct vllm_engine *e, struct model_cost *c, int *kv_elem_bytes) {
     *c = e->model[0]->spec.cost;
     *kv_elem_bytes = (int)dtype_size(e->be[0]->kv_dtype);
@@ -668,7 +680,7 @@ static void *engine_main(void *arg) {
             sched_add(&e->sched, r);
         }
         e->stats.num_waiting = e->sched.num_waiting;
-        if (!sched_has_work(&e->sched) && e->inflight_step < 0) {
+        if (e->paused || (!sched_has_work(&e->sched) && e->inflight_step < 0)) {
             pthread_cond_wait(&e->cv, &e->mu);
             continue;
         }

@@ -40,6 +40,7 @@ struct vllm_engine {
     int num_inbox;
     int num_cancel;                 // requests with cancel set, not yet handled
     int stop;
+    int paused;        // vllm_engine_pause: no step starts until vllm_engine_resume
     int inflight_step; // runner handle of the step on the device, -1 when none
     uint64_t next_id;
     struct vllm_stats stats;
