@@ -16,7 +16,7 @@
 //        dequantized to bf16, then the GEMM), then up to 64 rows the quantized formats again without it
 //        (VLLM_QMMA=0: the fp32 GEMV up to 4 rows, W8A8 or dequantized above), above 64 FP8 again dequantized
 //        (VLLM_FP8_W8A8=0); TFLOP/s too. Every mode is bf16 (--dtype bfloat16) |
-//        gemv: the 16-bit decode GEMV's kernels (VLLM_GEMV16=0..5) side by side at NemotronH-Nano's and
+//        gemv: the 16-bit decode GEMV's kernels (VLLM_GEMV16=0, 1) side by side at NemotronH-Nano's and
 //        Qwen3-8B's dense shapes, the gate | up one GATED (matmul_act_mul), and a 151,936-row lm_head]
 // e.g. cuda_ops 8192 4 quant (prefill at --max-num-batched-tokens 8192), cuda_ops 1 64 quant (decode)
 #include <stdio.h>
@@ -123,7 +123,7 @@ static void bench_gemv16(int n, int calls) {
               {"qwen3_8b qkv", 6144, 4096, 0},                     {"qwen3_8b o_proj", 4096, 4096, 0},
               {"qwen3_8b gate|up GATED", 2 * 12288, 4096, 1},      {"qwen3_8b down", 4096, 12288, 0},
               {"lm_head 151936", 151936, 4096, 0}};
-    enum { VARIANTS = 6 };
+    enum { VARIANTS = 2 };
     char what[64];
     for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
         for (int v = 0; v < VARIANTS; v++) {

@@ -11,8 +11,11 @@
 //
 // Both sides hold the same cache values (uniforms rounded to bf16, or the
 // same e4m3 codes with k_scale 0.5 and v_scale 2) and the kernels' arithmetic
-// is fp32, so every cache type is held to 1e-5 relative: a key missed or
-// read twice moves the outputs by far more. q is uniform in [-4, 4), so the
+// is fp32, so every cache type is held to 2e-5 relative: a key missed or
+// read twice moves the outputs by far more. (Not 1e-5: the softmax sums of
+// 32,768 fp32 terms in another order than the reference's differ by about
+// sqrt(n) ulps; measured on the H200 at 32,768 keys 6.1e-6 fp32, 8.6e-6
+// bf16, 1.58e-5 fp8.) q is uniform in [-4, 4), so the
 // softmax is not flat and the outputs are not averages near zero.
 // Exits 77 (skip) without a GPU.
 #include <math.h>
@@ -26,7 +29,7 @@
 #include "op_util.h"
 #include "test.h"
 
-#define TOL 1e-5
+#define TOL 2e-5
 #define MAX_MODEL_LEN 40960
 
 struct dec_case {

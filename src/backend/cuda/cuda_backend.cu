@@ -397,9 +397,8 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
     }
 }
 
-// VLLM_GEMV16 (cuda_impl.gemv16) picks the decode GEMV: 0 k_gemv16 above, 1-5
-// k_gemv16w below (variants of one kernel, timed side by side by `cuda_ops 1
-// 64 gemv`). k_gemv16w: no block-wide step in the loop. A warp owns a group
+// k_gemv16w: the decode GEMV of weights under GEMV16W_MAX_BYTES (gemv16_g;
+// `cuda_ops 1 64 gemv` times both kernels). No block-wide step in the loop. A warp owns a group
 // of R weight rows (GATED: R/2 hidden units, their gate and up rows) at a
 // time and streams them whole, U 16-byte loads per row per lane per step
 // (lane l of step s reads uint4 s*32U + 32j + l, j < U); the next step's
@@ -562,18 +561,26 @@ static void gemv16w(struct backend *be, float *y, const float *x, const T *W, co
     }
 }
 
+// Weights below this many bytes take k_gemv16w (R = 2, U = 4, no-allocate
+// loads, x in shared memory), larger ones k_gemv16. On the H200, 1 row, %
+// of the copy rate (`cuda_ops 1 64 gemv`; k_gemv16 / k_gemv16w): nano30b's
+// in_proj (55 MB) 75.5 / 89.0, out_proj (22 MB) 63.2 / 75.4, shared up
+// 71.5 / 75.6, down 62.6 / 73.4; qwen3_8b's o_proj (34 MB) 79.1 / 82.9,
+// qkv (50 MB) 86.7 / 86.1, gate | up (201 MB) 100.8 / 96.3, down (101 MB)
+// 92.1 / 91.5, a 151,936-row lm_head 109.3 / 100.3. Four other variants
+// of k_gemv16w (R, U, the loads, x from L1) lost at every shape.
+#define GEMV16W_MAX_BYTES (64 << 20)
+
 // gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias;
-// the kernel VLLM_GEMV16 picks (variant 4 GATED: variant 2's kernel, a GATED group holds rows in pairs)
+// the kernel: by the weight's size, or VLLM_GEMV16 (0 k_gemv16, 1 k_gemv16w)
 template <typename T, bool GATED>
 static void gemv16_g(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
                      enum act kind) {
-    switch (cu(be)->gemv16) {
-    case 1: gemv16w<T, GATED, 2, 4, false, false>(be, y, x, W, bias, N, K, n, kind); return;
-    case 2: gemv16w<T, GATED, 2, 4, true, false>(be, y, x, W, bias, N, K, n, kind); return;
-    case 3: gemv16w<T, GATED, 4, 2, true, false>(be, y, x, W, bias, N, K, n, kind); return;
-    case 4: gemv16w<T, GATED, GATED ? 2 : 1, GATED ? 4 : 8, true, false>(be, y, x, W, bias, N, K, n, kind); return;
-    case 5: gemv16w<T, GATED, 2, 4, true, true>(be, y, x, W, bias, N, K, n, kind); return;
-    default: break;
+    int v = cu(be)->gemv16;
+    if (v < 0) v = (int64_t)N * K * (int64_t)sizeof(T) < GEMV16W_MAX_BYTES;
+    if (v == 1) {
+        gemv16w<T, GATED, 2, 4, true, true>(be, y, x, W, bias, N, K, n, kind);
+        return;
     }
     dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
     cudaStream_t s = cu(be)->stream;
@@ -1166,10 +1173,10 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     if (kv_dtype == DT_F16)
         return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend keeps the KV cache in float32, bfloat16 or fp8, not "
                         "float16");
-    const char *gv = getenv("VLLM_GEMV16"); // the decode GEMV's kernel (gemv16_g)
-    int gemv16 = gv && *gv ? gv[0] - '0' : 0;
-    if (gemv16 < 0 || gemv16 > 5 || (gv && *gv && gv[1]))
-        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_GEMV16=%s: not a kernel 0-5 (docs/ENVIRONMENT.md)", gv);
+    const char *gv = getenv("VLLM_GEMV16"); // the decode GEMV's kernel (gemv16_g); unset: by the weight's size
+    int gemv16 = gv && *gv ? gv[0] - '0' : -1;
+    if (gv && *gv && (gemv16 < 0 || gemv16 > 1 || gv[1]))
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "VLLM_GEMV16=%s: not a kernel 0 or 1 (docs/ENVIRONMENT.md)", gv);
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

@@ -47,7 +47,7 @@ struct cuda_impl {
     size_t scratch_bytes;
     void *comm;      // ncclComm_t of a tensor-parallel group (cuda_nccl.cu); NULL alone
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
-    int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16, default 0)
+    int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16 0 or 1; -1: by the weight's size)
     int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
     unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
 };

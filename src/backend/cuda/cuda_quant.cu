@@ -295,9 +295,15 @@ static void gemv_q(cudaStream_t s, float *y, const float *x, const struct weight
     else launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
 }
 
+// FP8 at 1-4 rows keeps the fp32 GEMV: on the H200 (`cuda_ops 1 64 quant`,
+// the tensor-core GEMV against it) nano30b's in_proj 17.55 against 13.83 us,
+// out_proj 10.05 against 5.80; NVFP4 14.56 against 20.16. From 5 rows on the
+// tensor cores win for every format (16 rows: in_proj FP8 18.4 against W8A8's
+// 19.2 us, FP8 blocks 17.8 against 43.6 dequantized, NVFP4 17.2 against 40.8).
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cudaStream_t s = cu(be)->stream;
-    void *sc = qmma_fits(be, w) ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
+    bool mma = qmma_fits(be, w) && (w->fmt == WF_NVFP4 || n > CUDA_QGEMV_MAXB);
+    void *sc = mma ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
     switch (w->fmt) {
     case WF_FP8: sc ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : gemv_q<WF_FP8>(s, y, x, w, n); break;
     case WF_FP8_B128: sc ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
