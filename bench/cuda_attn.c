@@ -75,7 +75,7 @@ static void bench_one(const char *model, int H, int Hkv, enum dtype kv, int S, i
     void *kc = dev_cache(cbytes, kv), *vc = dev_cache(cbytes, kv);
     float *qkv = bench_uniform(be, (size_t)S * ld, -1.0f, 1.0f, 1), *out = bench_uniform(be, (size_t)S * H * D, 0, 0, 2);
     // per copy: qsl [S+1] | seq_lens [S] | ctx [S] | pos [S] | slots [S] | block tables [S, mbps]
-    size_t na = (size_t)4 * S + 1 + (size_t)S * mbps;
+    size_t na = (size_t)5 * S + 1 + (size_t)S * mbps;
     int32_t *arr = xcalloc(na * copies, sizeof(int32_t));
     struct batch b[MAXC];
     int32_t *da = NULL;
