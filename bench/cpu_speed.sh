@@ -1,5 +1,5 @@
 #!/bin/bash
-# cpu_speed.sh - the CPU speed figures of docs/BENCHMARKS.md ("CPU speed"), in
+# cpu_speed.sh - the CPU speed figures of docs/BENCHMARKS_CPU.md ("CPU speed"), in
 # one run: ROUNDS rounds of [read bandwidth (membw), `vllm bench` of the fast
 # path (bf16 weights, batch 1 and 4, 512-token prompts, 64 output tokens),
 # read bandwidth again, the bf16 dot kernel's peak (cpu_ops)], each round's

@@ -4,7 +4,7 @@
 // threads (the roofline's bandwidth), interleaved round by round so that
 // every one sees the same machine (the shared CPU's bandwidth moves by 2x
 // between minutes): median time of each, its bytes per second, its fraction
-// of the read's, and its speed-up over bf16 (docs/BENCHMARKS.md).
+// of the read's, and its speed-up over bf16 (docs/BENCHMARKS_CPU.md).
 //
 // Usage: build/quant_gemv [THREADS (2)] [ROUNDS (15)] [ROWS (32768)] [COLS (1024)]
 // (a few hundred rows keep the weights in L2: the kernels' own speed)

@@ -7,7 +7,7 @@
 // 2. default (the dot kernel on prompts of >= 16 rows: bf16 activations):
 //    teacher-forced logits against the fp32 transformers oracle and against
 //    the bf16 reference, each within the fixture's stated bound (measured,
-//    docs/BENCHMARKS.md); greedy agreement with the oracle reported per
+//    docs/BENCHMARKS_CPU.md); greedy agreement with the oracle reported per
 //    prompt beside the bf16 reference's and transformers-bf16's
 //    (golden.json bf16_agree_steps); a divergence must sit where the
 //    oracle's top-2 margin is under twice the fixture's logit bound (an

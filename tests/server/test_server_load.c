@@ -6,7 +6,7 @@
 // Afterwards /metrics shows nothing running, every KV block and state slot
 // free, and one finished request per request sent; the server is healthy,
 // its RSS settled between the two halves of the run, and it exits 0 on
-// SIGTERM. Prints requests/s and tokens/s (docs/BENCHMARKS.md, ## Server).
+// SIGTERM. Prints requests/s and tokens/s (docs/BENCHMARKS_CPU.md, ## Server).
 // usage: test_server_load VLLM_BINARY MODEL_DIR
 #include <math.h>
 #include <pthread.h>

@@ -115,7 +115,7 @@ void fast_sgemm_b(struct backend *be, int M, int N, int K, float alpha, const fl
 // (bytes ahead; a weight's rows are one stream). Pages are 4 KB here (no
 // transparent huge pages unless madvised) and the hardware prefetcher stops
 // at each page's end, so without it the FP8 GEMV ran at half the read
-// bandwidth, no faster than bf16 (bench/quant_gemv, docs/BENCHMARKS.md).
+// bandwidth, no faster than bf16 (bench/quant_gemv, docs/BENCHMARKS_CPU.md).
 #define FAST_Q_PF 8192
 extern const struct fast_kern fast_kern_scalar;
 #if defined(__x86_64__)
