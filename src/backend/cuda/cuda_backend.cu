@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
 // whatever N. Sums per output: each lane fmaf's its columns in increasing
 // order (per 16-byte load: elements 0..7), then warp_sum's xor butterfly,
 // then + bias (a row's sum is the same whether it sits in a GATED group or
-// not). NA: weight loads as ld.global.nc.L1::no_allocate.L2::256B (the
+// not). Weight loads: ld.global.nc.L1::no_allocate.L2::256B (the
 // weights pass L1 by, x stays there; the L2 fetches 256-byte lines). XS: x
 // rounded to T once per block into shared memory (fp32, NB * K * 4 bytes, one
 // __syncthreads after pdl_wait), each column's two halves apart so a warp's
@@ -418,8 +418,7 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
 template <bool XS> struct gemvw_shape {
     static constexpr int warps = XS ? 16 : 8, per_sm = XS ? 1 : 2;
 };
-template <bool NA> __device__ __forceinline__ uint4 ld_weight(const uint4 *p) {
-    if (!NA) return __ldg(p);
+__device__ __forceinline__ uint4 ld_weight(const uint4 *p) {
     uint4 v;
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -435,7 +434,7 @@ template <bool GATED, int R> __device__ __forceinline__ int gemvw_row(int g, int
 }
 
 // Step s of group g: v[r][j] = uint4 s*32U + 32j + lane of row r (only those < K/8).
-template <bool GATED, int R, int U, bool NA, typename T>
+template <bool GATED, int R, int U, typename T>
 __device__ __forceinline__ void gemvw_load(uint4 (&v)[R][U], const T *w, int g, int s, int N, int K, int lane) {
     int k0 = s * 32 * U + lane;
 #pragma unroll
@@ -443,11 +442,11 @@ __device__ __forceinline__ void gemvw_load(uint4 (&v)[R][U], const T *w, int g, 
         const uint4 *p = (const uint4 *)(w + (int64_t)gemvw_row<GATED, R>(g, r, N) * K) + k0;
 #pragma unroll
         for (int j = 0; j < U; j++)
-            if (k0 + 32 * j < K / 8) v[r][j] = ld_weight<NA>(p + 32 * j);
+            if (k0 + 32 * j < K / 8) v[r][j] = ld_weight(p + 32 * j);
     }
 }
 
-template <typename T, int NB, bool GATED, int R, int U, bool NA, bool XS>
+template <typename T, int NB, bool GATED, int R, int U, bool XS>
 __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::per_sm)
     k_gemv16w(float *y, const float *x, const T *w, const float *bias, int N, int K, enum act kind) {
     static_assert(!GATED || R % 2 == 0, "a GATED group holds gate and up rows in pairs");
@@ -458,7 +457,7 @@ __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::
     int groups = (M + H - 1) / H, steps = max(1, (K8 + 32 * U - 1) / (32 * U));
     int nw = gridDim.x * gemvw_shape<XS>::warps, g = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, s = 0;
     uint4 nxt[R][U];
-    if (g < groups) gemvw_load<GATED, R, U, NA>(nxt, w, g, s, N, K, lane);
+    if (g < groups) gemvw_load<GATED, R, U>(nxt, w, g, s, N, K, lane);
     pdl_wait(); // x is the previous kernel's output
     pdl_trigger();
     if (XS) {
@@ -483,7 +482,7 @@ __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::
             for (int j = 0; j < U; j++) cur[r][j] = nxt[r][j];
         int cg = g, k0 = s * 32 * U + lane;
         if (++s == steps) s = 0, g += nw;
-        if (g < groups) gemvw_load<GATED, R, U, NA>(nxt, w, g, s, N, K, lane);
+        if (g < groups) gemvw_load<GATED, R, U>(nxt, w, g, s, N, K, lane);
 #pragma unroll
         for (int j = 0; j < U; j++) {
             int k8 = k0 + 32 * j;
@@ -534,30 +533,30 @@ __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::
     }
 }
 
-template <typename T, int NB, bool GATED, int R, int U, bool NA, bool XS>
+template <typename T, int NB, bool GATED, int R, int U, bool XS>
 static void gemv16w_launch(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K,
                            enum act kind) {
     typedef gemvw_shape<XS> sh;
     int groups = GATED ? cdiv(N / 2, R / 2) : cdiv(N, R);
     size_t sm = XS ? sizeof(float) * NB * K : 0;
-    if (XS) CUDA_CHECK(cudaFuncSetAttribute(k_gemv16w<T, NB, GATED, R, U, NA, XS>,
+    if (XS) CUDA_CHECK(cudaFuncSetAttribute(k_gemv16w<T, NB, GATED, R, U, XS>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    launch_pdl(k_gemv16w<T, NB, GATED, R, U, NA, XS>, MIN(groups, sh::per_sm * cu(be)->num_sms), sh::warps * 32, sm,
+    launch_pdl(k_gemv16w<T, NB, GATED, R, U, XS>, MIN(groups, sh::per_sm * cu(be)->num_sms), sh::warps * 32, sm,
                cu(be)->stream, y, x, W, bias, N, K, kind);
 }
 // XS where x [n, K] fits in shared memory, else the same kernel reading x from L1
-template <typename T, bool GATED, int R, int U, bool NA, bool XS>
+template <typename T, bool GATED, int R, int U, bool XS>
 static void gemv16w(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
                     enum act kind) {
     if (XS && sizeof(float) * n * K > cu(be)->smem_optin) {
-        gemv16w<T, GATED, R, U, NA, false>(be, y, x, W, bias, N, K, n, kind);
+        gemv16w<T, GATED, R, U, false>(be, y, x, W, bias, N, K, n, kind);
         return;
     }
     switch (n) {
-    case 1: gemv16w_launch<T, 1, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
-    case 2: gemv16w_launch<T, 2, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
-    case 3: gemv16w_launch<T, 3, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
-    default: gemv16w_launch<T, 4, GATED, R, U, NA, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 1: gemv16w_launch<T, 1, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 2: gemv16w_launch<T, 2, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 3: gemv16w_launch<T, 3, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
+    default: gemv16w_launch<T, 4, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
     }
 }
 
@@ -579,7 +578,7 @@ static void gemv16_g(struct backend *be, float *y, const float *x, const T *W, c
     int v = cu(be)->gemv16;
     if (v < 0) v = (int64_t)N * K * (int64_t)sizeof(T) < GEMV16W_MAX_BYTES;
     if (v == 1) {
-        gemv16w<T, GATED, 2, 4, true, true>(be, y, x, W, bias, N, K, n, kind);
+        gemv16w<T, GATED, 2, 4, true>(be, y, x, W, bias, N, K, n, kind);
         return;
     }
     dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
