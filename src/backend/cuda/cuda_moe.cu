@@ -524,27 +524,24 @@ template <typename WT>
 constexpr enum wfmt WT_FMT = IS_FP4<WT> ? WF_NVFP4 : IS_B128<WT> ? WF_FP8_B128 : WF_FP8;
 
 // Decode MoE on tensor cores (cuda_qmma.cuh; quantized weights, 16-bit mode,
-// n <= MOE_GEMV_MAXR tokens, K % 64 == 0): block (x, a) = 16 outputs of the
+// 5 to MOE_GEMV_MAXR tokens, K % 64 == 0): block (x, a) = 16 outputs of the
 // a-th expert used this step (moe_decode_expert), for all its cnt <= 8 NT
 // assignments in one pass (B columns: the tokens' rows of x for UP, the
-// assignments' rows of h for down), so each weight row is read once. R 8:
-// x staged by k_qmma_x (xs, inv: rows by token for UP, by assignment for
-// down); R = n (1, 2: qmma_in_block): the block stages its cnt rows itself
-// into shared memory (dynamic: qmma_smem) from in [*, K]. UP gated (NA 2):
+// assignments' rows of h for down), so each weight row is read once. x
+// staged by k_qmma_x (xs, inv: rows by token for UP, by assignment for
+// down). UP gated (NA 2):
 // A tiles gate o0.. and up o0.. of the expert, h[asg, o] = act(gate) * up;
 // else one tile: UP h = act(W x), down y[asg, o] = W h. The row scales and
 // the staged rows' 2^-sh go on the fp32 sums. Rows of h and y are
 // assignments (t * k + j); N: down's outputs (the hidden size).
-template <enum wfmt F, bool UP, int NA, int NT, int R>
-__global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, const float *inv, const float *in,
-                                                  float *out, const int32_t *ids, int nk, int k, int E, int I, int N,
+template <enum wfmt F, bool UP, int NA, int NT>
+__global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, const float *inv, float *out,
+                                                  const int32_t *ids, int nk, int k, int E, int I, int N,
                                                   enum act kind) {
-    extern __shared__ uint4 xsm[];
     __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
     __shared__ uint32_t used[MAX_EXPERTS / 32];
-    __shared__ float red[8][NA][NT][4][32], invs[R];
-    static_assert(R == 8 || NT == 1, "a block stages one tile at most");
-    pdl_wait(); // ids, in, xs: earlier kernels'
+    __shared__ float red[8][NA][NT][4][32];
+    pdl_wait(); // ids, xs: earlier kernels'
     pdl_trigger();
     int e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
     int g = (threadIdx.x & 31) >> 2, O = UP ? I : N, o0 = blockIdx.x * 16;
@@ -559,25 +556,20 @@ __global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, co
 #pragma unroll
         for (int a = 0; a < NA; a++) cur[a] = qmma_load<F>(w, row[a], threadIdx.x >> 5, threadIdx.x & 3);
     int src[NT];
-    if constexpr (R < 8) { // staged row b: the expert's assignment b's
-        qmma_stage_rows<F == WF_NVFP4, R>(xsm, invs, in, w.K, cnt, [&](int b) { return UP ? rows[b] / k : rows[b]; });
-        xs = xsm, inv = invs, src[0] = min(g, cnt - 1); // columns past cnt: not written
-    } else {
 #pragma unroll
-        for (int i = 0; i < NT; i++) { // columns past cnt read the last one's (their sums are not written)
-            int r = rows[min(8 * i + g, cnt - 1)];
-            src[i] = UP ? r / k : r;
-        }
+    for (int i = 0; i < NT; i++) { // columns past cnt read the last one's (their sums are not written)
+        int r = rows[min(8 * i + g, cnt - 1)];
+        src[i] = UP ? r / k : r;
     }
     float acc[NA][NT][4];
-    qmma_run<F, NA, NT, R>(w, row, cur, xs, src, acc);
+    qmma_run<F, NA, NT, 8>(w, row, cur, xs, src, acc);
     qmma_reduce<NA, NT>(red, acc);
     for (int i = threadIdx.x; i < NT * 128; i += 256) {
         qmma_out q = qmma_at(i);
         int o = o0 + q.r;
         if (o >= O || q.col >= cnt) continue;
         int64_t asg = rows[q.col];
-        float xi = inv[R < 8 ? q.col : UP ? asg / k : asg];
+        float xi = inv[UP ? asg / k : asg];
         float v = qmma_sum<NA, NT>(red, 0, q) * q_row_scale<F>(w, base + o) * xi;
         if constexpr (!UP) out[asg * N + o] = v;
         else if constexpr (NA == 2) // gate, up
@@ -1126,10 +1118,10 @@ static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const flo
     else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k); // passes of 8 rows
 }
 
-// Quantized experts on tensor cores (k_moe_qmma), NT tiles of 8 tokens, R
-// (8: x staged into qs first, h after up; 1, 2: each block stages its own):
-// up into h [nk, I] fp32, down into y [nk, L].
-template <typename WT, int NT, int R>
+// Quantized experts on tensor cores (k_moe_qmma), NT tiles of 8 tokens, 5 to
+// MOE_GEMV_MAXR tokens (cuda_moe_experts): x staged into qs first, h after
+// up; up into h [nk, I] fp32, down into y [nk, L].
+template <typename WT, int NT>
 static void qmma_experts_nt(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
                             const int32_t *ids, int n, int top_k, char *qs) {
     constexpr enum wfmt F = WT_FMT<WT>;
@@ -1138,17 +1130,15 @@ static void qmma_experts_nt(cudaStream_t st, const struct moe_experts *w, const 
     qweight up = {(const uint8_t *)w->up.data, w->up.scale, w->up.bscale, L};
     qweight down = {(const uint8_t *)w->down.data, w->down.scale, w->down.bscale, I};
     dim3 gu(cdiv(I, 16), ny), gd(cdiv(L, 16), ny);
-    qmma_x sx = {}, sh = {};
-    size_t mu = R < 8 ? qmma_smem(R, L) : 0, md = R < 8 ? qmma_smem(R, I) : 0;
-    if (R == 8) sx = qmma_stage<FP4>(st, qs, x, n, n, L);
+    qmma_x sx = qmma_stage<FP4>(st, qs, x, n, n, L);
     if (w->gated)
-        launch_pdl(k_moe_qmma<F, true, 2, NT, R>, gu, 256, mu, st, up, sx.xs, sx.inv, x, h, ids, nk, top_k, E, I, L,
+        launch_pdl(k_moe_qmma<F, true, 2, NT>, gu, 256, 0, st, up, sx.xs, sx.inv, h, ids, nk, top_k, E, I, L,
                    w->act);
     else
-        launch_pdl(k_moe_qmma<F, true, 1, NT, R>, gu, 256, mu, st, up, sx.xs, sx.inv, x, h, ids, nk, top_k, E, I, L,
+        launch_pdl(k_moe_qmma<F, true, 1, NT>, gu, 256, 0, st, up, sx.xs, sx.inv, h, ids, nk, top_k, E, I, L,
                    w->act);
-    if (R == 8) sh = qmma_stage<FP4>(st, qs + qmma_x_bytes(n, L), h, nk, nk, I);
-    launch_pdl(k_moe_qmma<F, false, 1, NT, R>, gd, 256, md, st, down, sh.xs, sh.inv, (const float *)h, y, ids, nk,
+    qmma_x sh = qmma_stage<FP4>(st, qs + qmma_x_bytes(n, L), h, nk, nk, I);
+    launch_pdl(k_moe_qmma<F, false, 1, NT>, gd, 256, 0, st, down, sh.xs, sh.inv, y, ids, nk,
                top_k, E, I, L, w->act);
 }
 
@@ -1156,15 +1146,10 @@ template <typename WT>
 static void qmma_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
                          const int32_t *ids, int n, int top_k, char *qs) {
     static_assert(MOE_GEMV_MAXR <= 32, "4 tiles of 8 tokens at most");
-    if (qmma_in_block(n, MAX(w->dim, w->inter))) {
-        if (n == 1) qmma_experts_nt<WT, 1, 1>(st, w, x, h, y, ids, n, top_k, qs);
-        else qmma_experts_nt<WT, 1, 2>(st, w, x, h, y, ids, n, top_k, qs);
-        return;
-    }
     switch (qmma_tiles(n)) {
-    case 1: qmma_experts_nt<WT, 1, 8>(st, w, x, h, y, ids, n, top_k, qs); break;
-    case 2: qmma_experts_nt<WT, 2, 8>(st, w, x, h, y, ids, n, top_k, qs); break;
-    default: qmma_experts_nt<WT, 4, 8>(st, w, x, h, y, ids, n, top_k, qs); break;
+    case 1: qmma_experts_nt<WT, 1>(st, w, x, h, y, ids, n, top_k, qs); break;
+    case 2: qmma_experts_nt<WT, 2>(st, w, x, h, y, ids, n, top_k, qs); break;
+    default: qmma_experts_nt<WT, 4>(st, w, x, h, y, ids, n, top_k, qs); break;
     }
 }
 

@@ -10,6 +10,9 @@
 //   (instructions, not bytes): on the H200, mamba in_proj FP8 at 1 row 13.7
 //   us, at 16 rows 124.7 us, where dequantizing and the GEMM take ~42 us
 //   (`cuda_ops ROWS 64 quant`), so more rows go the ways below.
+// - 16-bit mode, K % 64 == 0: up to 64 rows on tensor cores (cuda_qmma.cuh:
+//   codes to fp16 in registers, x in fp16, fp32 sums), FP8 from 5 rows on,
+//   NVFP4 from 1 (cuda_gemv_quant says where each was measured faster).
 // - More rows, WF_FP8 in 16-bit mode: W8A8 on FP8 tensor cores (x quantized
 //   per token, cuBLASLt's e4m3 GEMM; VLLM_FP8_W8A8=0 turns it off): 1 byte a
 //   weight, as vLLM runs FP8 checkpoints.
@@ -305,9 +308,9 @@ void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct 
     bool mma = qmma_fits(be, w) && (w->fmt == WF_NVFP4 || n > CUDA_QGEMV_MAXB);
     void *sc = mma ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
     switch (w->fmt) {
-    case WF_FP8: sc ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : gemv_q<WF_FP8>(s, y, x, w, n); break;
-    case WF_FP8_B128: sc ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
-    case WF_NVFP4: sc ? gemv_qmma<WF_NVFP4>(s, y, x, w, n, sc) : gemv_q<WF_NVFP4>(s, y, x, w, n); break;
+    case WF_FP8: mma ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : gemv_q<WF_FP8>(s, y, x, w, n); break;
+    case WF_FP8_B128: mma ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
+    case WF_NVFP4: mma ? gemv_qmma<WF_NVFP4>(s, y, x, w, n, sc) : gemv_q<WF_NVFP4>(s, y, x, w, n); break;
     case WF_F32:
     case WF_BF16:
     case WF_F16: break; // dense: cuda_backend.cu's GEMVs
