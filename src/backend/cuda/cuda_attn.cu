@@ -413,9 +413,20 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
         sl = dec_slot(a, b, k + 1);
     }
     float qs = a.scale * (F8 ? a.ks : 1.0f); // an fp8 cache's k_scale folded into q
-    for (int i = tid; i < G * D; i += DEC_THREADS) {
-        int hh = i / D;
-        q[i] = hh < nh ? a.qkv[(int64_t)t * a.ld + (int64_t)(h0 + hh) * D + i % D] * qs : 0.0f;
+    // q [G, D]: 16 loads a thread in flight before any store (a loop of
+    // load-then-store took one memory latency per element a thread: 16 of
+    // them at G 16, most of a short context's time)
+    const float *qrow = a.qkv + (int64_t)t * a.ld + (int64_t)h0 * D;
+    for (int i0 = 0; i0 < G * D; i0 += 16 * DEC_THREADS) {
+        float v[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            int i = i0 + tid + k * DEC_THREADS;
+            v[k] = i < G * D && i / D < nh ? qrow[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            if (i0 + tid + k * DEC_THREADS < G * D) q[i0 + tid + k * DEC_THREADS] = v[k] * qs;
     }
     __syncthreads();
     float m[G], l[G], acc[G][E];
@@ -474,45 +485,49 @@ __global__ void __launch_bounds__(DEC_THREADS) k_attn_dec(attn_args a, const T *
 // Merges the splits of one (token, head): rescale each by exp(m_i - max m).
 // Only the splits that hold keys of the token's context are read: of a.split
 // keys each (prefill), or the decode kernel's per-sequence ranges (split 0).
-// MERGE_THREADS threads: the maximum and the sum over the splits a thread
-// each, the outputs a warp per split (a lane per column), its loads
-// independent, then the warps' sums added.
+// MERGE_THREADS threads: the maximum over the splits a thread each; then,
+// per chunk of MERGE_THREADS splits, each thread's split weight into shared
+// memory and every thread's columns summed over the chunk, all its loads
+// independent (a split's m, then its row: never a load waiting on a load
+// of the same split, as a warp per split did).
 #define MERGE_THREADS 128
+#define MERGE_E (CUDA_MAX_HEAD_DIM / MERGE_THREADS) // columns a thread
 __global__ void __launch_bounds__(MERGE_THREADS) k_attn_merge(attn_args a) {
-    __shared__ float red[32], sum[MERGE_THREADS / 32][CUDA_MAX_HEAD_DIM];
+    __shared__ float red[32], wt[MERGE_THREADS];
     pdl_wait();
     pdl_trigger();
-    int t = a.tok0 + blockIdx.x, h = blockIdx.y, n = a.pos[t] + 1, S = a.Dh + 2, tid = threadIdx.x;
-    int lane = tid & 31, w = tid >> 5;
+    int t = a.tok0 + blockIdx.x, h = blockIdx.y, n = a.pos[t] + 1, D = a.Dh, S = D + 2, tid = threadIdx.x;
     int ns = min(a.nsplit, cdiv_dev(n, a.split ? a.split : dec_range(n, a.nsplit)));
     const float *pp = a.part + ((int64_t)(t - a.tok0) * a.H + h) * a.nsplit * S;
-    float mx = -INFINITY, l = 0;
-    for (int i = tid; i < ns; i += MERGE_THREADS) mx = fmaxf(mx, pp[i * S + a.Dh]);
+    float mx = -INFINITY, l = 0, o[MERGE_E];
+    for (int i = tid; i < ns; i += MERGE_THREADS) mx = fmaxf(mx, pp[i * S + D]);
     mx = block_reduce<true>(mx, red);
-    for (int i = tid; i < ns; i += MERGE_THREADS) {
-        float mi = pp[i * S + a.Dh];
-        if (mi > -INFINITY) l += pp[i * S + a.Dh + 1] * expf(mi - mx);
+#pragma unroll
+    for (int k = 0; k < MERGE_E; k++) o[k] = 0;
+    for (int base = 0; base < ns; base += MERGE_THREADS) {
+        int i = base + tid, nc = min(MERGE_THREADS, ns - base);
+        float mi = i < ns ? pp[i * S + D] : -INFINITY, li = i < ns ? pp[i * S + D + 1] : 0.0f, w = 0;
+        if (mi > -INFINITY) w = expf(mi - mx), l += w * li; // a split without keys weighs 0
+        __syncthreads(); // the last chunk's readers of wt are done
+        wt[tid] = w;
+        __syncthreads();
+#pragma unroll 4
+        for (int j = 0; j < nc; j++) {
+            float wj = wt[j];
+            const float *row = pp + (int64_t)(base + j) * S;
+#pragma unroll
+            for (int k = 0; k < MERGE_E; k++) {
+                int e = tid + k * MERGE_THREADS;
+                float v = e < D ? row[e] : 0.0f;
+                o[k] += wj != 0.0f ? wj * v : 0.0f; // a split without keys may hold anything
+            }
+        }
     }
     l = block_sum(l, red);
-    float o[MAX_E];
 #pragma unroll
-    for (int k = 0; k < MAX_E; k++) o[k] = 0;
-    for (int i = w; i < ns; i += MERGE_THREADS / 32) {
-        float mi = pp[i * S + a.Dh];
-        if (mi == -INFINITY) continue; // a split without keys (the same on the whole warp)
-        float c = expf(mi - mx);
-#pragma unroll
-        for (int k = 0; k < MAX_E; k++)
-            if (lane + 32 * k < a.Dh) o[k] += pp[i * S + lane + 32 * k] * c;
-    }
-#pragma unroll
-    for (int k = 0; k < MAX_E; k++)
-        if (lane + 32 * k < a.Dh) sum[w][lane + 32 * k] = o[k];
-    __syncthreads();
-    for (int e = tid; e < a.Dh; e += MERGE_THREADS) {
-        float x = 0;
-        for (int k = 0; k < MERGE_THREADS / 32; k++) x += sum[k][e];
-        a.out[(int64_t)t * a.H * a.Dh + h * a.Dh + e] = l > 0 ? x / l : 0.0f;
+    for (int k = 0; k < MERGE_E; k++) {
+        int e = tid + k * MERGE_THREADS;
+        if (e < D) a.out[(int64_t)t * a.H * D + h * D + e] = l > 0 ? o[k] / l : 0.0f;
     }
 }
 

@@ -579,23 +579,45 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
 }
 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
+#define GN_R 4 // elements a thread per pass
 __global__ void k_gated_rmsnorm(float *out, const float *y, const float *z, int zld, const float *w, int dim, int gs,
                                 float eps) {
     pdl_wait();
     pdl_trigger();
     __shared__ float red[32];
-    int t = blockIdx.x, g0 = blockIdx.y * gs;
+    int t = blockIdx.x, g0 = blockIdx.y * gs, g1 = g0 + gs, nt = blockDim.x;
     const float *yt = y + (int64_t)t * dim, *zt = z + (int64_t)t * zld;
     float *ot = out + (int64_t)t * dim;
+    // Two passes over the group, each with GN_R loads a thread in flight
+    // (out may be y: a loop of load, store, load waited a memory latency an
+    // element); the second recomputes y * silu(z) rather than rereading out.
     float ss = 0;
-    for (int i = g0 + threadIdx.x; i < g0 + gs; i += blockDim.x) {
-        float v = yt[i] * silu_f(zt[i]);
-        ot[i] = v;
-        ss += v * v;
+    for (int i0 = g0 + threadIdx.x; i0 < g1; i0 += GN_R * nt) {
+        float yv[GN_R], zv[GN_R];
+#pragma unroll
+        for (int k = 0; k < GN_R; k++) {
+            int i = i0 + k * nt;
+            yv[k] = i < g1 ? yt[i] : 0.0f, zv[k] = i < g1 ? zt[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < GN_R; k++) {
+            float v = yv[k] * silu_f(zv[k]);
+            ss += v * v;
+        }
     }
     ss = block_sum(ss, red);
     float r = rsqrtf(ss / gs + eps);
-    for (int i = g0 + threadIdx.x; i < g0 + gs; i += blockDim.x) ot[i] = w[i] * (ot[i] * r);
+    for (int i0 = g0 + threadIdx.x; i0 < g1; i0 += GN_R * nt) {
+        float yv[GN_R], zv[GN_R], wv[GN_R];
+#pragma unroll
+        for (int k = 0; k < GN_R; k++) {
+            int i = i0 + k * nt;
+            yv[k] = i < g1 ? yt[i] : 0.0f, zv[k] = i < g1 ? zt[i] : 0.0f, wv[k] = i < g1 ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < GN_R; k++)
+            if (i0 + k * nt < g1) ot[i0 + k * nt] = wv[k] * ((yv[k] * silu_f(zv[k])) * r);
+    }
 }
 
 void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,

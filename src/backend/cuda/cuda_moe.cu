@@ -140,27 +140,24 @@ __global__ void k_moe_act(float *h, const float *gu, int64_t A, int I, int gated
 
 // out[t] = sum over its k experts, in ascending expert order, of w * y
 // (y row slot_of[t * k + j], or t * k + j when slot_of is NULL), + add.
-// Block (t, x): 256 columns of token t. Thread 0 sorts the token's k
-// (expert, weight, row) once; then every thread's k loads of y are
-// independent, so they are in flight at once.
+// Block (t, x): 256 columns of token t. Threads j < k load pick j (all k
+// loads at once: one thread loading them in turn waited k memory latencies)
+// and place it by its rank in expert order; then every thread's k loads of
+// y are independent, so they are in flight at once.
 __global__ void k_moe_combine(float *out, const float *y, const int32_t *ids, const float *weights,
                               const int32_t *slot_of, const float *add, int k, int L) {
-    __shared__ int sr[CUDA_MAX_TOPK];
+    __shared__ int se[CUDA_MAX_TOPK], sr[CUDA_MAX_TOPK];
     __shared__ float sw[CUDA_MAX_TOPK];
     pdl_wait();
     pdl_trigger();
-    int t = blockIdx.x, l = blockIdx.y * blockDim.x + threadIdx.x;
-    if (threadIdx.x == 0) {
-        int e[CUDA_MAX_TOPK];
-        for (int j = 0; j < k; j++)
-            e[j] = ids[t * k + j], sw[j] = weights[t * k + j], sr[j] = slot_of ? slot_of[t * k + j] : t * k + j;
-        for (int a = 1; a < k; a++) // insertion sort by expert id
-            for (int b = a; b > 0 && e[b] < e[b - 1]; b--) {
-                int te = e[b], tr = sr[b];
-                float tw = sw[b];
-                e[b] = e[b - 1], sr[b] = sr[b - 1], sw[b] = sw[b - 1];
-                e[b - 1] = te, sr[b - 1] = tr, sw[b - 1] = tw;
-            }
+    int t = blockIdx.x, l = blockIdx.y * blockDim.x + threadIdx.x, j = threadIdx.x, e = 0, r = 0;
+    float w = 0;
+    if (j < k) e = ids[t * k + j], w = weights[t * k + j], r = slot_of ? slot_of[t * k + j] : t * k + j, se[j] = e;
+    __syncthreads();
+    if (j < k) {
+        int rank = 0; // ties (never in a top-k) keep pick order
+        for (int i = 0; i < k; i++) rank += se[i] < e || (se[i] == e && i < j);
+        sr[rank] = r, sw[rank] = w;
     }
     __syncthreads();
     if (l >= L) return;

@@ -6,15 +6,17 @@
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
 
-// A block per token, a thread per expert (E <= 1024): each arg-max of the
-// top-k is one block reduction, so a decode step's router is a few
-// microseconds however few tokens there are. Ties go to the lower index, as
-// in the CPU reference.
+// A block per token, a thread per expert (E <= 1024), so a decode step's
+// router is a few microseconds however few tokens there are. Ties go to the
+// lower index, as in the CPU reference.
+// (v, i) better than (bv, bi): a higher value, ties to the lower index.
+__device__ __forceinline__ bool route_better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
 __device__ __forceinline__ void warp_best(float &v, int &i) {
     for (int o = 16; o > 0; o >>= 1) {
         float v2 = __shfl_xor_sync(0xffffffffu, v, o);
         int i2 = __shfl_xor_sync(0xffffffffu, i, o);
-        if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+        if (route_better(v2, i2, v, i)) v = v2, i = i2;
     }
 }
 
@@ -34,25 +36,55 @@ __device__ __forceinline__ void block_best(float &v, int &i, float *sv, int *si)
     v = sv[32], i = si[32];
 }
 
-// The top-k of token t by score (thread e = expert e, avail: may
-// be picked), k block reductions; weights: the picks' w (in pick order),
-// divided by their sum (+ eps) when norm_topk_prob, times the scaling.
+// The top-k of token t by score (thread e = expert e, avail: may be picked);
+// weights: the picks' w (in pick order), divided by their sum (+ eps) when
+// norm_topk_prob, times the scaling. Each warp takes its own best k by
+// shuffles, then warp 0 the best k of those candidates (the block's best k
+// are among them): two barriers, not three a pick as k block reductions.
 __device__ __forceinline__ void route_topk(int t, float score, float w, bool avail, float eps, int32_t *ids,
-                                           float *weights, const moe_route_cfg &c, float *sv, int *si, float *s_w) {
-    int e = threadIdx.x;
-    for (int j = 0; j < c.top_k; j++) {
-        float v = avail ? score : -INFINITY;
-        int ie = avail ? e : 0x7fffffff;
-        block_best(v, ie, sv, si);
-        if (e == ie) avail = false, s_w[j] = w, ids[(int64_t)t * c.top_k + j] = ie;
+                                           float *weights, const moe_route_cfg &c, float *s_w) {
+    __shared__ float cv[32 * CUDA_MAX_TOPK], wall[MAX_EXPERTS];
+    __shared__ int ci[32 * CUDA_MAX_TOPK];
+    int e = threadIdx.x, lane = e & 31, wp = e >> 5, k = c.top_k, nc = (blockDim.x >> 5) * k;
+    if (e < c.num_experts) wall[e] = w;
+    float v = avail ? score : -INFINITY;
+    int ie = avail ? e : 0x7fffffff;
+    for (int j = 0; j < k; j++) {
+        float bv = v;
+        int bi = ie;
+        warp_best(bv, bi);
+        if (lane == 0) cv[wp * k + j] = bv, ci[wp * k + j] = bi;
+        if (ie == bi) v = -INFINITY, ie = 0x7fffffff; // taken
     }
     __syncthreads();
-    if (e < c.top_k) {
+    if (wp == 0) {
+        float lv[CUDA_MAX_TOPK]; // nc <= 32 warps x CUDA_MAX_TOPK: lane's candidates lane + 32 m
+        int li[CUDA_MAX_TOPK];
+#pragma unroll
+        for (int m = 0; m < CUDA_MAX_TOPK; m++) {
+            int x = lane + 32 * m;
+            lv[m] = x < nc ? cv[x] : -INFINITY, li[m] = x < nc ? ci[x] : 0x7fffffff;
+        }
+        for (int j = 0; j < k; j++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int m = 0; m < CUDA_MAX_TOPK; m++)
+                if (route_better(lv[m], li[m], bv, bi)) bv = lv[m], bi = li[m];
+            warp_best(bv, bi);
+#pragma unroll
+            for (int m = 0; m < CUDA_MAX_TOPK; m++)
+                if (li[m] == bi) lv[m] = -INFINITY, li[m] = 0x7fffffff;
+            if (lane == 0 && bi < c.num_experts) s_w[j] = wall[bi], ids[(int64_t)t * k + j] = bi;
+        }
+    }
+    __syncthreads();
+    if (e < k) {
         float sum = 0;
-        for (int j = 0; j < c.top_k; j++) sum += s_w[j];
+        for (int j = 0; j < k; j++) sum += s_w[j];
         float x = s_w[e];
         if (c.norm_topk_prob) x /= sum + eps;
-        weights[(int64_t)t * c.top_k + e] = x * c.routed_scaling_factor;
+        weights[(int64_t)t * k + e] = x * c.routed_scaling_factor;
     }
 }
 
@@ -60,8 +92,7 @@ __device__ __forceinline__ void route_topk(int t, float score, float w, bool ava
 // whose two best choice scores sum highest (each group scanned in order by
 // one thread, as the reference does).
 __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, moe_route_cfg c) {
-    __shared__ float sv[33], s_ch[MAX_EXPERTS], gs[CUDA_MAX_GROUPS], s_w[CUDA_MAX_TOPK];
-    __shared__ int si[33];
+    __shared__ float s_ch[MAX_EXPERTS], gs[CUDA_MAX_GROUPS], s_w[CUDA_MAX_TOPK];
     __shared__ unsigned long long s_groups;
     pdl_wait();
     pdl_trigger();
@@ -97,7 +128,7 @@ __global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, c
         __syncthreads();
         avail = in && (s_groups >> (e / per) & 1);
     }
-    route_topk(t, ch, sig, avail, 1e-20f, ids, weights, c, sv, si, s_w);
+    route_topk(t, ch, sig, avail, 1e-20f, ids, weights, c, s_w);
 }
 
 // Softmax top-k: probabilities as the reference (max subtracted, expf,
@@ -115,7 +146,7 @@ __device__ __forceinline__ void route_softmax_tok(int t, int32_t *ids, float *we
     block_best(mx, im, sv, si);
     float p = in ? expf(lg - mx) : 0.0f;
     p /= block_sum(p, red);
-    route_topk(t, p, p, avail, 0.0f, ids, weights, c, sv, si, s_w);
+    route_topk(t, p, p, avail, 0.0f, ids, weights, c, s_w);
 }
 
 __global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, moe_route_cfg c) {
