@@ -243,12 +243,15 @@ __global__ void k_add_rmsnorm(float *res, const float *x, float *out, const floa
 // every read is before the block's reduction, every write after it.
 template <int V>
 __global__ void k_add_rmsnorm4(float *res, const float *x, float *out, const float *w, int d, float eps) {
-    pdl_wait();
-    pdl_trigger();
     __shared__ float red[32];
     int64_t off = (int64_t)blockIdx.x * (d / 4);
     int d4 = d / 4;
-    float4 v[V];
+    float4 v[V], g[V];
+#pragma unroll
+    for (int i = 0; i < V; i++) // the weights are no kernel's output: loaded before the wait
+        if (threadIdx.x + i * blockDim.x < d4) g[i] = ((const float4 *)w)[threadIdx.x + i * blockDim.x];
+    pdl_wait();
+    pdl_trigger();
     float ss = 0;
 #pragma unroll
     for (int i = 0; i < V; i++) {
@@ -269,8 +272,9 @@ __global__ void k_add_rmsnorm4(float *res, const float *x, float *out, const flo
     for (int i = 0; i < V; i++) {
         int c = threadIdx.x + i * blockDim.x;
         if (c >= d4) break;
-        float4 g = ((const float4 *)w)[c], a = v[i];
-        ((float4 *)out)[off + c] = make_float4(g.x * (a.x * r), g.y * (a.y * r), g.z * (a.z * r), g.w * (a.w * r));
+        float4 a = v[i];
+        ((float4 *)out)[off + c] =
+            make_float4(g[i].x * (a.x * r), g[i].y * (a.y * r), g[i].z * (a.z * r), g[i].w * (a.w * r));
     }
 }
 
@@ -869,7 +873,19 @@ __global__ void k_head_rmsnorm(float *x, int ld, int n, int heads, int hd, const
     for (int i = lane; i < hd; i += 32) ss += p[i] * p[i];
     ss = warp_sum(ss);
     float r = rsqrtf(ss / hd + eps);
-    for (int i = lane; i < hd; i += 32) p[i] = w[i] * (p[i] * r);
+    // in place: a lane's 8 loads of p and w before its 8 stores (a load, store
+    // loop waited a memory latency an element: 16 of them for MLA's 512)
+    for (int i0 = lane; i0 < hd; i0 += 8 * 32) {
+        float pv[8], wv[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int i = i0 + 32 * k;
+            pv[k] = i < hd ? p[i] : 0.0f, wv[k] = i < hd ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (i0 + 32 * k < hd) p[i0 + 32 * k] = wv[k] * (pv[k] * r);
+    }
 }
 
 static void cu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
