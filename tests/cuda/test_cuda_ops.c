@@ -152,6 +152,20 @@ static void test_dense(void) {
         pfree(pt), pfree(pq), pfree(pp), pfree(phw);
         free(tab), free(q);
     }
+    { // head norms wider than a warp's 8 loads a lane (MLA's 512-wide latent in rows of 576) and odd sizes
+        int shapes[3][3] = {{576, 1, 512}, {3 * 72 + 5, 3, 72}, {300, 1, 300}}; // ld, heads, head_dim
+        for (int i = 0; i < 3; i++) {
+            int ld = shapes[i][0], nh = shapes[i][1], hd = shapes[i][2];
+            float *xn = test_rnd((size_t)T * ld, 10 + i), *hw = test_rnd((size_t)hd, 20 + i);
+            struct pair pn = up(xn, sizeof(float) * T * ld), pw = up(hw, sizeof(float) * hd);
+            cpu->ops->head_rmsnorm(cpu, pn.c, ld, T, nh, hd, pw.c, 1e-5f);
+            gpu->ops->head_rmsnorm(gpu, pn.g, ld, T, nh, hd, pw.g, 1e-5f);
+            char name[64];
+            snprintf(name, sizeof name, "head_rmsnorm %d x %d in rows of %d", nh, hd, ld);
+            cmp(name, pn, (size_t)T * ld, 1e-5);
+            pfree(pn), pfree(pw), free(xn), free(hw);
+        }
+    }
     double sc = cpu->ops->sum_sq(cpu, px.c, (int64_t)T * D), sg = gpu->ops->sum_sq(gpu, px.g, (int64_t)T * D);
     CHECKF(fabs(sc - sg) / sc < 1e-5, "sum_sq %g vs %g", sc, sg);
     int32_t rows[5] = {3, 0, 36, 17, 3};
