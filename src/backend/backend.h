@@ -224,6 +224,10 @@ struct backend_ops {
     // and leaves gu unwritten).
     void (*matmul_act_mul)(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
                            int n, float *gu);
+    // A plain MLP's first half in one op: out: [n, W.rows] = act(x @ W^T (+
+    // W.bias)) (relu2: Nemotron-H's MLPs and shared experts). A decode GEMV
+    // applies act in its epilogue; elsewhere it is matmul then act in place.
+    void (*matmul_act)(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n);
     // Sum of squares of x[0..n) (a diagnostic; synchronizes).
     double (*sum_sq)(struct backend *be, const float *x, int64_t n);
 

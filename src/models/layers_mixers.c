@@ -137,10 +137,8 @@ void mlp_fwd(struct lm *m, const struct mlp_layer *f, const float *x, float *out
     if (f->gated) { // act(gate) * up in the gate | up product's epilogue where the backend can
         op->matmul_act_mul(m->be, f->act, ws->hid, x, &f->up, T, ws->proj);
         h = ws->hid;
-    } else {
-        op->matmul(m->be, ws->proj, x, &f->up, T);
-        op->act(m->be, f->act, ws->proj, (int64_t)T * f->inter);
-    }
+    } else // act(up x) likewise in the up product's epilogue
+        op->matmul_act(m->be, f->act, ws->proj, x, &f->up, T);
     op->matmul(m->be, out, h, &f->down, T);
 }
 

@@ -277,8 +277,9 @@ static void test_qk_norm_rope(void) {
     }
 }
 
-// matmul_act_mul (one op on every CPU path: matmul then act_mul through the
-// backend's own ops) against those ops, decode and prefill rows, bf16.
+// matmul_act_mul and matmul_act (one op each on every CPU path: matmul then
+// act_mul / act through the backend's own ops) against those ops, decode and
+// prefill rows, bf16.
 static void test_matmul_act_mul(void) {
     int I = 70, K = 48, ns[] = {1, 4, 19};
     float *wm = test_rnd((size_t)2 * I * K, 0.2f), *x = test_rnd((size_t)19 * K, 1);
@@ -296,6 +297,17 @@ static void test_matmul_act_mul(void) {
         ref->ops->act_mul(ref, ACT_SILU, o1, gu, n, I);
         ref->ops->matmul_act_mul(ref, ACT_SILU, o2, x, &wr, n, gu);
         cmp("matmul_act_mul (reference)", o2, o1, (size_t)n * I, 0);
+        // matmul_act (relu2) over the same 2I rows: matmul, then act in place
+        for (int p = 0; p < 2; p++) {
+            struct backend *be = p ? ref : fast;
+            struct weight *w = p ? &wr : &wf;
+            be->ops->matmul(be, gu, x, w, n);
+            be->ops->act(be, ACT_RELU2, gu, (int64_t)n * 2 * I);
+            float *o3 = xmalloc(sizeof(float) * n * 2 * I);
+            be->ops->matmul_act(be, ACT_RELU2, o3, x, w, n);
+            cmp(p ? "matmul_act (reference)" : "matmul_act (fast)", o3, gu, (size_t)n * 2 * I, 0);
+            free(o3);
+        }
     }
     ref->ops->free(ref, wr.data);
     fast->ops->free(fast, wf.data);

@@ -428,6 +428,48 @@ static void test_matmul_act_mul(int K, int I) {
     free(wm), free(x), free(bias);
 }
 
+// matmul_act: a plain MLP's up product with the bias and act in the GEMV's
+// epilogue (bf16 / fp16, 1-4 rows), else matmul + act (7 rows, fp32
+// weights): relu2 at Nemotron-3 Nano's shared-expert shape (2688 -> 3712)
+// and Nemotron-H-8B's MLP (4096 -> 21504, past GEMV16W_MAX_BYTES), silu at
+// an odd row count, with and without a bias; the fused GEMV is
+// also held to the GPU's own matmul + act bit for bit.
+static void test_matmul_act(int K, int N, enum act kind) {
+    int nmax = 7;
+    float *wm = test_rnd((size_t)N * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1), *bias = test_rnd(N, 1);
+    struct weight wc, wg[3];
+    enum wfmt fm[3] = {WF_BF16, WF_F16, WF_F32};
+    weight_from_f32(cpu, &wc, WF_F32, wm, N, K);
+    for (int f = 0; f < 3; f++) weight_from_f32(gpu, &wg[f], fm[f], wm, N, K);
+    struct pair px = up(x, sizeof(float) * nmax * K), pb = up(bias, sizeof(float) * N);
+    struct pair po = up(wm, sizeof(float) * nmax * N), pu = up(wm, sizeof(float) * nmax * N);
+    static const char *fmn[3] = {"bf16", "fp16", "fp32"};
+    float *a = xmalloc(sizeof(float) * nmax * N), *c = xmalloc(sizeof(float) * nmax * N);
+    for (int f = 0; f < 3; f++)
+        for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
+            for (int b = 0; b < 2; b++) {
+                if (b && n != 1) continue;
+                wc.bias = b ? pb.c : NULL, wg[f].bias = b ? pb.g : NULL;
+                cpu->ops->matmul_act(cpu, kind, po.c, px.c, &wc, n);
+                gpu->ops->matmul_act(gpu, kind, po.g, px.g, &wg[f], n);
+                char name[96];
+                snprintf(name, sizeof name, "matmul_act %s %s %d->%d n=%d%s", kind == ACT_RELU2 ? "relu2" : "silu",
+                         fmn[f], K, N, n, b ? " +bias" : "");
+                cmp(name, po, (size_t)n * N, f == 0 ? 2e-2 : f == 1 ? 5e-3 : 1e-5);
+                gpu->ops->matmul(gpu, pu.g, px.g, &wg[f], n);
+                gpu->ops->act(gpu, kind, pu.g, (int64_t)n * N);
+                gpu->ops->download(gpu, a, po.g, sizeof(float) * n * N);
+                gpu->ops->download(gpu, c, pu.g, sizeof(float) * n * N);
+                CHECKF(!memcmp(a, c, sizeof(float) * n * N), "%s: not the GPU's matmul + act bit for bit", name);
+            }
+    free(a), free(c);
+    cpu->ops->free(cpu, wc.data);
+    for (int f = 0; f < 3; f++) gpu->ops->free(gpu, wg[f].data);
+    struct pair all[] = {px, pb, po, pu};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free(wm), free(x), free(bias);
+}
+
 struct moe_shape {
     int E, k, I, L, gated;
     enum act act;
@@ -963,6 +1005,9 @@ int main(int argc, char **argv) {
     }
     test_matmul_act_mul(2048, 6144);
     test_matmul_act_mul(48, 71);
+    test_matmul_act(2688, 3712, ACT_RELU2);
+    test_matmul_act(4096, 21504, ACT_RELU2); // 176 MB: k_gemv16, not k_gemv16w
+    test_matmul_act(48, 71, ACT_SILU);
     test_gemv16();
     test_moe_gate_route();
     test_moe();

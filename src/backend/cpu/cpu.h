@@ -78,6 +78,8 @@ void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float 
 // matmul_act_mul as matmul into gu, then act_mul, through be's own ops (the reference and the fast path alike).
 void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,
                         float *gu);
+// matmul_act as matmul into out, then act in place, through be's own ops (both paths).
+void cpu_matmul_act(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n);
 
 // ops in cpu_mamba.c, cpu_attn.c, cpu_moe.c
 void cpu_conv1d_fwd(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias,

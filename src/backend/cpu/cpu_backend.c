@@ -309,6 +309,11 @@ void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const flo
     be->ops->act_mul(be, kind, out, gu, n, (int)(w->rows / 2));
 }
 
+void cpu_matmul_act(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n) {
+    be->ops->matmul(be, out, x, w, n);
+    be->ops->act(be, kind, out, (int64_t)n * w->rows);
+}
+
 static double cpu_sum_sq(struct backend *be, const float *x, int64_t n) {
     (void)be;
     double s = 0;
@@ -488,6 +493,7 @@ static const struct backend_ops cpu_ops = {
     .head_rmsnorm = cpu_head_rmsnorm,
     .qk_norm_rope = cpu_qk_norm_rope,
     .matmul_act_mul = cpu_matmul_act_mul,
+    .matmul_act = cpu_matmul_act,
     .moe_gate_route = cpu_moe_gate_route,
     .sum_sq = cpu_sum_sq,
     .conv1d_fwd = cpu_conv1d_fwd,

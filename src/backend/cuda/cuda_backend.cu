@@ -331,7 +331,7 @@ __device__ __forceinline__ void x8_rounded(float (&xs)[8], const float *x, int b
 #define GEMV_HALF (GEMV_ROWS / 2)
 template <typename T, int NB, bool GATED>
 __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const T *w, const float *bias, int N, int K,
-                                                enum act kind) {
+                                                enum act kind, bool with_act) {
     typedef typename pair_of<T>::type T2;
     __shared__ float red[8][GEMV_ROWS][NB];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * (GATED ? GEMV_HALF : GEMV_ROWS);
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
         float v = 0;
         for (int q = 0; q < 8; q++) v += red[q][r][b];
         if (bias && row0 + r < N) v += bias[row0 + r];
-        if (row0 + r < N) y[(int64_t)b * N + row0 + r] = v;
+        if (row0 + r < N) y[(int64_t)b * N + row0 + r] = with_act ? act_dev(kind, v) : v;
     }
 }
 
@@ -452,7 +452,7 @@ __device__ __forceinline__ void gemvw_load(uint4 (&v)[R][U], const T *w, int g, 
 
 template <typename T, int NB, bool GATED, int R, int U, bool XS>
 __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::per_sm)
-    k_gemv16w(float *y, const float *x, const T *w, const float *bias, int N, int K, enum act kind) {
+    k_gemv16w(float *y, const float *x, const T *w, const float *bias, int N, int K, enum act kind, bool with_act) {
     static_assert(!GATED || R % 2 == 0, "a GATED group holds gate and up rows in pairs");
     typedef typename pair_of<T>::type T2;
     extern __shared__ float4 xsh[]; // XS: [NB][2][K/8] float4, x [b, 8k8 + 4h ..] rounded at [b][h][k8]
@@ -527,8 +527,10 @@ __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::
                     float gv = acc[o][b], uv = acc[o + H][b];
                     if (bias) gv += bias[u], uv += bias[I + u];
                     y[(int64_t)b * I + u] = act_dev(kind, gv) * uv;
-                } else
-                    y[(int64_t)b * N + u] = acc[o][b] + (bias ? bias[u] : 0.0f);
+                } else {
+                    float v = acc[o][b] + (bias ? bias[u] : 0.0f);
+                    y[(int64_t)b * N + u] = with_act ? act_dev(kind, v) : v;
+                }
             }
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -539,28 +541,28 @@ __global__ void __launch_bounds__(gemvw_shape<XS>::warps * 32, gemvw_shape<XS>::
 
 template <typename T, int NB, bool GATED, int R, int U, bool XS>
 static void gemv16w_launch(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K,
-                           enum act kind) {
+                           enum act kind, bool with_act) {
     typedef gemvw_shape<XS> sh;
     int groups = GATED ? cdiv(N / 2, R / 2) : cdiv(N, R);
     size_t sm = XS ? sizeof(float) * NB * K : 0;
     if (XS) CUDA_CHECK(cudaFuncSetAttribute(k_gemv16w<T, NB, GATED, R, U, XS>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     launch_pdl(k_gemv16w<T, NB, GATED, R, U, XS>, MIN(groups, sh::per_sm * cu(be)->num_sms), sh::warps * 32, sm,
-               cu(be)->stream, y, x, W, bias, N, K, kind);
+               cu(be)->stream, y, x, W, bias, N, K, kind, with_act);
 }
 // XS where x [n, K] fits in shared memory, else the same kernel reading x from L1
 template <typename T, bool GATED, int R, int U, bool XS>
 static void gemv16w(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
-                    enum act kind) {
+                    enum act kind, bool with_act) {
     if (XS && sizeof(float) * n * K > cu(be)->smem_optin) {
-        gemv16w<T, GATED, R, U, false>(be, y, x, W, bias, N, K, n, kind);
+        gemv16w<T, GATED, R, U, false>(be, y, x, W, bias, N, K, n, kind, with_act);
         return;
     }
     switch (n) {
-    case 1: gemv16w_launch<T, 1, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
-    case 2: gemv16w_launch<T, 2, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
-    case 3: gemv16w_launch<T, 3, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
-    default: gemv16w_launch<T, 4, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind); break;
+    case 1: gemv16w_launch<T, 1, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind, with_act); break;
+    case 2: gemv16w_launch<T, 2, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind, with_act); break;
+    case 3: gemv16w_launch<T, 3, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind, with_act); break;
+    default: gemv16w_launch<T, 4, GATED, R, U, XS>(be, y, x, W, bias, N, K, kind, with_act); break;
     }
 }
 
@@ -574,29 +576,29 @@ static void gemv16w(struct backend *be, float *y, const float *x, const T *W, co
 // of k_gemv16w (R, U, the loads, x from L1) lost at every shape.
 #define GEMV16W_MAX_BYTES (64 << 20)
 
-// gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias;
-// the kernel: by the weight's size, or VLLM_GEMV16 (0 k_gemv16, 1 k_gemv16w)
+// gated: y [n, N/2] = act_mul(x W^T + bias) (k_gemv16's GATED), else y [n, N] = x W^T + bias,
+// act(kind) of it if with_act; the kernel: by the weight's size, or VLLM_GEMV16 (0 k_gemv16, 1 k_gemv16w)
 template <typename T, bool GATED>
 static void gemv16_g(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n,
-                     enum act kind) {
+                     enum act kind, bool with_act) {
     int v = cu(be)->gemv16;
     if (v < 0) v = (int64_t)N * K * (int64_t)sizeof(T) < GEMV16W_MAX_BYTES;
     if (v == 1) {
-        gemv16w<T, GATED, 2, 4, true>(be, y, x, W, bias, N, K, n, kind);
+        gemv16w<T, GATED, 2, 4, true>(be, y, x, W, bias, N, K, n, kind, with_act);
         return;
     }
     dim3 g(GATED ? cdiv(N / 2, GEMV_HALF) : cdiv(N, GEMV_ROWS));
     cudaStream_t s = cu(be)->stream;
     switch (n) {
-    case 1: launch_pdl(k_gemv16<T, 1, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
-    case 2: launch_pdl(k_gemv16<T, 2, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
-    case 3: launch_pdl(k_gemv16<T, 3, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
-    default: launch_pdl(k_gemv16<T, 4, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind); break;
+    case 1: launch_pdl(k_gemv16<T, 1, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind, with_act); break;
+    case 2: launch_pdl(k_gemv16<T, 2, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind, with_act); break;
+    case 3: launch_pdl(k_gemv16<T, 3, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind, with_act); break;
+    default: launch_pdl(k_gemv16<T, 4, GATED>, g, 256, 0, s, y, x, W, bias, N, K, kind, with_act); break;
     }
 }
 template <typename T>
 static void gemv16(struct backend *be, float *y, const float *x, const T *W, const float *bias, int N, int K, int n) {
-    gemv16_g<T, false>(be, y, x, W, bias, N, K, n, ACT_SILU);
+    gemv16_g<T, false>(be, y, x, W, bias, N, K, n, ACT_SILU, false);
 }
 
 static cudaDataType_t cuda_type(enum wfmt f) {
@@ -847,12 +849,29 @@ static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, con
     int N = (int)w->rows, K = (int)w->cols;
     bool fuse = gemv_fits(x, w, n) && N % 2 == 0;
     if (fuse && w->fmt == WF_BF16)
-        gemv16_g<__nv_bfloat16, true>(be, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind);
+        gemv16_g<__nv_bfloat16, true>(be, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind, true);
     else if (fuse && w->fmt == WF_F16)
-        gemv16_g<__half, true>(be, out, x, (const __half *)w->data, w->bias, N, K, n, kind);
+        gemv16_g<__half, true>(be, out, x, (const __half *)w->data, w->bias, N, K, n, kind, true);
     else {
         cu_matmul(be, gu, x, w, n);
         cu_act_mul(be, kind, out, gu, n, N / 2);
+    }
+}
+
+// A plain MLP's up product: at decode sizes with 16-bit weights, one GEMV
+// whose epilogue adds the bias and applies act; else the product, then act.
+static void cu_matmul_act(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
+                          int n) {
+    if (n <= 0) return;
+    int N = (int)w->rows, K = (int)w->cols;
+    bool fuse = gemv_fits(x, w, n);
+    if (fuse && w->fmt == WF_BF16)
+        gemv16_g<__nv_bfloat16, false>(be, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind, true);
+    else if (fuse && w->fmt == WF_F16)
+        gemv16_g<__half, false>(be, out, x, (const __half *)w->data, w->bias, N, K, n, kind, true);
+    else {
+        cu_matmul(be, out, x, w, n);
+        cu_act(be, kind, out, (int64_t)n * N);
     }
 }
 
@@ -1154,6 +1173,7 @@ static void init_ops(void) {
     o->qk_norm_rope = cuda_qk_norm_rope;
     o->moe_gate_route = cuda_moe_gate_route;
     o->matmul_act_mul = cu_matmul_act_mul;
+    o->matmul_act = cu_matmul_act;
     o->sum_sq = cu_sum_sq;
     o->conv1d_fwd = cuda_conv1d_fwd;
     o->conv1d_update = cuda_conv1d_update;
