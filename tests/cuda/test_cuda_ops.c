@@ -665,7 +665,7 @@ static void test_sample(void) {
 // and strong ([-20, 0] per token: exp(-G) of a chunk would overflow). At
 // Kimi-Linear-48B's heads (32 of 128), at 4 of 64, 2 of 48 (a block's
 // value columns past K) and 4 of 16 (the kimi_linear fixtures' heads, which
-// the fp32 gates run), and 3 of 20 (no chunks: k_kda).
+// the fp32 gates run), and 3 of 20 (no chunks: k_kda_step).
 static void test_kda_chunks(struct backend *ref, struct kda_dims d) {
     int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 1, slots = 24, S = 12;
     int qlen[] = {1, 15, 16, 17, 63, 64, 65, 197, 1000, 100, 150, 123}, ctx[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 37, 64, 5};
@@ -738,6 +738,70 @@ static void test_kimi_kda(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free_tb(&t);
     free(x), free(cw), free(cs), free(st), free(g), free(Al), free(dtb), free(w), free(z);
+}
+
+// The KDA decode step (k_kda_step: a block per 32 value columns of a head,
+// its rows of the state in registers) against the CPU reference: 1, 3 and
+// 64 decodes, every third also writing its new state to a checkpoint slot
+// (ckpt_dst), each with a state_src naming an extra slot it must not read (a
+// decode continues its own slot, as the reference), in one step with two
+// prefills (kda_prefill: k_kda_chunk, or k_kda_step where the head takes no
+// chunks): 1 token off a restored checkpoint's copy with a checkpoint at its
+// end (64), and 5 continuing their own slot from 62 with one after their
+// second token; then the decodes' next token. Log-decays in [-2, 0]. Every
+// slot's state is compared: those written and those left alone.
+static void test_kda_decode(struct backend *ref, struct kda_dims d) {
+    static const int nds[] = {1, 3, 64};
+    int H = d.heads, K = d.head_dim, HK = H * K, ld = 3 * HK + H + 1;
+    for (size_t c = 0; c < sizeof nds / sizeof nds[0]; c++) {
+        int nd = nds[c], n = nd + 2, T = nd + 6, slots = 2 * nd + 6;
+        // qsl [n+1] | ctx [n] | slot [n] | src [n] | ck_start [n+1] | ck_pos [2] | ck_slot [2] | ck_dst [n]
+        size_t na = 6 * (size_t)n + 6;
+        int32_t *h = xcalloc(na, sizeof(int32_t));
+        int32_t *qsl = h, *ctx = qsl + n + 1, *slot = ctx + n, *src = slot + n, *cks = src + n;
+        int32_t *ckp = cks + n + 1, *ckl = ckp + 2, *dst = ckl + 2;
+        for (int s = 0; s < nd; s++) {
+            qsl[s] = s, ctx[s] = 3 + 17 * s, slot[s] = (5 * s + 2) % nd, src[s] = 2 * nd;
+            dst[s] = s % 3 ? -1 : nd + (7 * s + 1) % nd;
+        }
+        qsl[nd] = nd, qsl[nd + 1] = nd + 1, qsl[nd + 2] = T;
+        ctx[nd] = 63, slot[nd] = 2 * nd + 1, src[nd] = 2 * nd + 2, dst[nd] = -1;
+        ctx[nd + 1] = 62, slot[nd + 1] = src[nd + 1] = 2 * nd + 3, dst[nd + 1] = -1;
+        cks[nd + 1] = 1, cks[nd + 2] = 2;
+        ckp[0] = 64, ckl[0] = 2 * nd + 4, ckp[1] = 64, ckl[1] = 2 * nd + 5;
+        struct pair pa = up(h, na * sizeof(int32_t));
+        struct batch bc, bg, *bs[2] = {&bc, &bg};
+        for (int k = 0; k < 2; k++) {
+            int32_t *a = k ? pa.g : pa.c;
+            struct batch *b = bs[k];
+            memset(b, 0, sizeof *b);
+            b->num_tokens = T, b->num_seqs = n, b->num_decodes = nd, b->num_prefills = 2;
+            b->query_start_loc = a, b->context_lens = a + (ctx - h), b->state_slots = a + (slot - h);
+            b->state_src = a + (src - h), b->ckpt_start = a + (cks - h), b->ckpt_pos = a + (ckp - h);
+            b->ckpt_slot = a + (ckl - h), b->ckpt_dst = a + (dst - h);
+            b->h_query_start_loc = qsl, b->h_context_lens = ctx, b->h_state_slots = slot, b->h_state_src = src;
+        }
+        size_t sn = (size_t)slots * HK * K;
+        float *x = test_rnd((size_t)2 * T * ld, 1), *g = test_rnd((size_t)2 * T * HK, 1), *st = test_rnd(sn, 0.3f);
+        float *y = test_rnd((size_t)2 * T * HK, 1);
+        for (size_t i = 0; i < (size_t)2 * T * HK; i++) g[i] -= 1.0f; // [-2, 0]
+        struct pair px = up(x, sizeof(float) * 2 * T * ld), pg = up(g, sizeof(float) * 2 * T * HK);
+        struct pair pst = up(st, sizeof(float) * sn), py = up(y, sizeof(float) * 2 * T * HK);
+        ref->ops->kda_decode(ref, py.c, px.c, ld, pg.c, pst.c, &bc, &d);
+        gpu->ops->kda_decode(gpu, py.g, px.g, ld, pg.g, pst.g, &bg, &d);
+        ref->ops->kda_prefill(ref, py.c, px.c, ld, pg.c, pst.c, &bc, nd, n, &d);
+        gpu->ops->kda_prefill(gpu, py.g, px.g, ld, pg.g, pst.g, &bg, nd, n, &d);
+        size_t o = (size_t)T * ld, og = (size_t)T * HK; // the next token's rows
+        ref->ops->kda_decode(ref, (float *)py.c + og, (float *)px.c + o, ld, (float *)pg.c + og, pst.c, &bc, &d);
+        gpu->ops->kda_decode(gpu, (float *)py.g + og, (float *)px.g + o, ld, (float *)pg.g + og, pst.g, &bg, &d);
+        char what[2][64];
+        snprintf(what[0], sizeof what[0], "kda decode %dx%d, %d decodes: y", H, K, nd);
+        snprintf(what[1], sizeof what[1], "kda decode %dx%d, %d decodes: states", H, K, nd);
+        cmp(what[0], py, (size_t)2 * T * HK, 1e-5);
+        cmp(what[1], pst, sn, 1e-5);
+        pfree(pa), pfree(px), pfree(pg), pfree(pst), pfree(py);
+        free(h), free(x), free(g), free(st), free(y);
+    }
 }
 
 // MLA (mla_kv_write, then mla_attn over the whole batch in one call, as
@@ -1017,6 +1081,7 @@ int main(int argc, char **argv) {
     static const struct kda_dims kda[] = {{32, 128, 4, 64}, {4, 64, 4, 64}, {2, 48, 4, 64}, {4, 16, 4, 64},
                                           {3, 20, 4, 64}};
     for (size_t i = 0; i < sizeof kda / sizeof kda[0]; i++) test_kda_chunks(ref, kda[i]);
+    for (size_t i = 0; i < sizeof kda / sizeof kda[0]; i++) test_kda_decode(ref, kda[i]);
     backend_free(ref);
     static const struct mla_case mla[] = {
         {{32, 128, 64, 128, 512, 16, 0}, 12, 7, {1, 1, 1, 1, 1, 1, 1, 40, 16, 1, 33, 200},

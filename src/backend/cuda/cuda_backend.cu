@@ -1108,13 +1108,12 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         if (d->conv_kernel < CUDA_CONV_KMIN || d->conv_kernel > CUDA_CONV_KMAX)
             snprintf(buf, sizeof buf, "Kimi Delta Attention: short_conv_kernel_size %d outside [%d, %d]",
                      d->conv_kernel, CUDA_CONV_KMIN, CUDA_CONV_KMAX), why = buf;
-        else if (d->head_dim > 1024)
-            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d over 1024 (a thread per value column)",
-                     d->head_dim), why = buf;
+        else if (d->head_dim > CUDA_KDA_MAX_HEAD_DIM)
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d over CUDA_KDA_MAX_HEAD_DIM %d (the decode "
+                     "step keeps a head's state in registers)", d->head_dim, CUDA_KDA_MAX_HEAD_DIM), why = buf;
         else if (cuda_kda_smem(d->head_dim) > cu(be)->smem_optin)
-            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d: the state per head and prefill chunks "
-                     "take %zu bytes of shared memory (%zu a block)", d->head_dim, cuda_kda_smem(d->head_dim),
-                     cu(be)->smem_optin), why = buf;
+            snprintf(buf, sizeof buf, "Kimi Delta Attention: head_dim %d: prefill chunks take %zu bytes of shared "
+                     "memory (%zu a block)", d->head_dim, cuda_kda_smem(d->head_dim), cu(be)->smem_optin), why = buf;
         break;
     }
     case OP_MLA: {

@@ -290,6 +290,7 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_MAX_STATE 256
 #define CUDA_CONV_KMIN 2
 #define CUDA_CONV_KMAX 6
+#define CUDA_KDA_MAX_HEAD_DIM 128 // a head's state rows in registers: 16 a thread (cuda_kimi.cu)
 #define CUDA_MLA_MAX_RANK 512 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512), a multiple of 4
 #define CUDA_MLA_MAX_W 640    // kv_lora_rank + qk_rope_head_dim (576), rope a multiple of 4
 
@@ -378,7 +379,7 @@ void cuda_mla_kv_write(struct backend *be, void *cache, const float *lat, int ld
                        const struct mla_dims *d);
 void cuda_mla_attn(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
                    const struct batch *b, int seq0, int seq1, const struct mla_dims *d);
-size_t cuda_kda_smem(int head_dim);
+size_t cuda_kda_smem(int head_dim); // the chunked prefill's shared memory per block (0: no chunks)
 size_t cuda_mla_smem(const struct mla_dims *d);
 // Scratch bytes of mla_attn over steps of up to max_tokens rows and contexts
 // of up to max_seq_len tokens (cuda_mla.cu)

@@ -15,58 +15,118 @@ struct kda_args {
     const int32_t *ck_dst; // decode: batch.ckpt_dst, the checkpoint that also gets the new state (NULL: none)
 };
 
-// One block per (sequence, head); thread j owns value column j of the head's
-// state [K, K], kept in shared memory for the whole sequence (read once from
-// its source slot, written once to its own slot and to each checkpoint).
-__global__ void k_kda(kda_args a) {
-    extern __shared__ float sm[];
-    __shared__ float red[32];
-    int K = a.K, H = a.H, HK = H * K, j = threadIdx.x, s = a.seq0 + blockIdx.x, h = blockIdx.y;
-    float *S = sm, *qs = S + K * K, *ks = qs + K, *as = ks + K;
-    int t0 = a.qsl[s], L = a.qsl[s + 1] - t0, p0 = a.ctx[s], own = a.slots[s];
-    int src = a.decode ? own : a.src[s];
-    int64_t hs = (int64_t)K * K;
-    for (int i = 0; i < K && j < K; i++)
-        S[i * K + j] = src < 0 ? 0.0f : a.state[((int64_t)src * H + h) * hs + i * K + j];
-    int k = a.decode ? 0 : a.ck_start[s], k1 = a.decode ? 0 : a.ck_start[s + 1];
-    float rk = rsqrtf((float)K);
-    for (int i = 0; i < L; i++) {
-        int64_t t = t0 + i;
-        const float *row = a.proj + t * a.ld;
-        float qv = j < K ? row[h * K + j] : 0.0f, kv = j < K ? row[HK + h * K + j] : 0.0f;
-        float nq = block_sum(qv * qv, red), nk = block_sum(kv * kv, red);
-        if (j < K) {
-            qs[j] = qv * (rk / sqrtf(nq + 1e-6f));
-            ks[j] = kv / sqrtf(nk + 1e-6f);
-            as[j] = expf(a.g[t * HK + h * K + j]);
-        }
-        __syncthreads();
-        if (j < K) {
-            float beta = 1.0f / (1.0f + expf(-row[3 * HK + h])), mem = 0.0f, out = 0.0f;
-            for (int r = 0; r < K; r++) {
-                float v = S[r * K + j] * as[r];
-                S[r * K + j] = v;
-                mem += v * ks[r];
-            }
-            float delta = beta * (row[2 * HK + h * K + j] - mem);
-            for (int r = 0; r < K; r++) {
-                float v = S[r * K + j] + ks[r] * delta;
-                S[r * K + j] = v;
-                out += v * qs[r];
-            }
-            a.y[t * HK + h * K + j] = out;
-        }
-        for (; k < k1 && a.ck_pos[k] <= p0 + i + 1; k++) // the state after position ckpt_pos - 1
-            if (a.ck_pos[k] == p0 + i + 1 && j < K)
-                for (int r = 0; r < K; r++) a.state[((int64_t)a.ck_slot[k] * H + h) * hs + r * K + j] = S[r * K + j];
-        __syncthreads(); // qs, ks, as are the next token's
+// Both kernels split a head's value columns over blocks (the delta rule
+// never mixes them): KDA_BV columns a block, a lane each.
+#define KDA_BV 32 // value columns per block: a warp's lanes
+#define KDA_THREADS 256
+#define KDA_WARPS (KDA_THREADS / 32)
+#define KDA_KMAX CUDA_KDA_MAX_HEAD_DIM
+#define KDA_NC (KDA_KMAX / 32)        // channels a lane owns at most: lane + 32 c
+#define KDA_RS (KDA_KMAX / KDA_WARPS) // state rows per thread at most
+static_assert(KDA_KMAX % 32 == 0 && KDA_KMAX % KDA_WARPS == 0, "KDA_KMAX: whole lanes' channels and warps' rows");
+
+// ------------------------------------------------------------- KDA step --
+// The recurrence token by token: every decode, and a prefill whose head
+// size takes no chunks. Grid (sequence, head, K / KDA_BV rounded up): 128
+// blocks for one sequence of Kimi-Linear-48B (32 heads of 128). A block's
+// [K, KDA_BV] slice of the state lives in registers: warp w holds rows
+// w * rs .. (rs = K / KDA_WARPS rounded up), lane c column j0 + c, all its
+// loads issued at once. A token's q, k and g are loaded and normalized by
+// every warp itself (lanes own channels lane + 32 m, rows come by shuffles),
+// so one barrier a token remains: the column sums over the warps' rows of
+//   mem_j = sum_i a_i S_ij k_i     and     P_j = sum_i a_i S_ij q_i,
+// whence delta_j = beta (v_j - mem_j) and, with S' = diag(a) S + k delta^T,
+//   y_j = sum_i S'_ij q_i = P_j + delta_j (k . q).
+struct kda_tok {
+    float q[KDA_NC], k[KDA_NC], g[KDA_NC], v, b; // lane's channels of q, k, g; column j's v; beta's logit
+};
+
+__device__ __forceinline__ void kda_tok_load(const kda_args &a, kda_tok &x, int64_t t, int h, int j) {
+    int K = a.K, HK = a.H * K, lane = threadIdx.x & 31;
+    const float *row = a.proj + t * a.ld, *gr = a.g + t * HK + h * K;
+#pragma unroll
+    for (int c = 0; c < KDA_NC; c++) {
+        bool in = lane + 32 * c < K; // zeros past K leave the norms and k . q alone
+        x.q[c] = in ? row[h * K + lane + 32 * c] : 0.0f;
+        x.k[c] = in ? row[HK + h * K + lane + 32 * c] : 0.0f;
+        x.g[c] = in ? gr[lane + 32 * c] : 0.0f;
     }
-    for (int i = 0; i < K && j < K; i++) a.state[((int64_t)own * H + h) * hs + i * K + j] = S[i * K + j];
-    int dst = a.decode && a.ck_dst ? a.ck_dst[s] : -1; // a decode's checkpoint: the state after its token
-    for (int i = 0; i < K && j < K && dst >= 0; i++) a.state[((int64_t)dst * H + h) * hs + i * K + j] = S[i * K + j];
+    x.v = j < K ? row[2 * HK + h * K + j] : 0.0f;
+    x.b = row[3 * HK + h];
 }
 
-static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 * K); }
+// v[c] for a warp-uniform c (a select chain: no local memory)
+__device__ __forceinline__ float kda_pick(const float (&v)[KDA_NC], int c) {
+    float r = v[0];
+#pragma unroll
+    for (int m = 1; m < KDA_NC; m++) r = c == m ? v[m] : r;
+    return r;
+}
+
+// Copies the thread's rows of the slice to slot `slot` (a.state [slots, H, K, K]).
+__device__ __forceinline__ void kda_rows_store(const kda_args &a, const float (&st)[KDA_RS], int slot, int h,
+                                               int i0, int nr, int j) {
+    float *p = a.state + ((int64_t)slot * a.H + h) * a.K * a.K + (int64_t)i0 * a.K + j;
+#pragma unroll
+    for (int x = 0; x < KDA_RS; x++)
+        if (x < nr) p[(int64_t)x * a.K] = st[x];
+}
+
+__global__ void __launch_bounds__(KDA_THREADS, 2) k_kda_step(kda_args a) {
+    __shared__ float part[2][2][KDA_WARPS][KDA_BV]; // [token parity][mem | P][warp][column]
+    int K = a.K, HK = a.H * K, s = a.seq0 + blockIdx.x, h = blockIdx.y;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = blockIdx.z * KDA_BV + lane;
+    int rs = (K + KDA_WARPS - 1) / KDA_WARPS, i0 = w * rs, nr = j < K ? min(rs, K - i0) : 0; // nr <= 0: no rows
+    int t0 = a.qsl[s], L = a.qsl[s + 1] - t0, p0 = a.ctx[s], own = a.slots[s];
+    int src = a.decode ? own : a.src[s]; // a decode continues its own slot
+    float st[KDA_RS];
+    const float *sp = a.state + ((int64_t)max(src, 0) * a.H + h) * K * K + (int64_t)i0 * K + j;
+#pragma unroll
+    for (int x = 0; x < KDA_RS; x++) st[x] = src >= 0 && x < nr ? sp[(int64_t)x * K] : 0.0f; // a fresh slot: zeros
+    kda_tok cur;
+    if (L > 0) kda_tok_load(a, cur, t0, h, j);
+    int kc = a.decode ? 0 : a.ck_start[s], k1 = a.decode ? 0 : a.ck_start[s + 1];
+    for (int i = 0; i < L; i++) {
+        kda_tok nx = cur; // the next token's loads in flight under this one's work
+        if (i + 1 < L) kda_tok_load(a, nx, t0 + i + 1, h, j);
+        float sq = 0, sk = 0, kq = 0, av[KDA_NC];
+#pragma unroll
+        for (int c = 0; c < KDA_NC; c++) {
+            sq += cur.q[c] * cur.q[c], sk += cur.k[c] * cur.k[c], kq += cur.q[c] * cur.k[c];
+            av[c] = expf(cur.g[c]);
+        }
+        sq = warp_sum(sq), sk = warp_sum(sk), kq = warp_sum(kq);
+        float rq = (1.0f / sqrtf((float)K)) / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        float kr[KDA_RS], pm = 0, pp = 0;
+#pragma unroll
+        for (int x = 0; x < KDA_RS; x++)
+            if (x < rs && i0 + x < K) { // warp-uniform: every lane shuffles
+                int r = i0 + x, c = r >> 5;
+                float qv = __shfl_sync(0xffffffffu, kda_pick(cur.q, c), r & 31) * rq;
+                float ar = __shfl_sync(0xffffffffu, kda_pick(av, c), r & 31);
+                kr[x] = __shfl_sync(0xffffffffu, kda_pick(cur.k, c), r & 31) * rk;
+                st[x] *= ar;
+                pm += st[x] * kr[x], pp += st[x] * qv;
+            }
+        float (*pb)[KDA_WARPS][KDA_BV] = part[i & 1]; // two buffers: a token's reads end before the next but one writes
+        pb[0][w][lane] = pm, pb[1][w][lane] = pp;
+        __syncthreads();
+        float mem = 0, P = 0;
+#pragma unroll
+        for (int u = 0; u < KDA_WARPS; u++) mem += pb[0][u][lane], P += pb[1][u][lane];
+        float delta = (cur.v - mem) / (1.0f + expf(-cur.b));
+        if (w == 0 && j < K) a.y[(t0 + i) * (int64_t)HK + h * K + j] = P + delta * (kq * rq * rk);
+#pragma unroll
+        for (int x = 0; x < KDA_RS; x++)
+            if (x < nr) st[x] += kr[x] * delta;
+        for (; kc < k1 && a.ck_pos[kc] <= p0 + i + 1; kc++) // the state after position ckpt_pos - 1
+            if (a.ck_pos[kc] == p0 + i + 1) kda_rows_store(a, st, a.ck_slot[kc], h, i0, nr, j);
+        cur = nx;
+    }
+    kda_rows_store(a, st, own, h, i0, nr, j);
+    int dst = a.decode && a.ck_dst ? a.ck_dst[s] : -1; // a decode's checkpoint: the state after its token
+    if (dst >= 0) kda_rows_store(a, st, dst, h, i0, nr, j);
+}
 
 // ------------------------------------------------------- KDA in chunks --
 // The prefill in chunks, as the CPU fast path's (fast_kimi.c, whose comment
@@ -84,17 +144,12 @@ static size_t kda_step_smem(int K) { return sizeof(float) * ((size_t)K * K + 3 *
 // [n, n] products (n^2 K / 2 a block, against 3 n K KDA_BV for its GEMMs).
 // Takes K a multiple of 16 up to KDA_KMAX (lanes own channels lane + 32 m;
 // a block's columns past K are zeros it never stores); other head sizes run
-// k_kda.
+// k_kda_step.
 #ifndef VLLM_KDA_CS
 #define VLLM_KDA_CS 16
 #endif
 #define KDA_CS VLLM_KDA_CS // tokens per chunk (a multiple of KDA_WARPS)
-#define KDA_BV 32          // value columns per block: a warp's lanes
-#define KDA_THREADS 256
-#define KDA_WARPS (KDA_THREADS / 32)
-#define KDA_KMAX 128
-#define KDA_RC (KDA_CS / KDA_WARPS)     // piece rows per thread: r = warp + KDA_WARPS m
-#define KDA_RS (KDA_KMAX / KDA_WARPS)   // state rows per thread at most: i = warp * K / KDA_WARPS + m
+#define KDA_RC (KDA_CS / KDA_WARPS) // piece rows per thread: r = warp + KDA_WARPS m
 static_assert(KDA_CS % KDA_WARPS == 0 && KDA_CS >= KDA_WARPS, "KDA_CS: a multiple of the block's warps");
 
 static int kda_chunked(int K) { return K % 16 == 0 && K >= 16 && K <= KDA_KMAX; }
@@ -104,7 +159,7 @@ static size_t kda_chunk_smem(int K) {
     return sizeof(float) * ((size_t)K * BV + 4 * C * K + 2 * C * C + 2 * C * BV + C + K);
 }
 
-size_t cuda_kda_smem(int K) { return kda_chunked(K) ? MAX(kda_step_smem(K), kda_chunk_smem(K)) : kda_step_smem(K); }
+size_t cuda_kda_smem(int K) { return kda_chunked(K) ? kda_chunk_smem(K) : 0; }
 
 // The chunk kernel's shared memory: the block's state slice and one piece.
 struct kda_sm {
@@ -120,7 +175,6 @@ struct kda_sm {
 // it loads their q, k, g, b and the block's v columns (every load before
 // any use: one trip to memory for the two), then normalizes q and k and
 // takes exp(g) and beta.
-#define KDA_NC (KDA_KMAX / 32) // channels a lane owns at most: lane + 32 c
 __device__ void kda_piece_load(const kda_args &a, const kda_sm &m, int64_t t0, int n, int h, int j0) {
     int K = a.K, HK = a.H * K, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     for (int x0 = 0; x0 < KDA_RC; x0 += 2) {
@@ -318,23 +372,21 @@ __global__ void __launch_bounds__(KDA_THREADS) k_kda_chunk(kda_args a) {
         a.state[((int64_t)own * H + h) * hs + (int64_t)(i0 + x) * K + j0 + c] = m.S[(i0 + x) * KDA_BV + c];
 }
 
-static void kda_launch(struct backend *be, kda_args a, int nseq) {
+static void kda_step_launch(struct backend *be, kda_args a, int nseq) {
     if (nseq <= 0) return;
-    size_t sm = kda_step_smem(a.K);
-    CUDA_CHECK(cudaFuncSetAttribute(k_kda, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    k_kda<<<dim3(nseq, a.H), (a.K + 31) / 32 * 32, sm, cu(be)->stream>>>(a);
+    k_kda_step<<<dim3(nseq, a.H, (a.K + KDA_BV - 1) / KDA_BV), KDA_THREADS, 0, cu(be)->stream>>>(a);
     LAUNCH_CHECK();
 }
 
-// Prefill in chunks where the head size allows (cu_supports checked both
-// kernels' shared memory), else token by token.
+// Prefill in chunks where the head size allows (cu_supports checked the
+// chunk kernel's shared memory), else token by token (k_kda_step).
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d) {
     kda_args a = {y, proj, g, state, ld, d->heads, d->head_dim, seq0, 0, b->query_start_loc, b->context_lens,
                   b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot, NULL};
     if (seq1 <= seq0) return;
     if (!kda_chunked(d->head_dim)) {
-        kda_launch(be, a, seq1 - seq0);
+        kda_step_launch(be, a, seq1 - seq0);
         return;
     }
     size_t sm = kda_chunk_smem(d->head_dim);
@@ -348,7 +400,7 @@ void cuda_kda_decode(struct backend *be, float *y, const float *proj, int ld, co
                      const struct batch *b, const struct kda_dims *d) {
     kda_args a = {y, proj, g, state, ld, d->heads, d->head_dim, 0, 1, b->query_start_loc, b->context_lens,
                   b->state_slots, b->state_src, b->ckpt_start, b->ckpt_pos, b->ckpt_slot, b->ckpt_dst};
-    kda_launch(be, a, b->num_decodes);
+    kda_step_launch(be, a, b->num_decodes);
 }
 
 __global__ void k_kda_gate(float *g, const float *A_log, const float *dt_bias, int64_t n, int H, int K) {
