@@ -819,21 +819,22 @@ static void test_kda_decode(struct backend *ref, struct kda_dims d) {
 // sequences in one group: the cases above over an fp32 cache, and over a
 // bf16 one a chunk of 1,100 tokens after 3,000 with two more prefills; the
 // other shapes keep k_mla_split there.
+#define MLA_SEQS 40 // sequences of an MLA case at most
 struct mla_case {
     struct mla_dims d;
-    int n, nd, qlen[12], ctx[12];
+    int n, nd, qlen[MLA_SEQS], ctx[MLA_SEQS];
 };
 
 static void test_mla(const struct mla_case *mc, enum dtype kv, enum wfmt wf, double tol) {
     struct mla_dims d = mc->d;
     d.scale = 1.0f / sqrtf((float)(d.nope + d.rope));
-    int S = mc->n, H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), init[12] = {0}, mbps = 1;
+    int S = mc->n, H = d.heads, W = d.rank + d.rope, qw = H * (d.nope + d.rope), init[MLA_SEQS] = {0}, mbps = 1;
     for (int s = 0; s < S; s++) mbps = MAX(mbps, cdiv_i(mc->ctx[s] + mc->qlen[s], d.block_size));
     struct tb t;
     make_tb(&t, S, mc->qlen, mc->ctx, init, mc->nd, d.block_size, mbps, NULL);
     int T = t.c.num_tokens;
     // the context of every sequence, written through mla_kv_write on both sides
-    int cq[12] = {0}, zero[12] = {0};
+    int cq[MLA_SEQS] = {0}, zero[MLA_SEQS] = {0};
     for (int s = 0; s < S; s++) cq[s] = mc->ctx[s] + mc->qlen[s];
     struct tb full;
     make_tb(&full, S, cq, zero, init, 0, d.block_size, mbps, NULL);
@@ -877,6 +878,25 @@ static void test_mla(const struct mla_case *mc, enum dtype kv, enum wfmt wf, dou
     free_tb(&t), free_tb(&full);
     free(fl), free(lat), free(q), free(kvb);
     gpu->kv_dtype = DT_F32, gpu->weight_dtype = WF_F32;
+}
+
+// MLA decodes alone, on both sides of cuda_mla.cu's thresholds: 1, 2, 4, 16
+// and 17 sequences (the absorbs on k_mla_absorb_q / _v up to 16 tokens,
+// cuBLAS above; k_mla_split in groups of 8 heads, HPW 1) and 40 at 32 heads
+// (groups of 32, HPW 4), at 32, 16 and 20 heads (a partial group of 8),
+// contexts of 7 and 2,000 keys alternating (one split and many; 1 sequence:
+// each), fp32 and bf16 caches.
+static void test_mla_decodes(void) {
+    static const int heads[] = {32, 16, 20}, seqs[] = {1, 1, 2, 4, 16, 17, 40};
+    for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++)
+        for (size_t i = 0; i < sizeof seqs / sizeof seqs[0]; i++) {
+            int n = seqs[i];
+            if (n == 40 && heads[h] != 32) continue;
+            struct mla_case mc = {{heads[h], 128, 64, 128, 512, 16, 0}, n, n, {0}, {0}};
+            for (int s = 0; s < n; s++) mc.qlen[s] = 1, mc.ctx[s] = (s + (i == 1)) % 2 ? 1999 : 6;
+            test_mla(&mc, DT_F32, WF_F32, 1e-5);
+            test_mla(&mc, DT_BF16, WF_F32, 1e-4);
+        }
 }
 
 // Constrained decoding's mask: a vocabulary that is no multiple of 32 (a last
@@ -1098,6 +1118,7 @@ int main(int argc, char **argv) {
     // after 500 and 300 from zero: the three prefills on tensor cores
     static const struct mla_case mla16 = {{32, 128, 64, 128, 512, 16, 0}, 4, 1, {1, 1100, 64, 300}, {99, 3000, 500, 0}};
     test_mla(&mla16, DT_BF16, WF_BF16, 2e-2);
+    test_mla_decodes();
     test_sample();
     test_mask_logits();
     test_bias_logits();

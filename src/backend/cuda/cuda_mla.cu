@@ -5,14 +5,19 @@
 // The cache holds per token c [R] | k_r [P] (W = R + P). Absorbed, every
 // head is an MQA head over the shared rows: score = (W_kb_h^T q_nope | q_r)
 // . row, output W_vb_h (sum p row[0:R]). One call, decode rows first:
-//   1. lat = W_kb_h^T q_nope for every (token, head): a cuBLAS GEMM
-//      strided over heads ([T, N] x [N, R] per head, fp32, no TF32);
-//   2. k_mla_split: a block per (token, group of 32 heads, key split).
-//      Every cached row of the split is read from memory once for the 32
-//      heads (the old kernel, a block per (token, head), read it 32 times
-//      and walked the context one block per head: 32 blocks for a decode);
+//   1. lat = W_kb_h^T q_nope for every (token, head): for passes of up to
+//      MLA_ABSORB_TOK tokens k_mla_absorb_q (kv_b streamed at the memory's
+//      rate), above a cuBLAS GEMM strided over heads ([T, N] x [N, R] per
+//      head, fp32, no TF32);
+//   2. k_mla_split: a block per (token, group of 32 heads, key split), or
+//      of 8 heads for a pass of few tokens (mla_hpw: 4x the blocks where
+//      one group of 32 would leave a decode latency-bound on a few SMs).
+//      Every cached row of the split is read from memory once for the
+//      group's heads (the old kernel, a block per (token, head), read it 32
+//      times and walked the context one block per head: 32 blocks for a
+//      decode);
 //   3. k_mla_merge: the splits of each (token, head), as k_attn_merge;
-//   4. out = W_vb_h lat: the second strided GEMM.
+//   4. out = W_vb_h lat: k_mla_absorb_v or the second strided GEMM, as 1.
 // Decode rows always take this kernel, and so do prefill rows in the fp32
 // mode (weight_dtype float32: the exactness gates): a prefill token is one
 // tile of rows like a decode's, its context rows re-read once per query
@@ -59,10 +64,11 @@ void cuda_mla_kv_write(struct backend *be, void *cache, const float *lat, int ld
 }
 
 #define MLA_THREADS 256
-#define MLA_ROWS 32                          // heads of one token a block: 8 warps of 4
+#define MLA_WARPS (MLA_THREADS / 32)
 #define MLA_KC 32                            // keys a chunk: a lane each for the scores
 #define MLA_RQ (CUDA_MLA_MAX_RANK / 128)     // float4 columns of the output a lane owns per row
 #define MLA_KQ (MLA_KC * CUDA_MLA_MAX_W / 4 / MLA_THREADS) // float4 of a chunk a thread loads
+#define MLA_QLD 8                            // q loads a thread keeps in flight while staging
 #define MLA_MAX_SPLITS 256
 #define MLA_PASS_ROWS 32768                  // (token, head) rows of one pass: its scratch
 static_assert(CUDA_MLA_MAX_RANK % 128 == 0 && CUDA_MLA_MAX_W % 4 == 0, "MLA limits");
@@ -128,46 +134,78 @@ __device__ __forceinline__ void mla_fetch(typename raw4<T>::t (&pre)[MLA_KQ], co
     }
 }
 
-// One block per (token, group of up to 32 heads, split of the token's
-// context); warp w owns the group's heads 4w .. 4w + 3 from the scores to
-// the output. Per chunk of 32 keys (staged in shared memory as fp32, the
-// next chunk's loads in flight in registers):
-//   scores: lane j takes key j for the warp's 4 heads (the q rows are
+// The q rows of a block's group into qs [MLA_WARPS * HPW][QP], scaled: per
+// head lat [R] (W_kb^T q_nope) | q_r [P]; heads past the group zeros. Quads
+// of 4 elements, MLA_QLD a thread loaded before any is stored (a load-store
+// loop would wait one memory latency a quad). q_r as floats: q's rows of
+// N + P need not be 16-byte aligned.
+template <int HPW>
+__device__ __forceinline__ void mla_stage_q(float *qs, const mla_args &a, int t, int h0, int nh, int W, int QP) {
+    const int R = a.R, QW = a.N + a.P, wq = W / 4, nq = MLA_WARPS * HPW * wq;
+    const float *lr = a.lat + ((int64_t)(t - a.tok0) * a.H + h0) * R, *qr = a.q + ((int64_t)t * a.H + h0) * QW + a.N;
+    for (int i0 = threadIdx.x; i0 < nq; i0 += MLA_QLD * MLA_THREADS) {
+        float4 v[MLA_QLD];
+#pragma unroll
+        for (int u = 0; u < MLA_QLD; u++) {
+            int i = i0 + u * MLA_THREADS, r = i / wq, e = i % wq * 4;
+            v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < nq && r < nh) {
+                if (e < R) v[u] = *(const float4 *)(lr + (int64_t)r * R + e);
+                else {
+                    const float *p = qr + (int64_t)r * QW + e - R;
+                    v[u] = make_float4(p[0], p[1], p[2], p[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MLA_QLD; u++) {
+            int i = i0 + u * MLA_THREADS;
+            if (i < nq)
+                *(float4 *)(qs + i / wq * QP + i % wq * 4) =
+                    make_float4(v[u].x * a.scale, v[u].y * a.scale, v[u].z * a.scale, v[u].w * a.scale);
+        }
+    }
+}
+
+// One block per (token, group of up to MLA_WARPS * HPW heads, split of the
+// token's context); warp w owns the group's heads HPW w .. HPW w + HPW - 1
+// from the scores to the output. HPW 4: groups of 32 heads, each cached row
+// read once for 32 heads (many tokens); HPW 1: groups of 8, 4x the blocks
+// (and splits) for a decode of few tokens, which one group of 32 leaves
+// latency-bound on a few SMs (mla_hpw). The first chunk's cache loads are
+// issued before the q rows are staged. Per chunk of 32 keys (staged in
+// shared memory as fp32, the next chunk's loads in flight in registers):
+//   scores: lane j takes key j for the warp's HPW heads (the q rows are
 //     broadcast reads, the key rows 16-byte reads on distinct banks);
 //   online softmax of each head across the warp (shuffles, no barrier);
-//   acc[4 heads][R] += p V: lane owns the float4 columns lane + 32 i, the
+//   acc[HPW heads][R] += p V: lane owns the float4 columns lane + 32 i, the
 //     warp's p of key j through a shuffle.
 // WT: W = R + P as a constant (Kimi-Linear's and DeepSeek's 576), or 0.
-template <typename T, int WT>
+template <typename T, int WT, int HPW>
 __global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const T *cache) {
     pdl_wait();
     pdl_trigger();
     extern __shared__ __align__(16) float msm[];
+    constexpr int ROWS = MLA_WARPS * HPW;
     const int R = a.R, W = WT ? WT : R + a.P, QP = mla_pitch(W), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int t = a.tok0 + blockIdx.x, h0 = blockIdx.y * MLA_ROWS, nh = min(MLA_ROWS, a.H - h0), n;
+    int t = a.tok0 + blockIdx.x, h0 = blockIdx.y * ROWS, nh = min(ROWS, a.H - h0), n;
     int s = mla_seq(a, t, &n), L = mla_range(n, a.nsplit), j0 = blockIdx.z * L, j1 = min(n, j0 + L);
     if (j0 >= j1) return; // a split past this token's context: the merge skips it
-    float *qs = msm, *ks = qs + MLA_ROWS * QP;
+    float *qs = msm, *ks = qs + ROWS * QP;
     const int64_t row0 = (int64_t)(t - a.tok0) * a.H + h0;
-    const int QW = a.N + a.P;
-    for (int i = tid; i < MLA_ROWS * W; i += MLA_THREADS) { // q rows (scaled); heads past the group zeros
-        int r = i / W, e = i % W;
-        float v = 0.0f;
-        if (r < nh) v = e < R ? a.lat[(row0 + r) * R + e] : a.q[((int64_t)t * a.H + h0 + r) * QW + a.N + e - R];
-        qs[r * QP + e] = v * a.scale;
-    }
     const int32_t *bt = a.btab + (int64_t)s * a.mbps;
     typename raw4<T>::t pre[MLA_KQ];
     mla_fetch<T>(pre, cache, bt, a.bs, W, j0, j1);
-    float m[4], l[4], acc[4][MLA_RQ][4];
+    mla_stage_q<HPW>(qs, a, t, h0, nh, W, QP);
+    float m[HPW], l[HPW], acc[HPW][MLA_RQ][4];
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < HPW; r++) {
         m[r] = -INFINITY, l[r] = 0.0f;
 #pragma unroll
         for (int i = 0; i < MLA_RQ; i++) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.0f;
     }
-    const bool busy = warp * 4 < nh; // the warp has heads of the group
-    const float *qw = qs + warp * 4 * QP;
+    const bool busy = warp * HPW < nh; // the warp has heads of the group
+    const float *qw = qs + warp * HPW * QP;
     for (int c0 = j0; c0 < j1; c0 += MLA_KC) {
         __syncthreads(); // the chunk before is read (and, the first time, the q rows are written)
         int wq = W / 4;
@@ -179,20 +217,22 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const 
         __syncthreads();
         if (c0 + MLA_KC < j1) mla_fetch<T>(pre, cache, bt, a.bs, W, c0 + MLA_KC, j1);
         if (!busy) continue;
-        float sc[4] = {0, 0, 0, 0};
+        float sc[HPW];
+#pragma unroll
+        for (int r = 0; r < HPW; r++) sc[r] = 0.0f;
         const float *kr = ks + lane * QP;
 #pragma unroll 4
         for (int e = 0; e < W; e += 4) {
             float4 k = *(const float4 *)(kr + e);
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < HPW; r++) {
                 float4 qv = *(const float4 *)(qw + r * QP + e);
                 sc[r] += qv.x * k.x + qv.y * k.y + qv.z * k.z + qv.w * k.w;
             }
         }
         bool valid = c0 + lane < j1;
 #pragma unroll
-        for (int r = 0; r < 4; r++) { // every chunk has a valid key: m is finite from the first on
+        for (int r = 0; r < HPW; r++) { // every chunk has a valid key: m is finite from the first on
             float x = valid ? sc[r] : -INFINITY, mx = x;
             for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
             float mn = fmaxf(m[r], mx), corr = expf(m[r] - mn), p = expf(x - mn);
@@ -204,9 +244,9 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const 
         }
         int nk = min(MLA_KC, j1 - c0);
         for (int j = 0; j < nk; j++) {
-            float p[4];
+            float p[HPW];
 #pragma unroll
-            for (int r = 0; r < 4; r++) p[r] = __shfl_sync(0xffffffffu, sc[r], j);
+            for (int r = 0; r < HPW; r++) p[r] = __shfl_sync(0xffffffffu, sc[r], j);
             const float *vr = ks + j * QP;
 #pragma unroll
             for (int i = 0; i < MLA_RQ; i++) {
@@ -214,7 +254,7 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const 
                 if (col >= R) break;
                 float4 v = *(const float4 *)(vr + col);
 #pragma unroll
-                for (int r = 0; r < 4; r++)
+                for (int r = 0; r < HPW; r++)
                     acc[r][i][0] += p[r] * v.x, acc[r][i][1] += p[r] * v.y, acc[r][i][2] += p[r] * v.z,
                         acc[r][i][3] += p[r] * v.w;
             }
@@ -222,8 +262,8 @@ __global__ void __launch_bounds__(MLA_THREADS, 1) k_mla_split(mla_args a, const 
     }
     if (!busy) return;
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
-        int hr = warp * 4 + r;
+    for (int r = 0; r < HPW; r++) {
+        int hr = warp * HPW + r;
         if (hr >= nh) break;
         int64_t row = row0 + hr;
         float inv = a.nsplit == 1 ? 1.0f / l[r] : 1.0f;
@@ -275,9 +315,197 @@ __global__ void k_mla_merge(mla_args a) {
     }
 }
 
-size_t cuda_mla_smem(const struct mla_dims *d) {
-    return sizeof(float) * (size_t)(MLA_ROWS + MLA_KC) * mla_pitch(d->rank + d->rope);
+// ---- the absorbs of a pass of few tokens ----
+//
+// At a decode of 1 to MLA_ABSORB_TOK tokens the absorbs are weight reads:
+// kv_b in fp32 (the model loads it so in every mode: layers_kimi.c), H (N +
+// V) R floats, 16.8 MB at 48B's shapes, read once a pass. The kernels below
+// read it at the memory's rate: every thread's weight loads (16 bytes each)
+// issued before the dependency wait, as the GEMVs' (they are weights), fp32
+// accumulation, sums in a fixed order. cuBLAS's strided GEMMs take larger
+// passes. TT: the most tokens a kernel is built for (1, 4 or 16), ntok <= TT.
+#define MLA_ABSORB_TOK 16 // tokens of a pass up to which the absorbs take the kernels below
+#define MLA_AB_LD 16      // k_mla_absorb_q: weight float4 a thread keeps in flight
+#define MLA_AB_ROWS 4     // k_mla_absorb_v: V rows a warp
+
+// One warp's weight rows n = n0 + MLA_WARPS u of W_kb_h at its 4 columns.
+__device__ __forceinline__ void mla_ab_load(float4 (&w)[MLA_AB_LD], const float *wk, int R, int N, int n0, bool on) {
+#pragma unroll
+    for (int u = 0; u < MLA_AB_LD; u++) {
+        int n = n0 + u * MLA_WARPS;
+        w[u] = on && n < N ? __ldg((const float4 *)(wk + (int64_t)n * R)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 }
+
+// lat [ntok, H, R] = per head q_nope_h [ntok, N] W_kb_h [N, R], W_kb_h the
+// first N of head h's N + V kv_b rows ([N, R] row-major); q [ntok, H*(N+P)].
+// Block (head, 128 columns of R): a lane owns 4 columns, warp w the rows n
+// = w + 8u (its weight rows coalesced 512-byte reads), q_nope of the tokens
+// in shared memory; the 8 warps' partial sums added in warp order.
+// Shared: red [MLA_WARPS][TT][128], then qn [ntok][N].
+template <int TT>
+__global__ void __launch_bounds__(MLA_THREADS) k_mla_absorb_q(float *lat, const float *q, const float *kv_b, int ntok,
+                                                             int H, int N, int P, int V, int R) {
+    extern __shared__ __align__(16) float abs_q[];
+    float *red = abs_q, *qn = abs_q + MLA_WARPS * TT * 128;
+    const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, col = blockIdx.y * 128 + lane * 4;
+    const float *wk = kv_b + (int64_t)h * (N + V) * R + col;
+    float4 w[MLA_AB_LD];
+    mla_ab_load(w, wk, R, N, warp, col < R);
+    pdl_wait();
+    pdl_trigger();
+    const int nq = ntok * N, QW = N + P;
+    for (int i0 = tid; i0 < nq; i0 += MLA_QLD * MLA_THREADS) {
+        float v[MLA_QLD];
+#pragma unroll
+        for (int u = 0; u < MLA_QLD; u++) {
+            int i = i0 + u * MLA_THREADS;
+            v[u] = i < nq ? q[((int64_t)(i / N) * H + h) * QW + i % N] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < MLA_QLD; u++)
+            if (i0 + u * MLA_THREADS < nq) qn[i0 + u * MLA_THREADS] = v[u];
+    }
+    __syncthreads();
+    float acc[TT][4];
+#pragma unroll
+    for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    for (int n0 = warp; n0 < N; n0 += MLA_AB_LD * MLA_WARPS) {
+        if (n0 != warp) mla_ab_load(w, wk, R, N, n0, col < R);
+#pragma unroll
+        for (int u = 0; u < MLA_AB_LD; u++) {
+            int n = n0 + u * MLA_WARPS;
+            if (n >= N) break;
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                if (t >= ntok) break;
+                float x = qn[t * N + n];
+                acc[t][0] += x * w[u].x, acc[t][1] += x * w[u].y, acc[t][2] += x * w[u].z, acc[t][3] += x * w[u].w;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++)
+        *(float4 *)(red + (warp * TT + t) * 128 + lane * 4) = make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    __syncthreads();
+    for (int i = tid; i < ntok * 128; i += MLA_THREADS) {
+        int t = i / 128, cc = blockIdx.y * 128 + i % 128;
+        if (cc >= R) continue;
+        float sum = 0.0f;
+        for (int u = 0; u < MLA_WARPS; u++) sum += red[(u * TT + t) * 128 + i % 128];
+        lat[((int64_t)t * H + h) * R + cc] = sum;
+    }
+}
+
+// out [ntok, H*V] = per head lat_h [ntok, R] W_vb_h^T, W_vb_h [V, R] the last
+// V of head h's kv_b rows; lat [ntok, H, R]. Block (head, 32 rows of V):
+// warp w the rows 4w .. 4w + 3, a lane the float4 columns lane + 32k of each
+// (MLA_AB_ROWS x MLA_RQ loads a thread in flight), the tokens' lat rows of
+// the head in shared memory (ls [ntok][R]), each dot product a warp sum.
+template <int TT>
+__global__ void __launch_bounds__(MLA_THREADS) k_mla_absorb_v(float *out, const float *lat, const float *kv_b, int ntok,
+                                                             int H, int N, int V, int R) {
+    extern __shared__ __align__(16) float ls[];
+    const int h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int v0 = (blockIdx.y * MLA_WARPS + warp) * MLA_AB_ROWS;
+    const float *wv = kv_b + ((int64_t)h * (N + V) + N) * R;
+    float4 w[MLA_AB_ROWS][MLA_RQ];
+#pragma unroll
+    for (int r = 0; r < MLA_AB_ROWS; r++)
+#pragma unroll
+        for (int k = 0; k < MLA_RQ; k++) {
+            int c = 4 * (lane + 32 * k);
+            w[r][k] = v0 + r < V && c < R ? __ldg((const float4 *)(wv + (int64_t)(v0 + r) * R + c))
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    pdl_wait();
+    pdl_trigger();
+    const int rq = R / 4, nq = ntok * rq;
+    for (int i0 = tid; i0 < nq; i0 += MLA_QLD * MLA_THREADS) {
+        float4 x[MLA_QLD];
+#pragma unroll
+        for (int u = 0; u < MLA_QLD; u++) {
+            int i = i0 + u * MLA_THREADS;
+            x[u] = i < nq ? *(const float4 *)(lat + ((int64_t)(i / rq) * H + h) * R + i % rq * 4)
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < MLA_QLD; u++)
+            if (i0 + u * MLA_THREADS < nq) *(float4 *)(ls + (i0 + u * MLA_THREADS) * 4) = x[u];
+    }
+    __syncthreads();
+    float acc[MLA_AB_ROWS][TT];
+#pragma unroll
+    for (int r = 0; r < MLA_AB_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < TT; t++) acc[r][t] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MLA_RQ; k++) {
+        int c = 4 * (lane + 32 * k);
+        if (c >= R) break;
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (t >= ntok) break;
+            float4 x = *(const float4 *)(ls + t * R + c);
+#pragma unroll
+            for (int r = 0; r < MLA_AB_ROWS; r++)
+                acc[r][t] += w[r][k].x * x.x + w[r][k].y * x.y + w[r][k].z * x.z + w[r][k].w * x.w;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MLA_AB_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (t >= ntok) break;
+            float sum = warp_sum(acc[r][t]);
+            if (lane == (r * TT + t) % 32 && v0 + r < V) out[((int64_t)t * H + h) * V + v0 + r] = sum;
+        }
+}
+
+// Tokens the absorb kernels are built for, for a pass of ntok (<= MLA_ABSORB_TOK).
+static int mla_absorb_tt(int ntok) { return ntok <= 1 ? 1 : ntok <= 4 ? 4 : 16; }
+static size_t mla_absorb_q_smem(int tt, int N) { return sizeof(float) * ((size_t)MLA_WARPS * tt * 128 + (size_t)tt * N); }
+// 1 when a pass of ntok tokens takes the kernels above (else cuBLAS).
+static int mla_absorb_own(struct backend *be, int ntok, const struct mla_dims *d) {
+    return ntok <= MLA_ABSORB_TOK && mla_absorb_q_smem(mla_absorb_tt(ntok), d->nope) <= cu(be)->smem_optin;
+}
+
+template <int TT>
+static void mla_absorb_launch(struct backend *be, int q_side, float *dst, const float *src, const float *kv_b, int ntok,
+                              const struct mla_dims *d) {
+    cudaStream_t s = cu(be)->stream;
+    int H = d->heads, N = d->nope, V = d->v_dim, R = d->rank;
+    if (q_side) {
+        size_t sm = mla_absorb_q_smem(TT, N);
+        CUDA_CHECK(cudaFuncSetAttribute(k_mla_absorb_q<TT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        launch_pdl(k_mla_absorb_q<TT>, dim3(H, cdiv(R, 128)), MLA_THREADS, sm, s, dst, src, kv_b, ntok, H, N, d->rope,
+                   V, R);
+    } else
+        launch_pdl(k_mla_absorb_v<TT>, dim3(H, cdiv(V, MLA_WARPS * MLA_AB_ROWS)), MLA_THREADS,
+                   sizeof(float) * (size_t)ntok * R, s, dst, src, kv_b, ntok, H, N, V, R);
+}
+
+// q_side 1: lat [ntok, H, R] from q [ntok, H*(N+P)]; 0: out [ntok, H*V] from lat.
+static void mla_absorb(struct backend *be, int q_side, float *dst, const float *src, const float *kv_b, int ntok,
+                       const struct mla_dims *d) {
+    switch (mla_absorb_tt(ntok)) {
+    case 1: mla_absorb_launch<1>(be, q_side, dst, src, kv_b, ntok, d); break;
+    case 4: mla_absorb_launch<4>(be, q_side, dst, src, kv_b, ntok, d); break;
+    default: mla_absorb_launch<16>(be, q_side, dst, src, kv_b, ntok, d); break;
+    }
+}
+
+// ---- the split kernel's launch ----
+
+// Shared bytes of k_mla_split: the group's q rows and a chunk of keys.
+static size_t mla_smem(int hpw, int W) { return sizeof(float) * (size_t)(MLA_WARPS * hpw + MLA_KC) * mla_pitch(W); }
+size_t cuda_mla_smem(const struct mla_dims *d) { return mla_smem(4, d->rank + d->rope); } // the larger (HPW 4)
+
+// Heads a warp of k_mla_split for a pass of ntok tokens: 1 (groups of 8
+// heads) when groups of 32 give under a quarter of the SMs a block before
+// splitting (a decode of few sequences: 1 group of 32 x a few splits is
+// latency-bound), else 4 (each key read once for 32 heads).
+static int mla_hpw(int ntok, int H, int sms) { return (int64_t)ntok * cdiv(H, 32) * 4 <= sms ? 1 : 4; }
 
 // Splits of a context of up to maxlen keys for `tiles` blocks: at most one
 // wave of blocks (a block fills an SM: 256 threads of ~250 registers, 145 KB
@@ -290,10 +518,16 @@ static int mla_splits(struct backend *be, int tiles, int maxlen) {
     return MAX(ns, 1);
 }
 
+template <typename T, int WT, int HPW>
+static void mla_launch(const mla_args &a, dim3 grid, cudaStream_t s, const void *cache) {
+    size_t sm = mla_smem(HPW, a.R + a.P);
+    CUDA_CHECK(cudaFuncSetAttribute(k_mla_split<T, WT, HPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+    launch_pdl(k_mla_split<T, WT, HPW>, grid, MLA_THREADS, sm, s, a, (const T *)cache);
+}
 template <typename T, int WT>
-static void mla_launch(const mla_args &a, dim3 grid, size_t sm, cudaStream_t s, const void *cache) {
-    CUDA_CHECK(cudaFuncSetAttribute(k_mla_split<T, WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
-    launch_pdl(k_mla_split<T, WT>, grid, MLA_THREADS, sm, s, a, (const T *)cache);
+static void mla_launch_hpw(const mla_args &a, int hpw, dim3 grid, cudaStream_t s, const void *cache) {
+    if (hpw == 1) mla_launch<T, WT, 1>(a, grid, s, cache);
+    else mla_launch<T, WT, 4>(a, grid, s, cache);
 }
 
 static size_t mla_part_offset(size_t rows, int R) { return (rows * R * sizeof(float) + 255) & ~(size_t)255; }
@@ -303,33 +537,36 @@ static size_t mla_part_offset(size_t rows, int R) { return (rows * R * sizeof(fl
 static void mla_pass(struct backend *be, float *out, const float *q, const void *cache, const float *kv_b,
                      const struct batch *b, int seq0, int seq1, int ta, int tb, int maxlen, const struct mla_dims *d) {
     cuda_impl *c = cu(be);
-    int H = d->heads, N = d->nope, P = d->rope, V = d->v_dim, R = d->rank, ntok = tb - ta, groups = cdiv(H, MLA_ROWS);
+    int H = d->heads, N = d->nope, P = d->rope, V = d->v_dim, R = d->rank, ntok = tb - ta;
+    int hpw = mla_hpw(ntok, H, c->num_sms), groups = cdiv(H, MLA_WARPS * hpw), own = mla_absorb_own(be, ntok, d);
     int nsplit = mla_splits(be, ntok * groups, maxlen);
     size_t rows = (size_t)ntok * H, off = mla_part_offset(rows, R);
     char *scr = (char *)cuda_scratch(be, off + (nsplit > 1 ? rows * nsplit * (R + 4) * sizeof(float) : 0));
     mla_args a = {(float *)scr, (float *)(scr + off), q, H, N, P, R, d->block_size, b->max_blocks_per_seq, nsplit,
                   seq0, seq1, ta, d->scale, b->query_start_loc, b->context_lens, b->block_tables};
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, zero = 0.0f, *qt = q + (int64_t)ta * H * (N + P);
+    float *ot = out + (int64_t)ta * H * V;
     long long per = (long long)(N + V) * R; // one head's kv_b rows
     // lat_h [ntok, R] = q_nope_h [ntok, N] W_kb_h [N, R] (column-major: R x ntok)
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, R, ntok, N, &one, kv_b, CUDA_R_32F, R,
-                                            per, q + (int64_t)ta * H * (N + P), CUDA_R_32F, H * (N + P), N + P, &zero,
-                                            a.lat, CUDA_R_32F, H * R, R, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (own) mla_absorb(be, 1, a.lat, qt, kv_b, ntok, d);
+    else CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, R, ntok, N, &one, kv_b, CUDA_R_32F,
+                                                 R, per, qt, CUDA_R_32F, H * (N + P), N + P, &zero, a.lat, CUDA_R_32F,
+                                                 H * R, R, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     dim3 grid(ntok, groups, nsplit);
-    size_t sm = cuda_mla_smem(d);
     if (be->kv_dtype == DT_BF16) {
-        if (R + P == 576) mla_launch<__nv_bfloat16, 576>(a, grid, sm, c->stream, cache);
-        else mla_launch<__nv_bfloat16, 0>(a, grid, sm, c->stream, cache);
+        if (R + P == 576) mla_launch_hpw<__nv_bfloat16, 576>(a, hpw, grid, c->stream, cache);
+        else mla_launch_hpw<__nv_bfloat16, 0>(a, hpw, grid, c->stream, cache);
     } else {
-        if (R + P == 576) mla_launch<float, 576>(a, grid, sm, c->stream, cache);
-        else mla_launch<float, 0>(a, grid, sm, c->stream, cache);
+        if (R + P == 576) mla_launch_hpw<float, 576>(a, hpw, grid, c->stream, cache);
+        else mla_launch_hpw<float, 0>(a, hpw, grid, c->stream, cache);
     }
     if (nsplit > 1) launch_pdl(k_mla_merge, dim3(ntok, H), 128, 0, c->stream, a);
     // out_h [ntok, V] = lat_h [ntok, R] W_vb_h^T (column-major: V x ntok)
-    CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, V, ntok, R, &one, kv_b + (int64_t)N * R,
-                                            CUDA_R_32F, R, per, a.lat, CUDA_R_32F, H * R, R, &zero,
-                                            out + (int64_t)ta * H * V, CUDA_R_32F, H * V, V, H, CUBLAS_COMPUTE_32F,
-                                            CUBLAS_GEMM_DEFAULT));
+    if (own) mla_absorb(be, 0, ot, a.lat, kv_b, ntok, d);
+    else CUBLAS_CHECK(cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, V, ntok, R, &one,
+                                                 kv_b + (int64_t)N * R, CUDA_R_32F, R, per, a.lat, CUDA_R_32F, H * R, R,
+                                                 &zero, ot, CUDA_R_32F, H * V, V, H, CUBLAS_COMPUTE_32F,
+                                                 CUBLAS_GEMM_DEFAULT));
 }
 
 // Prefill tokens of sequences [p0, p1) on k_mla_split, in passes of at most
