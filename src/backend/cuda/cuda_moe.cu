@@ -580,9 +580,9 @@ __global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, co
 // C = A B^T per expert over its segment rows, bf16 / fp16 inputs, fp32
 // accumulation (mma.sync m16n8k16). Tiles of 128 x 128 x TBK, 8 warps as
 // 2 x 4 (64 x 32 each), TSTAGES cp.async stages (moe_mma_tile). Block t
-// takes row tile t / NT of the
-// experts' schedule (mtile_off) and column tile t % NT; blocks past the last
-// tile exit, so the grid is sized from n alone (no host round trip).
+// takes row tile t / NT of the experts' schedule (mtile_off) and column tile
+// t % NT; blocks past the last tile exit, so the grid is sized from n alone
+// (no host round trip).
 // UP: A = the tokens' rows of x (through perm), B = each expert's up rows,
 // gate and up interleaved (B row 2j: gate j, 2j + 1: up j) so that a
 // thread's accumulator pair is (gate, up) of one hidden unit, and the
