@@ -189,7 +189,8 @@ static void bench_moe(int n, int calls, enum wfmt f, const char *fname) {
     char what[64];
     snprintf(what, sizeof what, "moe_experts%s%s (%.1f experts)", fname ? " " : "", fname ? fname : "",
              distinct / c.sets);
-    report(what, bench_graph_us(be, moe_call, &c, calls), bytes, 0);
+    // the products' FLOPs (relu2: up [I, D], down [D, I] per assignment): prefill sizes are compute-bound
+    report(what, bench_graph_us(be, moe_call, &c, calls), bytes, 2.0 * n * K * 2 * (double)I * D);
     struct weight *ws[2] = {&c.w.up, &c.w.down};
     for (int i = 0; i < 2; i++) {
         be->ops->free(be, ws[i]->data);

@@ -16,6 +16,15 @@
 #   tools/device_moemma.sh sweepbuild   (optional, one call) three more builds of cuda_ops, then
 #   tools/device_moemma.sh sweep   cuda_ops' moe_experts on each path at ROWS (default 8..512):
 #                                  GEMV (<= 32), thin tiles, 128-row tiles: where the thresholds go
+#   tools/device_moemma.sh wide    (one call, ~7 min) k_moe_mma's tile variants, the 128-row tiles of
+#                                  prefill: builds WIDE_VARIANTS side by side, each one's MoE tests
+#                                  (pass / fail counts), cuda_ops' moe_experts at WIDE_ROWS (768 1024
+#                                  2048 tokens) and `vllm bench` nano30b prefill (64 x 1,024), a table
+#                                  (WIDE_BASE=1 with base.tar.gz: the merge-base timed beside them)
+#   tools/device_moemma.sh widetest  the same builds and tests only
+#   tools/device_moemma.sh widemutate  (~2 min) tests/mutations/cuda_moe_mma_half_step.patch in the first
+#                                  variant's build: its red checks (expect 4 in test_cuda_ops moe, 12 in
+#                                  test_cuda_moe_quant), then the source and the build restored
 # `all` runs build, test, mutate, ops and both benches (longer than one call: by hand only).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the lent machines
@@ -117,6 +126,116 @@ step_sweep() {
     done 2>&1 | tee "$OUT/sweep.log"
 }
 
+# k_moe_mma's K step x stages (-DTBK, -DTSTAGES) and the blocks an SM its
+# registers must allow (-DTMINB: 2 caps them at 128), "name:flags;...":
+# t32s3 the default (60 KB of shared memory, 2 blocks an SM), t64s2 (72 KB,
+# 2 blocks), t64s3 (108 KB, 2 blocks), t64s4 (144 KB, 1 block: uncapped).
+# Each builds in build-NAME, 4 at a time at -j nproc/4; each one's tests run
+# as soon as it is built (the others still building), the timings after all
+# builds, cuda_ops interleaved across the variants row count by row count.
+IFS=';' read -r -a WIDES <<<"${WIDE_VARIANTS:-t32s3:;t64s2:-DTBK=64 -DTSTAGES=2;t64s3:-DTBK=64 -DTSTAGES=3;t64s4:-DTBK=64 -DTSTAGES=4 -DTMINB=1}"
+declare -A W_OK W_OPS W_QUANT W_US W_TF W_PRE
+wide_build() { # NAME FLAGS JOBS
+    cmake -S . -B build-$1 $CM -DCMAKE_CUDA_FLAGS="$2" >/tmp/wide_$1.log 2>&1 &&
+        cmake --build build-$1 -j $3 --target cuda_ops test_cuda_ops test_cuda_moe_quant vllm_cli >>/tmp/wide_$1.log 2>&1
+}
+# "passed/checks" of a test binary's summary line, FAIL when it printed none
+checks() { grep -oE "[0-9]+/[0-9]+ checks passed" | tail -1 | sed 's/ checks passed//' | grep . || echo FAIL; }
+wide_dir() { [ "$1" = base ] && echo build-base/build || echo build-$1; }
+step_wide() { # $1: 1 = the timings too
+    local jobs=$(($(nproc) / 4)) v name fl n us bpid='' pids=() names=()
+    for v in "${WIDES[@]}"; do
+        wide_build "${v%%:*}" "${v#*:}" $((jobs > 0 ? jobs : 1)) &
+        pids+=($!) names+=("${v%%:*}")
+    done
+    # WIDE_BASE=1 (with base.tar.gz carried): the merge-base's cuda_ops and vllm too, timed beside them
+    [ "$1" = 1 ] && [ -n "${WIDE_BASE:-}" ] && [ -f base.tar.gz ] && { build_base & bpid=$!; }
+    local i=0
+    for v in "${WIDES[@]}"; do
+        name=${v%%:*}
+        if ! wait ${pids[$i]}; then
+            echo "== $name: build failed"; grep -E "error|ptxas" /tmp/wide_$name.log | head -10
+            W_OPS[$name]=build W_QUANT[$name]=build
+        else
+            W_OK[$name]=1
+            W_OPS[$name]=$(timeout 300 build-$name/tests/test_cuda_ops ${WIDE_OPS_ARGS-moe} 2>&1 |
+                           tee /tmp/wide_${name}_ops.log | checks)
+            W_QUANT[$name]=$(timeout 300 build-$name/tests/test_cuda_moe_quant 2>&1 |
+                             tee /tmp/wide_${name}_quant.log | checks)
+            echo "== $name built ($SECONDS s): test_cuda_ops ${W_OPS[$name]}, test_cuda_moe_quant ${W_QUANT[$name]}"
+            grep -h "CHECK failed" /tmp/wide_${name}_ops.log /tmp/wide_${name}_quant.log | head -6
+        fi
+        i=$((i + 1))
+    done
+    if [ -n "$bpid" ]; then
+        names+=(base) W_OPS[base]=- W_QUANT[base]=-
+        wait $bpid && W_OK[base]=1
+    fi
+    if [ "$1" = 1 ]; then
+        for n in ${WIDE_ROWS:-768 1024 2048}; do
+            for name in "${names[@]}"; do
+                [ -n "${W_OK[$name]:-}" ] && [ $SECONDS -lt ${WIDE_BUDGET:-470} ] || continue
+                us=$(timeout 90 "$(wide_dir $name)"/cuda_ops $n 16 moe 2>&1 | grep moe_experts)
+                echo "$name $n $us" >>"$OUT/wide_ops.log"
+                W_US[$name.$n]=$(awk '{for (i = 2; i <= NF; i++) if ($i == "us") print $(i - 1)}' <<<"$us")
+                W_TF[$name.$n]=$(awk '{for (i = 2; i <= NF; i++) if ($i == "TFLOP/s") print $(i - 1)}' <<<"$us")
+            done
+        done
+        for name in "${names[@]}"; do
+            [ -n "${W_OK[$name]:-}" ] || continue
+            if [ $SECONDS -gt ${WIDE_BUDGET:-470} ]; then W_PRE[$name]="(time)"; continue; fi
+            echo "== vllm bench nano30b $name ($SECONDS s)" >>"$OUT/wide_bench.log"
+            timeout 150 "$(wide_dir $name)"/vllm bench --model bench/configs/nano30b --load-format dummy --device cuda \
+                --batch-sizes 64 --input-len 1024 --output-len 16 --max-num-batched-tokens 8192 \
+                >/tmp/wide_bench_$name.log 2>&1
+            cat /tmp/wide_bench_$name.log >>"$OUT/wide_bench.log"
+            W_PRE[$name]=$(awk '$1 == 64 && NF >= 9 {p = $2 " (" $9 ")"} END {print p}' /tmp/wide_bench_$name.log)
+        done
+    fi
+    {
+        printf "%-7s %-36s %-10s %-10s" variant flags gpu_ops moe_quant
+        [ "$1" = 1 ] && for n in ${WIDE_ROWS:-768 1024 2048}; do printf " %15s" "us|TF/s@$n"; done &&
+            printf "  %s" "nano30b prefill tok/s (of peak)"
+        echo
+        for name in "${names[@]}"; do
+            fl=
+            for v in "${WIDES[@]}"; do [ "${v%%:*}" = "$name" ] && fl=${v#*:}; done
+            [ $name = base ] && fl="(merge-base)"
+            printf "%-7s %-36s %-10s %-10s" $name "${fl:-(default)}" "${W_OPS[$name]}" "${W_QUANT[$name]}"
+            [ "$1" = 1 ] && for n in ${WIDE_ROWS:-768 1024 2048}; do
+                printf " %15s" "${W_US[$name.$n]:--}|${W_TF[$name.$n]:--}"
+            done && printf "  %s" "${W_PRE[$name]:--}"
+            echo
+        done
+        echo "($SECONDS s; cuda_ops: us per call of the routed experts, 16 calls a graph, and TFLOP/s)"
+    } | tee "$OUT/wide.txt"
+}
+
+# Lesson 5 for the 128-row tiles: the patch halves each K step of k_moe_mma
+# alone (BM == TBM in moe_mma_tile; the thin tiles keep theirs): the bf16
+# n=600 cases and n=600 + add of both 16-bit shapes (4 in test_cuda_ops moe;
+# the width-12 shape runs the SIMT kernel) and the quantized bf16-mode n=600
+# cases (3 formats x 2 shapes x 2: 12) go red, nothing else.
+step_widemutate() {
+    local p=tests/mutations/cuda_moe_mma_half_step.patch name=${WIDES[0]%%:*} fl=${WIDES[0]#*:}
+    patch -p1 <$p >/dev/null || { echo "mutation: $p does not apply"; return 1; }
+    if wide_build $name "$fl" "$(nproc)"; then
+        timeout 300 build-$name/tests/test_cuda_ops moe >/tmp/wide_mut_ops.log 2>&1
+        timeout 300 build-$name/tests/test_cuda_moe_quant >/tmp/wide_mut_quant.log 2>&1
+        local ro rq
+        ro=$(grep -c "CHECK failed" /tmp/wide_mut_ops.log) rq=$(grep -c "CHECK failed" /tmp/wide_mut_quant.log)
+        echo "mutation: test_cuda_ops moe $(checks </tmp/wide_mut_ops.log) passed, $ro red (expect 4);" \
+            "test_cuda_moe_quant $(checks </tmp/wide_mut_quant.log) passed, $rq red (expect 12)" |
+            tee "$OUT/widemutate.txt"
+        grep -h "CHECK failed" /tmp/wide_mut_ops.log /tmp/wide_mut_quant.log | sed 's/.*CHECK failed: [^:]*: /  /' |
+            tee -a "$OUT/widemutate.txt"
+    else
+        echo "mutation: build failed"; grep -E "error" /tmp/wide_$name.log | head -10
+    fi
+    patch -R -p1 <$p >/dev/null
+    wide_build $name "$fl" "$(nproc)" || echo "the restored build failed"
+}
+
 case "${1:-all}" in
 build) step_build ;;
 mutate) step_mutate ;;
@@ -125,6 +244,9 @@ ops) step_ops ;;
 bench) step_bench "${2:?bench CONFIG}" ;;
 sweepbuild) step_sweepbuild ;;
 sweep) step_sweep ;;
+wide) step_wide 1 ;;
+widetest) step_wide 0 ;;
+widemutate) step_widemutate ;;
 all) step_build && step_test && step_mutate && step_ops && step_bench nano30b && step_bench qwen3_30b_a3b ;;
-*) echo "usage: $0 build|test|mutate|ops|bench CONFIG|sweepbuild|sweep|all"; exit 2 ;;
+*) echo "usage: $0 build|test|mutate|ops|bench CONFIG|sweepbuild|sweep|wide|widetest|widemutate|all"; exit 2 ;;
 esac

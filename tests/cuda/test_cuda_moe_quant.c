@@ -4,11 +4,11 @@
 // WF_FP8 (e4m3, a scale per row), WF_FP8_B128 (e4m3, 128x128 block scales)
 // and WF_NVFP4 (e2m1, an e4m3 scale per 16 columns, a scale per row), at
 // nano30b (relu2, 128 experts x 1856, hidden 2688, top 6) and qwen3-30b
-// (SwiGLU, 128 x 768, hidden 2048, top 8) shapes, in the fp32 mode and, up
-// to 32 tokens (the tensor-core GEMV), the bf16 mode; and the refusals at load,
-// each naming what it refuses. `test_cuda_moe_quant [fp8|fp8_block|nvfp4]...`:
-// those formats only (the device scripts' mutation steps). Exits 77 (skip)
-// without a GPU.
+// (SwiGLU, 128 x 768, hidden 2048, top 8) shapes, in the fp32 mode and the
+// bf16 mode (the tensor-core GEMV up to 32 tokens, the grouped GEMMs above);
+// and the refusals at load, each naming what it refuses.
+// `test_cuda_moe_quant [fp8|fp8_block|nvfp4]...`: those formats only (the
+// device scripts' mutation steps). Exits 77 (skip) without a GPU.
 #include <math.h>
 #include <stdlib.h>
 
@@ -84,12 +84,14 @@ static void weight_free(struct backend *be, struct weight *w) {
 // again per call, seconds a call at 100+ experts). The GEMV (n <= 32) reads x
 // in fp32 and widens codes in registers (FP8, NVFP4: exactly, the row scale
 // on each sum; FP8 blocks: wfmt_dequant's product), so it differs only in
-// summation order (expected ~1e-6, tol 1e-4); the grouped GEMMs (n > 32)
-// round x and h to bf16, FP8 blocks their weights too (expected a few 1e-3,
-// tol 2e-2 as bf16). Random routing at 1, 7, 32 (the GEMV), 33, 64 (thin
-// tiles) and T (600: the 128-row tiles), shared routing at 32 (the GEMV's
-// passes of 8 rows) and 64 (4 thin tiles an expert), and + add (the shared
-// expert's output) on the three paths.
+// summation order (expected ~1e-6, tol 1e-4). Random routing at 1, 7, 32
+// (the GEMV), 33, 64 and T (600), shared routing at 32 (the GEMV's passes
+// of 8 rows) and 64, and + add (the shared expert's output) at 7, 64 and T.
+// The fp32 mode runs the GEMV in passes of 32 tokens at every n; above 32
+// the 16-bit mode runs the grouped GEMMs on the same inputs (thin tiles at
+// 33 and 64: 4 an expert when shared; the 128-row tiles at T), which round
+// x and h to bf16, FP8 blocks their weights too (expected a few 1e-3, tol
+// 2e-2 as bf16).
 static void test_experts_quant(enum wfmt f, const char *fname, const struct moe_shape *m, struct pair pids,
                                struct pair pw, int T) {
     int E = m->E, k = m->k, I = m->I, L = m->L, U = m->gated ? 2 * I : I;
@@ -123,6 +125,15 @@ static void test_experts_quant(enum wfmt f, const char *fname, const struct moe_
         snprintf(name, sizeof name, "moe_experts %s %s n=%d%s", m->name, fname, ns[i],
                  i >= NR + 2 ? " + add" : i >= NR ? " shared" : "");
         cmp(name, po, (size_t)ns[i] * L, ns[i] <= 32 ? 1e-4 : 2e-2);
+        if (ns[i] <= 32) continue;
+        // the grouped GEMMs (thin tiles at 33 and 64, the 128-row tiles at
+        // T) run in the 16-bit mode only: the same reference, tol 2e-2
+        gpu->weight_dtype = WF_BF16;
+        gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, ag);
+        gpu->weight_dtype = WF_F32;
+        snprintf(name, sizeof name, "moe_experts %s %s n=%d%s bf16 mode", m->name, fname, ns[i],
+                 i >= NR + 2 ? " + add" : i >= NR ? " shared" : "");
+        cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
     // the 16-bit mode (--dtype bfloat16): up to 32 tokens the GEMV on tensor
     // cores (cuda_qmma.cuh: x and h rounded to fp16 after a power-of-two

@@ -578,21 +578,33 @@ __global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, co
 // ---- 16-bit weights, prefill sizes: a grouped GEMM on tensor cores ----
 //
 // C = A B^T per expert over its segment rows, bf16 / fp16 inputs, fp32
-// accumulation (mma.sync m16n8k16). Tiles of 128 x 128 x 32, 8 warps as
-// 2 x 4 (64 x 32 each), 3 cp.async stages, rows padded to 40 elements so
-// that ldmatrix is conflict-free. Block t takes row tile t / NT of the
-// experts' schedule (mtile_off) and column tile t % NT; blocks past the last
-// tile exit, so the grid is sized from n alone (no host round trip).
+// accumulation (mma.sync m16n8k16). Tiles of 128 x 128 x TBK, 8 warps as
+// 2 x 4 (64 x 32 each), TSTAGES cp.async stages (moe_mma_tile). Block t
+// takes row tile t / NT of the experts' schedule (mtile_off) and column tile
+// t % NT; blocks past the last tile exit, so the grid is sized from n alone
+// (no host round trip).
 // UP: A = the tokens' rows of x (through perm), B = each expert's up rows,
 // gate and up interleaved (B row 2j: gate j, 2j + 1: up j) so that a
 // thread's accumulator pair is (gate, up) of one hidden unit, and the
 // epilogue writes h = act(gate) * up (or act(W x)) in 16 bits. Down: A = h,
-// B = W_e's rows, fp32 out.
+// B = W_e's rows, fp32 out. K step, stages and the blocks an SM must hold
+// (__launch_bounds__: at 2, at most 128 registers a thread) take -D
+// overrides so that a device build can compare them (tools/device_moemma.sh
+// wide). Shared memory a block, bf16 / FP8 codes (tile_smem): 32 x 3
+// stages 60 / 62 KB; 64 x 2: 72 / 88 KB, x 3: 108 / 114 KB, x 4: 144 /
+// 140 KB (cuda_moe_smem: supports() refuses a device that cannot opt in).
 #define TBM 128
 #define TBN 128
-#define TBK 32
-#define TPAD 40
-#define TSTAGES 3
+#define TTHREADS 256
+#ifndef TBK
+#define TBK 32 // 32 or 64 (64: a 128-byte line of each weight row per stage)
+#endif
+#ifndef TSTAGES
+#define TSTAGES 3 // 2 to 4
+#endif
+#ifndef TMINB
+#define TMINB 2 // 32 x 3: 2 blocks of 60 KB an SM, as before the cap (124 registers uncapped then, 136 now)
+#endif
 
 template <typename T>
 __device__ __forceinline__ void store2(T *p, float a, float b);
@@ -646,7 +658,7 @@ __device__ __forceinline__ void mma_store(void *out, int64_t r, int col, float v
 // on every weight before the bf16 rounding (which would round each weight
 // to 8 bits and cost a multiply a weight). FP8 blocks widen to bf16(e4m3 *
 // scale), the reference's weight rounded once to bf16 (relative 2^-9, as a
-// bf16 checkpoint's): a k step (32) never straddles a 128-column block, so
+// bf16 checkpoint's): a chunk (8 columns) never straddles a 128-column block, so
 // a chunk has one scale, and the 128 x 128 tile keeps its one set of 64
 // accumulators a thread (scaling in the epilogue per k block would need a
 // second set, flushed every 4 k steps). The block scales (one a chunk: a
@@ -721,14 +733,15 @@ __host__ __device__ constexpr int code_bytes(int bk) {
     return bk * (int)sizeof(WT) / PACK<WT>;
 }
 
-// Shared memory of k_moe_mma: A stages [TSTAGES][TBM][TPAD], then the
-// weights' (16 bits: stages [TSTAGES][TBN][TPAD]; codes: two bf16 tiles
-// [2][TBN][TPAD], then the codes' stages [TSTAGES][TBN] x code_bytes(TBK)).
-template <typename WT>
-static size_t mma_smem() {
-    size_t a = (size_t)TSTAGES * TBM * TPAD * 2;
-    return IS_Q<WT> ? a + 2 * (size_t)TBN * TPAD * 2 + (size_t)TSTAGES * TBN * code_bytes<WT>(TBK)
-                    : a + (size_t)TSTAGES * TBN * TPAD * 2;
+// Shared memory of a grouped GEMM tile (moe_mma_tile) of BM x BN outputs, K
+// in steps of BK over S stages: A stages [S][BM][BK + 8], then the weights'
+// (16 bits: stages [S][BN][BK + 8]; codes: two bf16 tiles [2][BN][BK + 8],
+// then the codes' stages [S][BN] x code_bytes(BK)).
+template <typename WT, int BM, int BN, int BK, int S>
+static constexpr size_t tile_smem() {
+    size_t a = (size_t)S * BM * (BK + 8) * 2;
+    return IS_Q<WT> ? a + 2 * (size_t)BN * (BK + 8) * 2 + (size_t)S * BN * code_bytes<WT>(BK)
+                    : a + (size_t)S * BN * (BK + 8) * 2;
 }
 
 // The weight row a grouped GEMM's tile row reads for expert e (n: the tile's
@@ -771,112 +784,141 @@ struct bscale_ring {
     }
 };
 
-template <typename T, typename WT, bool UP>
-__global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const float *wscale, const uint8_t *wbscale,
-                                                 void *out, const int32_t *offsets, const int32_t *mtile_off,
-                                                 const int32_t *perm, int E, int k, int K, int I, int N, int gated,
-                                                 enum act kind) {
-    extern __shared__ __align__(16) unsigned char tsm[];
+// One tile of a grouped GEMM (k_moe_mma, k_moe_mma_dec): rows r0 .. r0 +
+// rows - 1 (< BM) of expert e's segment x output columns n0 .. n0 + BN - 1,
+// the 16-bit and the quantized weights alike. THREADS / 32 warps as WM x WN
+// (WN = BN / 32), each BM / WM rows x 32 columns (MI A fragments, 4 n8 B
+// fragments, 4 x MI mma per k16). Each stage a thread copies chunk tid %
+// CPR (8 columns) of rows tid / CPR + i * RPP of both operands; rows padded
+// to BK + 8 elements (16 x an odd number of bytes: ldmatrix is
+// conflict-free). tsm: tile_smem<WT, BM, BN, BK, S>() bytes.
+template <typename T, typename WT, bool UP, int BM, int BN, int BK, int S, int THREADS>
+__device__ __forceinline__ void moe_mma_tile(unsigned char *tsm, const T *A, const WT *W, const float *wscale,
+                                             const uint8_t *wbscale, void *out, const int32_t *perm, int e, int r0,
+                                             int rows, int n0, int k, int K, int I, int N, int gated, enum act kind) {
     constexpr bool Q = IS_Q<WT>;
-    constexpr int QB = code_bytes<WT>(TBK);             // a weight row's code bytes a stage
-    T *As = (T *)tsm, *Bs = As + TSTAGES * TBM * TPAD; // 16 bits: the weights' stages; codes: the two bf16 tiles
-    uint8_t *Bq = (uint8_t *)(Bs + 2 * TBN * TPAD);     // codes: their stages
-    int NT = (N + TBN - 1) / TBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
-    if (mt >= mtile_off[E]) return;
-    int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * TBM, rows = min(TBM, offsets[e + 1] - r0);
-    int n0 = nt * TBN, U = gated ? 2 * I : I, tid = threadIdx.x;
-    // this thread's two chunks of 8 columns of each tile: rows tid/4 and tid/4 + 64, chunk tid % 4
-    int c = (tid % 4) * 8;
-    const T *ga[2];
-    const WT *gb[2];
-    int64_t wr[2]; // the chunks' weight rows
-    bool va[2], vb[2];
+    constexpr int PAD = BK + 8, QB = code_bytes<WT>(BK); // QB: a weight row's code bytes a stage
+    constexpr int CPR = BK / 8, RPP = THREADS / CPR, ACH = (BM + RPP - 1) / RPP, BCH = BN / RPP;
+    constexpr int WN = BN / 32, WM = THREADS / 32 / WN, MI = BM / WM / 16;
+    static_assert(BK % 16 == 0 && S >= 2 && THREADS % CPR == 0 && BN % RPP == 0 && THREADS % (32 * WN) == 0 &&
+                      BM % (16 * WM) == 0, "grouped GEMM tile layout");
+    T *As = (T *)tsm, *Bs = As + S * BM * PAD; // 16 bits: the weights' stages; codes: the two bf16 tiles
+    uint8_t *Bq = (uint8_t *)(Bs + 2 * BN * PAD); // codes: their stages
+    int U = gated ? 2 * I : I, tid = threadIdx.x, c = (tid % CPR) * 8;
+    const T *ga[ACH];
+    const WT *gb[BCH];
+    int64_t wr[BCH]; // the weight chunks' rows
+    bool va[ACH], vb[BCH];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int row = tid / 4 + i * 64;
+    for (int i = 0; i < ACH; i++) { // A: the segment's rows (UP: their tokens' x), zero past rows
+        int row = tid / CPR + i * RPP;
         va[i] = row < rows;
         int r = r0 + (va[i] ? row : 0);
         ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
+    }
+#pragma unroll
+    for (int i = 0; i < BCH; i++) {
+        int row = tid / CPR + i * RPP;
         wr[i] = moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]);
         gb[i] = W + (wr[i] * K + c) / PACK<WT>;
     }
-    int KT = (K + TBK - 1) / TBK;
+    int KT = (K + BK - 1) / BK;
     auto load = [&](int stage, int kt) {
-        int k0 = kt * TBK;
+        int k0 = kt * BK;
         bool kin = k0 + c < K; // K % 8 == 0: a chunk is all in or all out
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int row = tid / 4 + i * 64;
-            cp_async16(As + (stage * TBM + row) * TPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
+        for (int i = 0; i < ACH; i++) {
+            int row = tid / CPR + i * RPP;
+            if (row < BM) cp_async16(As + (stage * BM + row) * PAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
+        }
+#pragma unroll
+        for (int i = 0; i < BCH; i++) {
+            int row = tid / CPR + i * RPP;
             if constexpr (Q)
-                cp_async_n<CHUNK_BYTES<WT>>(Bq + (stage * TBN + row) * QB + c / PACK<WT>,
+                cp_async_n<CHUNK_BYTES<WT>>(Bq + (stage * BN + row) * QB + c / PACK<WT>,
                                             gb[i] + (kin ? k0 : 0) / PACK<WT>, vb[i] && kin);
-            else cp_async16(Bs + (stage * TBN + row) * TPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
+            else cp_async16(Bs + (stage * BN + row) * PAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
         }
     };
-    bscale_ring<WT, TSTAGES, 2> bsr;
-    int warp = tid >> 5, lane = tid & 31, wm = warp >> 2, wn = warp & 3; // warp tile rows wm*64, cols wn*32
-    float acc[4][4][4];
+    bscale_ring<WT, S, BCH> bsr;
+    int warp = tid >> 5, lane = tid & 31, wm = warp / WN, wn = warp % WN; // warp tile rows wm * MI * 16, cols wn * 32
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0;
 #pragma unroll
-    for (int s = 0; s < TSTAGES - 1; s++) {
-        if (s < KT) load(s, s), bsr.fetch(s, wscale, wbscale, wr, K, s * TBK + c);
+    for (int s = 0; s < S - 1; s++) {
+        if (s < KT) load(s, s), bsr.fetch(s, wscale, wbscale, wr, K, s * BK + c);
         asm volatile("cp.async.commit_group;\n");
     }
     for (int kt = 0; kt < KT; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(TSTAGES - 2));
-        if constexpr (Q) { // as in k_moe_mma_dec: this thread's chunks of step kt into bf16 tile kt & 1
-            const uint8_t *q8 = Bq + (kt % TSTAGES) * TBN * QB;
-            T *bt = Bs + (kt & 1) * TBN * TPAD;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 2));
+        if constexpr (Q) { // this thread's own chunks of step kt have landed: widen them into
+                           // bf16 tile kt & 1 (last read at step kt - 2, before the previous barrier)
+            const uint8_t *q8 = Bq + (kt % S) * BN * QB;
+            T *bt = Bs + (kt & 1) * BN * PAD;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int row = tid / 4 + i * 64;
-                widen8(bt + row * TPAD + c, q8 + row * QB + c / PACK<WT>, W, bsr.v[0][i]);
+            for (int i = 0; i < BCH; i++) {
+                int row = tid / CPR + i * RPP;
+                widen8(bt + row * PAD + c, q8 + row * QB + c / PACK<WT>, W, bsr.v[0][i]);
             }
             bsr.shift();
         }
         __syncthreads();
-        int nx = kt + TSTAGES - 1; // refill the stage every warp finished with
-        if (nx < KT) load(nx % TSTAGES, nx), bsr.fetch(TSTAGES - 2, wscale, wbscale, wr, K, nx * TBK + c);
+        int nx = kt + S - 1; // refill the stage every warp finished with
+        if (nx < KT) load(nx % S, nx), bsr.fetch(S - 2, wscale, wbscale, wr, K, nx * BK + c);
         asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % TSTAGES) * TBM * TPAD, *bs = Bs + (Q ? kt & 1 : kt % TSTAGES) * TBN * TPAD;
+        const T *as = As + ((kt % S) * BM + wm * MI * 16) * PAD, *bs = Bs + (Q ? kt & 1 : kt % S) * BN * PAD;
 #pragma unroll
-        for (int kk = 0; kk < TBK; kk += 16) {
-            uint32_t af[4][4], bf[4][2];
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint32_t af[MI][4], bf[4][2];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                ldsm_x4(af[i], as + (wm * 64 + i * 16 + (lane & 15)) * TPAD + kk + (lane >> 4) * 8);
+            for (int i = 0; i < MI; i++) ldsm_x4(af[i], as + (i * 16 + (lane & 15)) * PAD + kk + (lane >> 4) * 8);
 #pragma unroll
             for (int j = 0; j < 4; j += 2) {
                 uint32_t r[4];
-                ldsm_x4(r, bs + (wn * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * TPAD + kk + ((lane >> 3) & 1) * 8);
+                ldsm_x4(r, bs + (wn * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * PAD + kk + ((lane >> 3) & 1) * 8);
                 bf[j][0] = r[0], bf[j][1] = r[1], bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
             }
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < MI; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++) mma16<T>::run(acc[i][j], af[i], bf[j]);
         }
     }
     asm volatile("cp.async.wait_group 0;\n");
     const float *sc = ROW_SCALED<WT> ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
-    // epilogue: thread holds rows lane/4 (+8) and column pair (lane%4)*2 of each 16 x 8 tile
+    // epilogue: a thread holds rows lane / 4 (+ 8) and column pair (lane % 4) * 2 of each 16 x 8 tile
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int h8 = 0; h8 < 2; h8++) {
-            int row = wm * 64 + i * 16 + (lane >> 2) + h8 * 8;
+            int row = wm * MI * 16 + i * 16 + (lane >> 2) + h8 * 8;
             if (row >= rows) continue;
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 mma_store<T, UP>(out, r0 + row, n0 + wn * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
                                  acc[i][j][h8 * 2 + 1], I, N, gated, kind, sc);
         }
+}
+
+// The 128-row tiles: block t takes row tile t / NT of the experts' schedule
+// (mtile_off, sorted with bm = TBM) and column tile t % NT.
+template <typename T, typename WT, bool UP>
+__global__ void __launch_bounds__(TTHREADS, TMINB) k_moe_mma(const T *A, const WT *W, const float *wscale,
+                                                           const uint8_t *wbscale, void *out, const int32_t *offsets,
+                                                           const int32_t *mtile_off, const int32_t *perm, int E,
+                                                           int k, int K, int I, int N, int gated, enum act kind) {
+    extern __shared__ __align__(16) unsigned char tsm[];
+    int NT = (N + TBN - 1) / TBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
+    if (mt >= mtile_off[E]) return;
+    int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * TBM;
+    moe_mma_tile<T, WT, UP, TBM, TBN, TBK, TSTAGES, TTHREADS>(tsm, A, W, wscale, wbscale, out, perm, e, r0,
+                                                              min(TBM, offsets[e + 1] - r0), nt * TBN, k, K, I, N,
+                                                              gated, kind);
 }
 
 // ---- 16-bit and quantized weights, above the GEMV: a grouped GEMM of thin row tiles ----
@@ -914,19 +956,6 @@ __global__ void __launch_bounds__(256) k_moe_mma(const T *A, const WT *W, const 
 #endif
 #define DBN 128
 #define DTHREADS 128
-#define DPAD (DBK + 8) // a row of 16 x an odd number of bytes: ldmatrix is conflict-free
-static_assert(DBM % 16 == 0 && DBK % 16 == 0 && DTHREADS / 32 * 32 == DBN && DTHREADS % (DBK / 8) == 0,
-              "thin tile layout");
-
-// Shared memory of k_moe_mma_dec: A stages [DSTAGES][DBM][DPAD], then the
-// weights' (16 bits: stages [DSTAGES][DBN][DPAD]; codes: two bf16 tiles
-// [2][DBN][DPAD], then the codes' stages [DSTAGES][DBN] x code_bytes(DBK)).
-template <typename WT>
-static size_t mma_dec_smem() {
-    size_t a = (size_t)DSTAGES * DBM * DPAD * 2;
-    return IS_Q<WT> ? a + 2 * (size_t)DBN * DPAD * 2 + (size_t)DSTAGES * DBN * code_bytes<WT>(DBK)
-                    : a + (size_t)DSTAGES * DBN * DPAD * 2;
-}
 
 template <typename T, typename WT, bool UP>
 __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *W, const float *wscale,
@@ -934,117 +963,14 @@ __global__ void __launch_bounds__(DTHREADS) k_moe_mma_dec(const T *A, const WT *
                                                           const int32_t *mtile_off, const int32_t *perm, int E, int k,
                                                           int K, int I, int N, int gated, enum act kind) {
     extern __shared__ __align__(16) unsigned char tsm[];
-    constexpr bool Q = IS_Q<WT>;
-    constexpr int QB = code_bytes<WT>(DBK);             // a weight row's code bytes a stage
-    T *As = (T *)tsm, *Bs = As + DSTAGES * DBM * DPAD; // 16 bits: the weights' stages; codes: the two bf16 tiles
-    uint8_t *Bq = (uint8_t *)(Bs + 2 * DBN * DPAD);     // codes: their stages
-    // a thread's chunks of 8 columns of a stage: chunk tid % CPR of rows tid / CPR + i * RPP
-    constexpr int CPR = DBK / 8, RPP = DTHREADS / CPR, MI = DBM / 16;
-    constexpr int ACH = (DBM + RPP - 1) / RPP, BCH = DBN / RPP;
     pdl_wait();
     pdl_trigger();
     int NT = (N + DBN - 1) / DBN, mt = blockIdx.x / NT, nt = blockIdx.x % NT;
     if (mt >= mtile_off[E]) return;
     int e = tile_expert(mtile_off, E, mt), r0 = offsets[e] + (mt - mtile_off[e]) * DBM;
-    int rows = min(DBM, offsets[e + 1] - r0), n0 = nt * DBN, U = gated ? 2 * I : I, tid = threadIdx.x;
-    int c = (tid % CPR) * 8;
-    const T *ga[ACH];
-    const WT *gb[BCH];
-    int64_t wr[BCH]; // the weight chunks' rows
-    bool va[ACH], vb[BCH];
-#pragma unroll
-    for (int i = 0; i < ACH; i++) { // A: the segment's rows (UP: their tokens' x), zero past rows
-        int row = tid / CPR + i * RPP;
-        va[i] = row < rows;
-        int r = r0 + (va[i] ? row : 0);
-        ga[i] = A + (int64_t)(UP ? perm[r] / k : r) * K + c;
-    }
-#pragma unroll
-    for (int i = 0; i < BCH; i++) {
-        int row = tid / CPR + i * RPP;
-        wr[i] = moe_wrow<UP>(e, n0 + row, U, I, N, gated, &vb[i]);
-        gb[i] = W + (wr[i] * K + c) / PACK<WT>;
-    }
-    int KT = (K + DBK - 1) / DBK;
-    auto load = [&](int stage, int kt) {
-        int k0 = kt * DBK;
-        bool kin = k0 + c < K; // K % 8 == 0: a chunk is all in or all out
-#pragma unroll
-        for (int i = 0; i < ACH; i++) {
-            int row = tid / CPR + i * RPP;
-            if (row < DBM) cp_async16(As + (stage * DBM + row) * DPAD + c, ga[i] + (kin ? k0 : 0), va[i] && kin);
-        }
-#pragma unroll
-        for (int i = 0; i < BCH; i++) {
-            int row = tid / CPR + i * RPP;
-            if constexpr (Q)
-                cp_async_n<CHUNK_BYTES<WT>>(Bq + (stage * DBN + row) * QB + c / PACK<WT>,
-                                            gb[i] + (kin ? k0 : 0) / PACK<WT>, vb[i] && kin);
-            else cp_async16(Bs + (stage * DBN + row) * DPAD + c, gb[i] + (kin ? k0 : 0), vb[i] && kin);
-        }
-    };
-    bscale_ring<WT, DSTAGES, BCH> bsr;
-    int warp = tid >> 5, lane = tid & 31; // warp tile: all DBM rows, columns warp * 32
-    float acc[MI][4][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[i][j][q] = 0;
-#pragma unroll
-    for (int s = 0; s < DSTAGES - 1; s++) {
-        if (s < KT) load(s, s), bsr.fetch(s, wscale, wbscale, wr, K, s * DBK + c);
-        asm volatile("cp.async.commit_group;\n");
-    }
-    for (int kt = 0; kt < KT; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(DSTAGES - 2));
-        if constexpr (Q) { // this thread's own chunks of step kt have landed: widen them into
-                           // bf16 tile kt & 1 (last read at step kt - 2, before the previous barrier)
-            const uint8_t *q8 = Bq + (kt % DSTAGES) * DBN * QB;
-            T *bt = Bs + (kt & 1) * DBN * DPAD;
-#pragma unroll
-            for (int i = 0; i < BCH; i++) {
-                int row = tid / CPR + i * RPP;
-                widen8(bt + row * DPAD + c, q8 + row * QB + c / PACK<WT>, W, bsr.v[0][i]);
-            }
-            bsr.shift();
-        }
-        __syncthreads();
-        int nx = kt + DSTAGES - 1; // refill the stage every warp finished with
-        if (nx < KT) load(nx % DSTAGES, nx), bsr.fetch(DSTAGES - 2, wscale, wbscale, wr, K, nx * DBK + c);
-        asm volatile("cp.async.commit_group;\n");
-        const T *as = As + (kt % DSTAGES) * DBM * DPAD, *bs = Bs + (Q ? kt & 1 : kt % DSTAGES) * DBN * DPAD;
-#pragma unroll
-        for (int kk = 0; kk < DBK; kk += 16) {
-            uint32_t af[MI][4], bf[4][2];
-#pragma unroll
-            for (int i = 0; i < MI; i++) ldsm_x4(af[i], as + (i * 16 + (lane & 15)) * DPAD + kk + (lane >> 4) * 8);
-#pragma unroll
-            for (int j = 0; j < 4; j += 2) {
-                uint32_t r[4];
-                ldsm_x4(r, bs + (warp * 32 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * DPAD + kk + ((lane >> 3) & 1) * 8);
-                bf[j][0] = r[0], bf[j][1] = r[1], bf[j + 1][0] = r[2], bf[j + 1][1] = r[3];
-            }
-#pragma unroll
-            for (int i = 0; i < MI; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) mma16<T>::run(acc[i][j], af[i], bf[j]);
-        }
-    }
-    asm volatile("cp.async.wait_group 0;\n");
-    const float *sc = ROW_SCALED<WT> ? wscale + (int64_t)e * (UP ? U : N) : NULL; // the expert's row scales
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int h8 = 0; h8 < 2; h8++) {
-            int row = i * 16 + (lane >> 2) + h8 * 8;
-            if (row >= rows) continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                mma_store<T, UP>(out, r0 + row, n0 + warp * 32 + j * 8 + (lane & 3) * 2, acc[i][j][h8 * 2],
-                                 acc[i][j][h8 * 2 + 1], I, N, gated, kind, sc);
-        }
+    moe_mma_tile<T, WT, UP, DBM, DBN, DBK, DSTAGES, DTHREADS>(tsm, A, W, wscale, wbscale, out, perm, e, r0,
+                                                              min(DBM, offsets[e + 1] - r0), nt * DBN, k, K, I, N,
+                                                              gated, kind);
 }
 
 // The thin-tile grouped GEMM's two launches (up with the activation, down)
@@ -1054,7 +980,7 @@ static void dec_experts(cudaStream_t st, const struct moe_experts *w, const T *x
                         const int32_t *offsets, const int32_t *mtile_off, const int32_t *perm, int n, int top_k) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int mtiles = cdiv(nk, DBM) + (nk < E ? nk : E);
-    size_t sm = mma_dec_smem<WT>();
+    size_t sm = tile_smem<WT, DBM, DBN, DBK, DSTAGES>();
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, WT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma_dec<T, WT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     launch_pdl(k_moe_mma_dec<T, WT, true>, mtiles * cdiv(U, DBN), DTHREADS, sm, st, xb, (const WT *)w->up.data,
@@ -1079,15 +1005,16 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
         return;
     }
     int mtiles = cdiv(nk, TBM) + (nk < E ? nk : E); // at most: each active expert adds one partial tile
-    size_t sm = mma_smem<WT>(); // over the 48 KB default: opt in (per call: cheap, and right on every device)
+    // over the 48 KB default: opt in (per call: cheap, and right on every device)
+    size_t sm = tile_smem<WT, TBM, TBN, TBK, TSTAGES>();
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, WT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     CUDA_CHECK(cudaFuncSetAttribute(k_moe_mma<T, WT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
     (void)be;
-    k_moe_mma<T, WT, true><<<mtiles * cdiv(U, TBN), 256, sm, st>>>(
+    k_moe_mma<T, WT, true><<<mtiles * cdiv(U, TBN), TTHREADS, sm, st>>>(
         xb, (const WT *)w->up.data, (const float *)w->up.scale, (const uint8_t *)w->up.bscale, h, offsets, mtile_off,
         perm, E, top_k, L, I, U, w->gated, w->act);
     LAUNCH_CHECK();
-    k_moe_mma<T, WT, false><<<mtiles * cdiv(L, TBN), 256, sm, st>>>(
+    k_moe_mma<T, WT, false><<<mtiles * cdiv(L, TBN), TTHREADS, sm, st>>>(
         h, (const WT *)w->down.data, (const float *)w->down.scale, (const uint8_t *)w->down.bscale, y, offsets,
         mtile_off, perm, E, top_k, I, I, L, 0, w->act);
     LAUNCH_CHECK();
@@ -1156,8 +1083,9 @@ static size_t moe_qmma_bytes(int n, int top_k, int I, int L) {
 }
 
 size_t cuda_moe_smem(void) { // the codes' stages are largest for FP8 (fp8b_t the same), smallest for NVFP4
-    return MAX(MAX(mma_smem<__nv_bfloat16>(), mma_smem<__nv_fp8_e4m3>()),
-               MAX(mma_dec_smem<__nv_bfloat16>(), mma_dec_smem<__nv_fp8_e4m3>()));
+    size_t wb = tile_smem<__nv_bfloat16, TBM, TBN, TBK, TSTAGES>(), wq = tile_smem<__nv_fp8_e4m3, TBM, TBN, TBK, TSTAGES>();
+    size_t db = tile_smem<__nv_bfloat16, DBM, DBN, DBK, DSTAGES>(), dq = tile_smem<__nv_fp8_e4m3, DBM, DBN, DBK, DSTAGES>();
+    return MAX(MAX(wb, wq), MAX(db, dq));
 }
 
 // Scratch of moe_experts at n tokens: offsets, mtile_off [E + 1], perm,
