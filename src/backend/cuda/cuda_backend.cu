@@ -240,15 +240,21 @@ __global__ void k_add_rmsnorm(float *res, const float *x, float *out, const floa
 // The same with the row in registers: V float4 per thread, every load of
 // the row in flight at once and no second read (dim % 4 == 0, 16-byte
 // aligned rows, dim <= 4 * V * blockDim). In place (out == res) is safe:
-// every read is before the block's reduction, every write after it.
+// every read is before the block's reduction, every write after it. Up to
+// V = 4 the weights are loaded before the dependency wait (they are no
+// kernel's output); at V = 8 the row and the weights would take 64 float
+// registers a thread, more than 1024 threads can have (the launch fails),
+// so the weights are read at the stores.
 template <int V>
-__global__ void k_add_rmsnorm4(float *res, const float *x, float *out, const float *w, int d, float eps) {
+__global__ void __launch_bounds__(1024) k_add_rmsnorm4(float *res, const float *x, float *out, const float *w, int d,
+                                                       float eps) {
+    constexpr bool PRE = V <= 4;
     __shared__ float red[32];
     int64_t off = (int64_t)blockIdx.x * (d / 4);
     int d4 = d / 4;
-    float4 v[V], g[V];
+    float4 v[V], g[PRE ? V : 1];
 #pragma unroll
-    for (int i = 0; i < V; i++) // the weights are no kernel's output: loaded before the wait
+    for (int i = 0; i < (PRE ? V : 0); i++)
         if (threadIdx.x + i * blockDim.x < d4) g[i] = ((const float4 *)w)[threadIdx.x + i * blockDim.x];
     pdl_wait();
     pdl_trigger();
@@ -272,9 +278,8 @@ __global__ void k_add_rmsnorm4(float *res, const float *x, float *out, const flo
     for (int i = 0; i < V; i++) {
         int c = threadIdx.x + i * blockDim.x;
         if (c >= d4) break;
-        float4 a = v[i];
-        ((float4 *)out)[off + c] =
-            make_float4(g[i].x * (a.x * r), g[i].y * (a.y * r), g[i].z * (a.z * r), g[i].w * (a.w * r));
+        float4 a = v[i], gw = PRE ? g[PRE ? i : 0] : ((const float4 *)w)[c];
+        ((float4 *)out)[off + c] = make_float4(gw.x * (a.x * r), gw.y * (a.y * r), gw.z * (a.z * r), gw.w * (a.w * r));
     }
 }
 
