@@ -10,8 +10,9 @@
 //      rate), above a cuBLAS GEMM strided over heads ([T, N] x [N, R] per
 //      head, fp32, no TF32);
 //   2. k_mla_split: a block per (token, group of 32 heads, key split), or
-//      of 8 heads for a pass of few tokens (mla_hpw: 4x the blocks where
-//      one group of 32 would leave a decode latency-bound on a few SMs).
+//      of 8 heads for a pass of few tokens at short contexts (mla_hpw: 4x
+//      the blocks where one group of 32 would leave a decode latency-bound
+//      on a few SMs).
 //      Every cached row of the split is read from memory once for the
 //      group's heads (the old kernel, a block per (token, head), read it 32
 //      times and walked the context one block per head: 32 blocks for a
@@ -501,11 +502,6 @@ static void mla_absorb(struct backend *be, int q_side, float *dst, const float *
 static size_t mla_smem(int hpw, int W) { return sizeof(float) * (size_t)(MLA_WARPS * hpw + MLA_KC) * mla_pitch(W); }
 size_t cuda_mla_smem(const struct mla_dims *d) { return mla_smem(4, d->rank + d->rope); } // the larger (HPW 4)
 
-// Heads a warp of k_mla_split for a pass of ntok tokens: 1 (groups of 8
-// heads) when groups of 32 give under a quarter of the SMs a block before
-// splitting (a decode of few sequences: 1 group of 32 x a few splits is
-// latency-bound), else 4 (each key read once for 32 heads).
-static int mla_hpw(int ntok, int H, int sms) { return (int64_t)ntok * cdiv(H, 32) * 4 <= sms ? 1 : 4; }
 
 // Splits of a context of up to maxlen keys for `tiles` blocks: at most one
 // wave of blocks (a block fills an SM: 256 threads of ~250 registers, 145 KB
@@ -516,6 +512,19 @@ static int mla_splits(struct backend *be, int tiles, int maxlen) {
     ns = MIN(ns, MLA_MAX_SPLITS);
     ns = MIN(ns, cdiv(maxlen, 32));
     return MAX(ns, 1);
+}
+
+// Heads a warp of k_mla_split for a pass of ntok tokens over contexts of up
+// to maxlen keys: 1 (groups of 8 heads, each key read once a group) where
+// groups of 32, split as far as maxlen allows, fill under half the SMs (a
+// decode of few sequences at a short context: one group of 32 heads x 32
+// splits is latency-bound), else 4 (each key read once for 32 heads). At
+// one sequence of Kimi-Linear-48B on the H100, `cuda_mla step`: context
+// 1,024, HPW 1, 47.99 -> 28.98 us a step; at 8,192 HPW 1 took 95.71 us
+// against HPW 4's 78.87 (4 reads of each key), so HPW 4 stays there.
+static int mla_hpw(struct backend *be, int ntok, int H, int maxlen) {
+    int g4 = cdiv(H, 32);
+    return (int64_t)ntok * g4 * mla_splits(be, ntok * g4, maxlen) * 2 <= cu(be)->num_sms ? 1 : 4;
 }
 
 template <typename T, int WT, int HPW>
@@ -538,7 +547,7 @@ static void mla_pass(struct backend *be, float *out, const float *q, const void 
                      const struct batch *b, int seq0, int seq1, int ta, int tb, int maxlen, const struct mla_dims *d) {
     cuda_impl *c = cu(be);
     int H = d->heads, N = d->nope, P = d->rope, V = d->v_dim, R = d->rank, ntok = tb - ta;
-    int hpw = mla_hpw(ntok, H, c->num_sms), groups = cdiv(H, MLA_WARPS * hpw), own = mla_absorb_own(be, ntok, d);
+    int hpw = mla_hpw(be, ntok, H, maxlen), groups = cdiv(H, MLA_WARPS * hpw), own = mla_absorb_own(be, ntok, d);
     int nsplit = mla_splits(be, ntok * groups, maxlen);
     size_t rows = (size_t)ntok * H, off = mla_part_offset(rows, R);
     char *scr = (char *)cuda_scratch(be, off + (nsplit > 1 ? rows * nsplit * (R + 4) * sizeof(float) : 0));
