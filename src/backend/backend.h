@@ -72,6 +72,15 @@ struct mamba_dims {
     float dt_min, dt_max;               // dt clamp (time_step_limit)
 };
 
+// A Mamba2 layer's small parameters, as mamba_decode takes them.
+struct mamba_params {
+    const float *conv_w, *conv_b; // [conv_dim, K], [conv_dim] (NULL: no bias)
+    const float *dt_bias, *A, *D; // [H]; A = -exp(A_log)
+    const float *norm_w;          // [H*P], the gated norm's weight
+    int norm_group;               // the gated norm's group size
+    float eps;
+};
+
 struct attn_dims {
     int heads, kv_heads, head_dim;
     int block_size;
@@ -263,6 +272,13 @@ struct backend_ops {
     // out = rmsnorm_groups(y * silu(z)) * w; z: [n, zld] (first I columns).
     void (*gated_rmsnorm)(struct backend *be, float *out, const float *y, const float *z, int zld,
                           const float *w, int n, int dim, int group_size, float eps);
+    // A Mamba2 layer's decode rows [0, num_decodes) between its two
+    // products, in one op: conv1d_update, ssd_decode into y, then
+    // gated_rmsnorm of those rows into out: [T, H*P] (CUDA: one kernel where
+    // the norm's groups are the SSM groups).
+    void (*mamba_decode)(struct backend *be, float *out, float *y, float *zxbcdt, int ld,
+                         const struct mamba_params *p, float *conv_state, float *ssm_state,
+                         const struct batch *b, const struct mamba_dims *d);
 
     // Attention. qkv: [T, ld] rows holding q | k | v. Writes k and v of each
     // token into the paged caches at slot_mapping[t]; caches: [blocks,

@@ -327,16 +327,17 @@ void mamba2_mixer_fwd(struct lm *m, const struct mamba2_layer *w, int cache, con
     if (m->diag_state) diag_state(m, cache, d, b, ssm, "in");
     op->matmul(be, ws->proj, x, &w->in_proj, T); // [T, z | xBC | dt]
     lm_tick(m, T_M_IN);
-    if (nd) {
-        op->conv1d_update(be, ws->proj, ld, w->conv_w, w->conv_b, conv, b, d);
-        op->ssd_decode(be, ws->y, ws->proj, ld, w->dt_bias, w->A, w->D, ssm, b, d);
+    if (nd) { // decode rows [0, nd), one token each: conv, state update and gated norm in one op
+        struct mamba_params p = {w->conv_w, w->conv_b, w->dt_bias, w->A, w->D, w->norm_w, w->norm_group, m->eps};
+        op->mamba_decode(be, ws->yn, ws->y, ws->proj, ld, &p, conv, ssm, b, d);
     }
-    if (b->num_prefills) {
+    if (b->num_prefills) { // rows [nd, T)
         op->conv1d_fwd(be, ws->proj, ld, w->conv_w, w->conv_b, conv, b, nd, b->num_seqs, d);
         op->ssd_prefill(be, ws->y, ws->proj, ld, w->dt_bias, w->A, w->D, ssm, b, nd, b->num_seqs, d);
+        op->gated_rmsnorm(be, ws->yn + (int64_t)nd * I, ws->y + (int64_t)nd * I, ws->proj + (int64_t)nd * ld, ld,
+                          w->norm_w, T - nd, I, w->norm_group, m->eps);
     }
     if (m->diag_state) diag_state(m, cache, d, b, ssm, "out");
-    op->gated_rmsnorm(be, ws->yn, ws->y, ws->proj, ld, w->norm_w, T, I, w->norm_group, m->eps);
     lm_tick(m, T_M_CONV_SSD);
     op->matmul(be, out, ws->yn, &w->out_proj, T);
     lm_tick(m, T_M_OUT);

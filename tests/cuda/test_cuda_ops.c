@@ -31,6 +31,12 @@ struct tb_ckpt {
 };
 
 static int gcd(int a, int b) { return b ? gcd(b, a % b) : a; }
+// State slots of a batch of n sequences: 16, or a multiple of 16 coprime
+// with 5 that holds them all (the live slots are (s * 5 + 3) % tb_slots).
+static int tb_slots(int n) {
+    int S = n <= 16 ? 16 : 16 * ((n + 15) / 16);
+    return S % 5 ? S : S + 16;
+}
 static int cdiv_i(int a, int b) { return (a + b - 1) / b; }
 
 static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const int *init, int nd, int block_size,
@@ -48,7 +54,7 @@ static void make_tb(struct tb *t, int n, const int *qlen, const int *ctx, const 
         h[off[QSL] + s] = tk;
         h[off[CTX] + s] = ctx[s];
         h[off[SEQ] + s] = ctx[s] + qlen[s];
-        h[off[STATE] + s] = (s * 5 + 3) % 16; // scattered slots
+        h[off[STATE] + s] = (s * 5 + 3) % tb_slots(n); // scattered slots
         h[off[SRC] + s] = ck && ck->src[s] != -2 ? ck->src[s] : init[s] ? h[off[STATE] + s] : -1;
         h[off[CK_START] + s + 1] = h[off[CK_START] + s] + (ck ? ck->num[s] : 0);
         h[off[CK_DST] + s] = ck && s < nd ? ck->dst1[s] - 1 : -1;
@@ -273,6 +279,52 @@ static void test_mamba(void) {
 struct attn_case {
     int heads, kv_heads, head_dim, fixed;
 };
+
+// mamba_decode (conv1d_update, ssd_decode and gated_rmsnorm of the decode
+// rows [0, nd) in one op; CUDA: one kernel where the norm's groups are the
+// SSM groups, else the three) against the reference op, twice in a row (the
+// fused kernel's counters must be back to 0): out, y, the conv outputs left
+// in zxbcdt, both states and checkpoints. n - nd prefills of 5 tokens
+// follow the decodes: their rows stay as they were. ckpt: decodes 0 and 2
+// also write their new states to slots 11 and 1 (n <= 6).
+static void test_mamba_decode(struct mamba_dims d, int norm_groups, int n, int nd, int ckpt) {
+    int H = d.heads, P = d.head_dim, G = d.groups, N = d.state, I = H * P, K = d.conv_kernel;
+    d.conv_dim = I + 2 * G * N;
+    int C = d.conv_dim, ld = I + C + H, S = tb_slots(n);
+    int qlen[64], ctx[64], init[64];
+    for (int s = 0; s < n; s++) qlen[s] = s < nd ? 1 : 5, ctx[s] = 40 + 7 * s, init[s] = 1;
+    struct tb_ckpt ck = {{-2, -2, -2, -2, -2, -2}, {0}, {0}, {0}, {12, 0, 2}};
+    struct tb t;
+    make_tb(&t, n, qlen, ctx, init, nd, 16, 8, ckpt ? &ck : NULL);
+    int T = t.c.num_tokens;
+    float *zx = test_rnd((size_t)T * ld, 1), *cw = test_rnd((size_t)C * K, 0.5f), *cb = test_rnd(C, 0.2f);
+    float *cs = test_rnd((size_t)S * (K - 1) * C, 1), *ss = test_rnd((size_t)S * H * P * N, 0.5f);
+    float *A = test_rnd(H, 1), *Dv = test_rnd(H, 1), *dtb = test_rnd(H, 1), *nw = test_rnd(I, 1);
+    for (int h = 0; h < H; h++) A[h] = -expf(A[h]);
+    struct pair pzx = up(zx, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * C * K), pcb = up(cb, sizeof(float) * C);
+    struct pair pcs = up(cs, sizeof(float) * S * (K - 1) * C), pss = up(ss, sizeof(float) * S * H * P * N);
+    struct pair pA = up(A, sizeof(float) * H), pD = up(Dv, sizeof(float) * H), pdt = up(dtb, sizeof(float) * H);
+    struct pair pnw = up(nw, sizeof(float) * I), py = up(zx, sizeof(float) * T * I), pyn = up(zx, sizeof(float) * T * I);
+    struct mamba_params mc = {pcw.c, pcb.c, pdt.c, pA.c, pD.c, pnw.c, I / norm_groups, 1e-5f};
+    struct mamba_params mg = {pcw.g, pcb.g, pdt.g, pA.g, pD.g, pnw.g, I / norm_groups, 1e-5f};
+    for (int rep = 0; rep < 2; rep++) {
+        cpu->ops->mamba_decode(cpu, pyn.c, py.c, pzx.c, ld, &mc, pcs.c, pss.c, &t.c, &d);
+        gpu->ops->mamba_decode(gpu, pyn.g, py.g, pzx.g, ld, &mg, pcs.g, pss.g, &t.g, &d);
+        char name[96];
+        snprintf(name, sizeof name, "mamba_decode H%d P%d G%d/%d N%d K%d %d+%d%s%s", H, P, G, norm_groups, N, K, nd,
+                 n - nd, ckpt ? " ckpt" : "", rep ? " again" : "");
+        cmp(name, pyn, (size_t)T * I, 1e-5);
+        cmp("  y", py, (size_t)T * I, 1e-5);
+        cmp("  zxbcdt (conv outputs)", pzx, (size_t)T * ld, 1e-5);
+        cmp("  conv state", pcs, (size_t)S * (K - 1) * C, 1e-6);
+        cmp("  ssm state", pss, (size_t)S * H * P * N, 1e-5);
+    }
+    struct pair all[] = {pzx, pcw, pcb, pcs, pss, pA, pD, pdt, pnw, py, pyn};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    free_tb(&t);
+    free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
+}
+
 
 static void test_attention(const struct attn_case *ac, enum dtype kv, double tol) {
     struct attn_dims d = {ac->heads, ac->kv_heads, ac->head_dim, 16, 0, 1, 1};
@@ -528,43 +580,53 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     free(x), free(up_w), free(down_w);
 }
 
-// moe_gate_route: the router GEMV and softmax top-k (one kernel at 1-4
-// tokens and up to 256 experts: Qwen3-30B-A3B's 128 top-8 from 2,048, then
-// 8 of 16 and 256 experts), each twice in a row (its block count must be
-// back to 0), and the paths that run matmul + moe_route (7 tokens, 512
-// experts, the sigmoid router): logits, ids and weights against the CPU op.
+// moe_gate_route: the router GEMV and its top-k (one kernel at 1-4 tokens
+// and up to 256 experts: Qwen3-30B-A3B's softmax 128 top-8 from 2,048;
+// nano30b's sigmoid 128 top-6 from 2,688 with its correction bias and
+// scaling; 256 experts in 8 groups, 4 taken, as DeepSeek-style routers),
+// each twice in a row (its block count must be back to 0), and the paths
+// that run matmul + moe_route (7 tokens, 512 experts): logits, ids and
+// weights against the CPU op.
 static void test_moe_gate_route(void) {
-    static const int shapes[][3] = {{128, 8, 2048}, {16, 8, 64}, {256, 8, 1024}, {512, 8, 2048}};
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        for (int kind = 0; kind < 2; kind++) {
-            int E = shapes[si][0], k = shapes[si][1], K = shapes[si][2], nmax = 7;
-            struct moe_route_cfg c = {kind ? ROUTE_SIGMOID_GROUPED : ROUTE_SOFTMAX_TOPK, E, k, 1, 1, 1, 1.0f};
-            float *wm = test_rnd((size_t)E * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1);
-            struct weight wc, wg;
-            weight_from_f32(cpu, &wc, WF_F32, wm, E, K);
-            weight_from_f32(gpu, &wg, WF_F32, wm, E, K);
-            struct pair px = up(x, sizeof(float) * nmax * K), pl = up(wm, sizeof(float) * nmax * E);
-            struct pair pids = up(wm, sizeof(int32_t) * nmax * k), pw = up(wm, sizeof(float) * nmax * k);
-            for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
-                for (int rep = 0; rep < 2; rep++) {
-                    cpu->ops->moe_gate_route(cpu, pids.c, pw.c, pl.c, px.c, &wc, NULL, n, &c);
-                    gpu->ops->moe_gate_route(gpu, pids.g, pw.g, pl.g, px.g, &wg, NULL, n, &c);
-                    char name[96];
-                    snprintf(name, sizeof name, "moe_gate_route %s %d top-%d from %d, n=%d%s", kind ? "sigmoid" : "softmax",
-                             E, k, K, n, rep ? " again" : "");
-                    cmp(name, pl, (size_t)n * E, 1e-5);
-                    int32_t *gi = xmalloc(sizeof(int32_t) * n * k);
-                    gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * n * k);
-                    CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * n * k), "%s: expert ids differ", name);
-                    free(gi);
-                    cmp("  its weights", pw, (size_t)n * k, 1e-6);
-                }
-            cpu->ops->free(cpu, wc.data);
-            gpu->ops->free(gpu, wg.data);
-            struct pair all[] = {px, pl, pids, pw};
-            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
-            free(wm), free(x);
-        }
+    static const struct {
+        int E, k, K, kind, groups, take, bias;
+        float scale;
+    } cases[] = {{128, 8, 2048, ROUTE_SOFTMAX_TOPK, 1, 1, 0, 1.0f}, {128, 6, 2688, ROUTE_SIGMOID_GROUPED, 1, 1, 1, 2.5f},
+                 {16, 8, 64, ROUTE_SOFTMAX_TOPK, 1, 1, 0, 1.0f},    {16, 8, 64, ROUTE_SIGMOID_GROUPED, 1, 1, 0, 1.0f},
+                 {256, 8, 1024, ROUTE_SOFTMAX_TOPK, 1, 1, 0, 1.0f}, {256, 8, 2304, ROUTE_SIGMOID_GROUPED, 8, 4, 1, 2.446f},
+                 {512, 8, 2048, ROUTE_SOFTMAX_TOPK, 1, 1, 0, 1.0f}, {512, 8, 2048, ROUTE_SIGMOID_GROUPED, 1, 1, 1, 1.0f}};
+    for (size_t si = 0; si < sizeof cases / sizeof cases[0]; si++) {
+        int E = cases[si].E, k = cases[si].k, K = cases[si].K, nmax = 7;
+        struct moe_route_cfg c = {cases[si].kind, E, k, cases[si].groups, cases[si].take, 1, cases[si].scale};
+        float *wm = test_rnd((size_t)E * K, 0.05f), *x = test_rnd((size_t)nmax * K, 1), *bias = test_rnd(E, 0.5f);
+        struct weight wc, wg;
+        weight_from_f32(cpu, &wc, WF_F32, wm, E, K);
+        weight_from_f32(gpu, &wg, WF_F32, wm, E, K);
+        struct pair px = up(x, sizeof(float) * nmax * K), pl = up(wm, sizeof(float) * nmax * E);
+        struct pair pids = up(wm, sizeof(int32_t) * nmax * k), pw = up(wm, sizeof(float) * nmax * k);
+        struct pair pb = up(bias, sizeof(float) * E);
+        const float *bc = cases[si].bias ? pb.c : NULL, *bg = cases[si].bias ? pb.g : NULL;
+        for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
+            for (int rep = 0; rep < 2; rep++) {
+                cpu->ops->moe_gate_route(cpu, pids.c, pw.c, pl.c, px.c, &wc, bc, n, &c);
+                gpu->ops->moe_gate_route(gpu, pids.g, pw.g, pl.g, px.g, &wg, bg, n, &c);
+                char name[128];
+                snprintf(name, sizeof name, "moe_gate_route %s%s %d top-%d from %d (groups %d/%d), n=%d%s",
+                         c.kind == ROUTE_SOFTMAX_TOPK ? "softmax" : "sigmoid", bc ? "+bias" : "", E, k, K,
+                         c.topk_group, c.n_group, n, rep ? " again" : "");
+                cmp(name, pl, (size_t)n * E, 1e-5);
+                int32_t *gi = xmalloc(sizeof(int32_t) * n * k);
+                gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * n * k);
+                CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * n * k), "%s: expert ids differ", name);
+                free(gi);
+                cmp("  its weights", pw, (size_t)n * k, 1e-6);
+            }
+        cpu->ops->free(cpu, wc.data);
+        gpu->ops->free(gpu, wg.data);
+        struct pair all[] = {px, pl, pids, pw, pb};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+        free(wm), free(x), free(bias);
+    }
 }
 
 // The routers, and the fp32 / bf16 experts on their routes.
@@ -1075,6 +1137,15 @@ int main(int argc, char **argv) {
     test_dense();
     test_norm_dims();
     test_mamba();
+    struct mamba_dims nano = {64, 64, 8, 128, 4, 128, 0, 0.0f, INFINITY}, m2 = {24, 64, 1, 128, 4, 256, 0, 0.0f, INFINITY};
+    struct mamba_dims odd = {6, 48, 2, 64, 2, 64, 0, 0.0f, INFINITY};
+    test_mamba_decode(nano, 8, 1, 1, 0);
+    test_mamba_decode(nano, 8, 3, 3, 1);
+    test_mamba_decode(nano, 8, 6, 3, 1);
+    test_mamba_decode(nano, 8, 64, 64, 0);
+    test_mamba_decode(m2, 1, 2, 2, 0);
+    test_mamba_decode(odd, 2, 5, 5, 1);
+    test_mamba_decode(odd, 3, 5, 4, 0); // norm groups of 2 heads, SSM groups of 3: the three kernels
     static const struct attn_case attn[] = {{32, 2, 128, 0}, {32, 4, 128, 1}, {64, 2, 128, 0},
                                             {24, 8, 96, 1},  {16, 16, 64, 0}, {12, 3, 20, 0}};
     for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) {

@@ -501,6 +501,7 @@ static const struct backend_ops cpu_ops = {
     .ssd_prefill = cpu_ssd_prefill,
     .ssd_decode = cpu_ssd_decode,
     .gated_rmsnorm = cpu_gated_rmsnorm,
+    .mamba_decode = cpu_mamba_decode,
     .kv_write = cpu_kv_write,
     .attn_prefill = cpu_attn_prefill,
     .attn_decode = cpu_attn_decode,

@@ -52,7 +52,7 @@ static void cu_destroy(struct backend *be) {
     cudaStreamSynchronize(c->stream);
     cuda_comm_destroy(c->comm);
     if (c->scratch) cudaFree(c->scratch);
-    cudaFree(c->route_done);
+    cudaFree(c->done);
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
         if (p->op) cublasLtMatmulDescDestroy(p->op);
@@ -1184,6 +1184,7 @@ static void init_ops(void) {
     o->ssd_prefill = cuda_ssd_prefill;
     o->ssd_decode = cuda_ssd_decode;
     o->gated_rmsnorm = cuda_gated_rmsnorm;
+    o->mamba_decode = cuda_mamba_decode;
     o->kv_write = cuda_kv_write;
     o->kda_prefill = cuda_kda_prefill;
     o->kda_decode = cuda_kda_decode;
@@ -1249,8 +1250,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
-    CUDA_CHECK(cudaMalloc(&c->route_done, sizeof(unsigned)));
-    CUDA_CHECK(cudaMemset(c->route_done, 0, sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&c->done, sizeof(unsigned) * CUDA_DONE_MAX));
+    CUDA_CHECK(cudaMemset(c->done, 0, sizeof(unsigned) * CUDA_DONE_MAX));
     init_ops();
     struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
     be->ops = &cuda_ops;

@@ -49,7 +49,11 @@ struct cuda_impl {
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
     int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16 0 or 1; -1: by the weight's size)
     int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
-    unsigned *route_done; // [1] device, 0 between launches: the fused router's block count (cuda_route.cu)
+    // [CUDA_DONE_MAX] device, each 0 between launches: block counts of
+    // kernels whose last block to finish does a closing part (the fused
+    // router, cuda_route.cu; the fused Mamba decode, cuda_mamba.cu). Kernels
+    // run in stream order, so they share them.
+    unsigned *done;
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -290,6 +294,7 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_MAX_STATE 256
 #define CUDA_CONV_KMIN 2
 #define CUDA_CONV_KMAX 6
+#define CUDA_DONE_MAX 8192 // counters of cuda_backend.done
 #define CUDA_KDA_MAX_HEAD_DIM 128 // a head's state rows in registers: 16 a thread (cuda_kimi.cu)
 #define CUDA_MLA_MAX_RANK 512 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512), a multiple of 4
 #define CUDA_MLA_MAX_W 640    // kv_lora_rank + qk_rope_head_dim (576), rope a multiple of 4
@@ -308,6 +313,8 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,
                         int dim, int group_size, float eps);
+void cuda_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
+                       float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld, const struct batch *b,
                    const struct attn_dims *d);
 void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
