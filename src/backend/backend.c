@@ -85,6 +85,15 @@ int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const f
     return be->ops->weight_upload_raw(be, w, 0, rows, src, WF_F32, cols);
 }
 
+void moe_shared_fwd(struct backend *be, const struct moe_shared *s, const float *x, int n) {
+    const struct moe_experts *w = s->w;
+    if (w->gated) // act(gate) * up in the gate | up product's epilogue where the backend can
+        be->ops->matmul_act_mul(be, w->act, s->h, x, &w->up, n, s->tmp);
+    else
+        be->ops->matmul_act(be, w->act, s->h, x, &w->up, n);
+    be->ops->matmul(be, s->y, s->h, &w->down, n);
+}
+
 // Every op but the optional ones (graphs, collectives, bind) must be there.
 int backend_check_ops(const struct backend_ops *o) {
 #define REQ(f) {offsetof(struct backend_ops, f), #f}

@@ -65,6 +65,16 @@ struct moe_experts {
     enum act act;
 };
 
+// A shared expert: one expert (struct moe_experts, E = 1) every token takes
+// with weight 1, beside the routed ones, and the caller's buffers for it:
+// y: [n, L] its output; h: [n, I] its hidden (act applied); tmp: [n, U]
+// (gated: the gate | up product before act). moe_experts adds y to its
+// output; a device may compute it in the routed experts' launches.
+struct moe_shared {
+    const struct moe_experts *w;
+    float *h, *tmp, *y;
+};
+
 struct mamba_dims {
     int heads, head_dim, groups, state; // H, P, G, N
     int conv_kernel, chunk_size;        // K, chunk
@@ -339,10 +349,10 @@ struct backend_ops {
     void (*moe_gate_route)(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
                            const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
     // out: [n, L] = sum_k weights[k] * down_e(hidden_e(x)) (struct moe_experts),
-    // the experts of a token summed in ascending expert order, then + add
-    // ([n, L], the shared expert's output: its add fused), unless NULL
+    // the experts of a token summed in ascending expert order, then + the
+    // shared expert's y (struct moe_shared; NULL: none)
     void (*moe_experts)(struct backend *be, float *out, const float *x, const struct moe_experts *w,
-                        const int32_t *ids, const float *weights, int n, int top_k, const float *add);
+                        const int32_t *ids, const float *weights, int n, int top_k, const struct moe_shared *shared);
 
     // Constrained decoding: logits [rows, vocab] fp32 in place; mask [rows,
     // CDIV(vocab, 32)]: a clear bit (id % 32 of word id / 32) sets the logit
@@ -447,6 +457,9 @@ int weight_random_quant(struct backend *be, struct weight *w, uint64_t seed, flo
 // arrays ([n, wfmt_scale_cols] fp32; bscale [n, cols/16] e4m3, NVFP4 only).
 void weight_upload_scales(struct backend *be, struct weight *w, int64_t row0, int64_t n, const float *scale,
                           const uint8_t *bscale);
+// y = down(act(up x)) or down(act(gate x) * up x) through be's own matmul
+// ops: the shared expert where a device does not fuse it.
+void moe_shared_fwd(struct backend *be, const struct moe_shared *s, const float *x, int n);
 // weight_alloc + weight_upload_raw of a host fp32 [rows, cols] matrix (tests,
 // tensors assembled on the host).
 int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const float *src, int64_t rows, int64_t cols);

@@ -50,7 +50,7 @@ int lm_require(struct lm *m, struct op_query q, const char *what) {
 
 static const char *const t_names[T_N] = {"embed", "norms", "mamba in_proj", "mamba conv+ssd+gnorm", "mamba out_proj",
                                          "attn qkv", "attn core", "attn o_proj", "mlp", "moe router+latent",
-                                         "moe experts", "moe shared", "norm_f+lm_head", "tp all-reduce"};
+                                         "moe experts+shared", "norm_f+lm_head", "tp all-reduce"};
 
 void lm_tick(struct lm *m, int k) {
     if (!m->tdiag) return;

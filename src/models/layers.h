@@ -70,7 +70,7 @@ struct moe_layer {
     struct weight gate;         // router [E, D] fp32: the router runs in fp32
     float *bias;                // [E] correction bias, or NULL
     struct moe_experts experts; // this rank's part of every expert
-    struct mlp_layer shared;    // inter 0: none
+    struct moe_experts shared;  // the shared expert (E = 1), if has_shared
     struct weight fc1, fc2;     // latent projections (latent > 0), replicated
     struct moe_route_cfg route;
     int latent, has_shared;
@@ -156,7 +156,7 @@ struct lm_ws {
 };
 
 enum { T_EMBED, T_NORM, T_M_IN, T_M_CONV_SSD, T_M_OUT, T_ATTN_QKV, T_ATTN, T_ATTN_O, T_MLP, T_ROUTER, T_EXPERTS,
-       T_SHARED, T_HEAD, T_COMM, T_N };
+       T_HEAD, T_COMM, T_N };
 
 struct lm {
     struct model base;

@@ -201,9 +201,13 @@ int moe_load(struct lm *m, struct loader *l, const char *p, const struct moe_cfg
         TRY(loader_vector(l, NAME(n, "%sgate.e_score_correction_bias", p), E, (struct span){0, E}, &e->bias, DUMMY_CONST,
                           0.0f));
     TRY(load_experts(m, l, p, c, &e->experts));
-    if (c->shared.inter) {
-        e->has_shared = 1;
-        TRY(mlp_load(m, l, NAME(n, "%sshared_experts.", p), &c->shared, &e->shared));
+    if (c->shared.inter) { // an MLP, held as one expert: moe_experts may run it beside the routed ones
+        struct mlp_layer f = {0};
+        int rc = mlp_load(m, l, NAME(n, "%sshared_experts.", p), &c->shared, &f);
+        e->has_shared = 1; // its weights are the layer's to free from here, loaded or not
+        e->shared = (struct moe_experts){.up = f.up, .down = f.down, .num_experts = 1, .inter = f.inter,
+                                         .dim = (int)D, .gated = f.gated, .act = f.act};
+        TRY(rc);
     }
     if (c->latent) { // replicated: the experts of every rank read all of the latent input
         struct span lat = {0, c->latent}, all = {0, D};
@@ -221,25 +225,23 @@ void moe_fwd(struct lm *m, const struct moe_layer *e, const float *x, float *out
     const struct backend_ops *op = be->ops;
     struct lm_ws *ws = &m->ws;
     op->moe_gate_route(be, ws->rids, ws->rw, ws->rlogits, x, &e->gate, e->bias, T, &e->route); // fp32 router
-    const float *xin = x;
+    lm_tick(m, T_ROUTER);
+    // The shared expert reads the un-projected input: moe_experts runs it
+    // (and may fuse it with the routed experts) unless a latent fc2 comes
+    // between, when it is added after. Routed and shared parts of a rank
+    // reduce at once.
+    struct moe_shared sh = {&e->shared, e->shared.gated ? ws->hid : ws->proj, ws->proj, ws->y};
+    const struct moe_shared *fused = e->has_shared && !e->latent ? &sh : NULL;
     if (e->latent) {
         op->matmul(be, ws->xl, x, &e->fc1, T);
-        xin = ws->xl;
-    }
-    lm_tick(m, T_ROUTER);
-    // The shared expert (on the un-projected input) first, so that the
-    // experts' combine adds it; through a latent fc2 (linear) it is added
-    // after. Routed and shared parts of a rank reduce at once.
-    if (e->has_shared) {
-        mlp_fwd(m, &e->shared, x, ws->y, T);
-        lm_tick(m, T_SHARED);
-    }
-    const float *add = e->has_shared && !e->latent ? ws->y : NULL;
-    op->moe_experts(be, e->latent ? ws->eo : out, xin, &e->experts, ws->rids, ws->rw, T, e->route.top_k, add);
-    if (e->latent) {
+        op->moe_experts(be, ws->eo, ws->xl, &e->experts, ws->rids, ws->rw, T, e->route.top_k, NULL);
         op->matmul(be, out, ws->eo, &e->fc2, T);
-        if (e->has_shared) op->add(be, out, ws->y, (int64_t)T * m->hidden);
-    }
+        if (e->has_shared) {
+            moe_shared_fwd(be, &sh, x, T);
+            op->add(be, out, ws->y, (int64_t)T * m->hidden);
+        }
+    } else
+        op->moe_experts(be, out, x, &e->experts, ws->rids, ws->rw, T, e->route.top_k, fused);
     lm_tick(m, T_EXPERTS);
 }
 

@@ -86,7 +86,7 @@ static void weight_free(struct backend *be, struct weight *w) {
 // on each sum; FP8 blocks: wfmt_dequant's product), so it differs only in
 // summation order (expected ~1e-6, tol 1e-4). Random routing at 1, 7, 32
 // (the GEMV), 33, 64 and T (600), shared routing at 32 (the GEMV's passes
-// of 8 rows) and 64, and + add (the shared expert's output) at 7, 64 and T.
+// of 8 rows) and 64, and + a shared expert (fp32) at 7, 64 and T.
 // The fp32 mode runs the GEMV in passes of 32 tokens at every n; above 32
 // the 16-bit mode runs the grouped GEMMs on the same inputs (thin tiles at
 // 33 and 64: 4 an expert when shared; the 128-row tiles at T), which round
@@ -114,16 +114,26 @@ static void test_experts_quant(enum wfmt f, const char *fname, const struct moe_
     cpu->ops->download(cpu, same, pids.c, sizeof(int32_t) * k);
     for (int t = k; t < T * k; t++) same[t] = same[t % k];
     struct pair psame = up(same, sizeof(int32_t) * T * k);
+    // the shared expert (fp32 weights, the routed width: computed beside the
+    // quantized experts, its y added in their combine)
+    float *s_up = test_rnd((size_t)U * L, 0.02f), *s_down = test_rnd((size_t)L * I, 0.02f);
+    struct moe_experts sc = {{0}, {0}, 1, I, L, m->gated, m->act}, sg = sc;
+    CHECK(weight_from_f32(cpu, &sc.up, WF_F32, s_up, U, L) == 0 && weight_from_f32(cpu, &sc.down, WF_F32, s_down, L, I) == 0);
+    CHECK(weight_from_f32(gpu, &sg.up, WF_F32, s_up, U, L) == 0 && weight_from_f32(gpu, &sg.down, WF_F32, s_down, L, I) == 0);
+    float *zero = xcalloc((size_t)T * U, sizeof(float));
+    struct pair ph = up(zero, sizeof(float) * T * I), pt = up(zero, sizeof(float) * T * U),
+                py = up(zero, sizeof(float) * T * L);
+    struct moe_shared shc = {&sc, ph.c, pt.c, py.c}, shg = {&sg, ph.g, pt.g, py.g};
     enum { NR = 6, NC = 11 };
     int ns[NC] = {1, 7, 32, 33, 64, T, 32, 64, 7, 64, T};
     for (int i = 0; i < NC; i++) {
         char name[96];
         struct pair pi = i >= NR && i < NR + 2 ? psame : pids;
-        const float *ac = i >= NR + 2 ? px.c : NULL, *ag = i >= NR + 2 ? px.g : NULL;
+        const struct moe_shared *ac = i >= NR + 2 ? &shc : NULL, *ag = i >= NR + 2 ? &shg : NULL;
         cpu->ops->moe_experts(cpu, po.c, px.c, ns[i] == 1 ? &mc : &mf, pi.c, pw.c, ns[i], k, ac);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, ag);
         snprintf(name, sizeof name, "moe_experts %s %s n=%d%s", m->name, fname, ns[i],
-                 i >= NR + 2 ? " + add" : i >= NR ? " shared" : "");
+                 i >= NR + 2 ? " + shared" : i >= NR ? " shared" : "");
         cmp(name, po, (size_t)ns[i] * L, ns[i] <= 32 ? 1e-4 : 2e-2);
         if (ns[i] <= 32) continue;
         // the grouped GEMMs (thin tiles at 33 and 64, the 128-row tiles at
@@ -132,7 +142,7 @@ static void test_experts_quant(enum wfmt f, const char *fname, const struct moe_
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, ns[i], k, ag);
         gpu->weight_dtype = WF_F32;
         snprintf(name, sizeof name, "moe_experts %s %s n=%d%s bf16 mode", m->name, fname, ns[i],
-                 i >= NR + 2 ? " + add" : i >= NR ? " shared" : "");
+                 i >= NR + 2 ? " + shared" : i >= NR ? " shared" : "");
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
     // the 16-bit mode (--dtype bfloat16): up to 32 tokens the GEMV on tensor
@@ -140,22 +150,23 @@ static void test_experts_quant(enum wfmt f, const char *fname, const struct moe_
     // scaling per row, products exact, fp32 sums: |err| <= (2^-11 + K 2^-24)
     // sum |w x| per product, ~1e-4 of the largest output expected with
     // random data; held to 2e-3 against the bf16 mode's 2e-2), 1 to 32 tokens,
-    // shared routing (passes of one expert's 32 assignments), + add
+    // shared routing (passes of one expert's 32 assignments), + a shared expert
     gpu->weight_dtype = WF_BF16;
     const int qn[] = {1, 2, 3, 5, 8, 9, 16, 32, 32, 7};
     for (int i = 0; i < 10; i++) {
         char name[96];
         struct pair pi = i == 8 ? psame : pids;
-        const float *ac = i == 9 ? px.c : NULL, *ag = i == 9 ? px.g : NULL;
+        const struct moe_shared *ac = i == 9 ? &shc : NULL, *ag = i == 9 ? &shg : NULL;
         cpu->ops->moe_experts(cpu, po.c, px.c, qn[i] == 1 ? &mc : &mf, pi.c, pw.c, qn[i], k, ac);
         gpu->ops->moe_experts(gpu, po.g, px.g, &mg, pi.g, pw.g, qn[i], k, ag);
         snprintf(name, sizeof name, "moe_experts %s %s n=%d%s bf16 mode", m->name, fname, qn[i],
-                 i == 9 ? " + add" : i == 8 ? " shared" : "");
+                 i == 9 ? " + shared" : i == 8 ? " shared" : "");
         cmp(name, po, (size_t)qn[i] * L, 2e-3);
     }
     gpu->weight_dtype = WF_F32;
-    pfree(psame), pfree(px), pfree(po);
-    free(same), free(x), free(mf.up.data), free(mf.down.data);
+    pfree(psame), pfree(px), pfree(po), pfree(ph), pfree(pt), pfree(py);
+    free(same), free(x), free(mf.up.data), free(mf.down.data), free(zero), free(s_up), free(s_down);
+    weight_free(cpu, &sc.up), weight_free(cpu, &sc.down), weight_free(gpu, &sg.up), weight_free(gpu, &sg.down);
     weight_free(cpu, &mc.up), weight_free(cpu, &mc.down);
     weight_free(gpu, &mg.up), weight_free(gpu, &mg.down);
 }

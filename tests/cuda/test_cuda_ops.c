@@ -224,6 +224,32 @@ static void test_dense(void) {
     free(x), free(r), free(w), free(wm), free(bias);
 }
 
+// A Mamba2 layer's random inputs on both sides: zxbcdt [T, ld], conv weight
+// [C, K] and bias, conv states [S, K-1, C], SSM states [S, H, P, N], A < 0,
+// D, dt bias, norm weight [I]; y and the normed output [T, I].
+struct mamba_io {
+    struct pair zx, cw, cb, cs, ss, A, D, dt, nw, y, yn;
+};
+
+static struct mamba_io mamba_io_make(const struct mamba_dims *d, int T, int S) {
+    int H = d->heads, P = d->head_dim, N = d->state, I = H * P, C = d->conv_dim, K = d->conv_kernel, ld = I + C + H;
+    float *zx = test_rnd((size_t)T * ld, 1), *cw = test_rnd((size_t)C * K, 0.5f), *cb = test_rnd(C, 0.2f);
+    float *cs = test_rnd((size_t)S * (K - 1) * C, 1), *ss = test_rnd((size_t)S * H * P * N, 0.5f);
+    float *A = test_rnd(H, 1), *Dv = test_rnd(H, 1), *dtb = test_rnd(H, 1), *nw = test_rnd(I, 1);
+    for (int h = 0; h < H; h++) A[h] = -expf(A[h]);
+    struct mamba_io io = {up(zx, sizeof(float) * T * ld), up(cw, sizeof(float) * C * K), up(cb, sizeof(float) * C),
+                          up(cs, sizeof(float) * S * (K - 1) * C), up(ss, sizeof(float) * S * H * P * N),
+                          up(A, sizeof(float) * H), up(Dv, sizeof(float) * H), up(dtb, sizeof(float) * H),
+                          up(nw, sizeof(float) * I), up(zx, sizeof(float) * T * I), up(zx, sizeof(float) * T * I)};
+    free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
+    return io;
+}
+
+static void mamba_io_free(struct mamba_io *io) {
+    struct pair all[] = {io->zx, io->cw, io->cb, io->cs, io->ss, io->A, io->D, io->dt, io->nw, io->y, io->yn};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+}
+
 static void test_mamba(void) {
     struct mamba_dims d = {64, 64, 8, 128, 4, 128, 0, 0.0f, INFINITY};
     int H = d.heads, P = d.head_dim, G = d.groups, N = d.state, I = H * P;
@@ -239,14 +265,9 @@ static void test_mamba(void) {
     struct tb t;
     make_tb(&t, 6, qlen, ctx, init, 3, 16, 40, &ck);
     int T = t.c.num_tokens;
-    float *zx = test_rnd((size_t)T * ld, 1), *cw = test_rnd((size_t)C * K, 0.5f), *cb = test_rnd(C, 0.2f);
-    float *cs = test_rnd((size_t)slots * (K - 1) * C, 1), *ss = test_rnd((size_t)slots * H * P * N, 0.5f);
-    float *A = test_rnd(H, 1), *Dv = test_rnd(H, 1), *dtb = test_rnd(H, 1), *nw = test_rnd(I, 1);
-    for (int h = 0; h < H; h++) A[h] = -expf(A[h]);
-    struct pair pzx = up(zx, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * C * K), pcb = up(cb, sizeof(float) * C);
-    struct pair pcs = up(cs, sizeof(float) * slots * (K - 1) * C), pss = up(ss, sizeof(float) * slots * H * P * N);
-    struct pair pA = up(A, sizeof(float) * H), pD = up(Dv, sizeof(float) * H), pdt = up(dtb, sizeof(float) * H);
-    struct pair pnw = up(nw, sizeof(float) * I), py = up(zx, sizeof(float) * T * I), pyn = up(zx, sizeof(float) * T * I);
+    struct mamba_io io = mamba_io_make(&d, T, slots);
+    struct pair pzx = io.zx, pcw = io.cw, pcb = io.cb, pcs = io.cs, pss = io.ss, pA = io.A, pD = io.D, pdt = io.dt,
+                pnw = io.nw, py = io.y, pyn = io.yn;
     cpu->ops->conv1d_update(cpu, pzx.c, ld, pcw.c, pcb.c, pcs.c, &t.c, &d);
     gpu->ops->conv1d_update(gpu, pzx.g, ld, pcw.g, pcb.g, pcs.g, &t.g, &d);
     cpu->ops->conv1d_fwd(cpu, pzx.c, ld, pcw.c, pcb.c, pcs.c, &t.c, 3, 6, &d);
@@ -262,10 +283,8 @@ static void test_mamba(void) {
     cpu->ops->gated_rmsnorm(cpu, pyn.c, py.c, pzx.c, ld, pnw.c, T, I, I / G, 1e-5f);
     gpu->ops->gated_rmsnorm(gpu, pyn.g, py.g, pzx.g, ld, pnw.g, T, I, I / G, 1e-5f);
     cmp("gated_rmsnorm", pyn, (size_t)T * I, 1e-5);
-    struct pair all[] = {pzx, pcw, pcb, pcs, pss, pA, pD, pdt, pnw, py, pyn};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    mamba_io_free(&io);
     free_tb(&t);
-    free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
 }
 
 // Four decodes (contexts of 1,101, 31, 256 and 2,001 tokens: the decode
@@ -297,14 +316,9 @@ static void test_mamba_decode(struct mamba_dims d, int norm_groups, int n, int n
     struct tb t;
     make_tb(&t, n, qlen, ctx, init, nd, 16, 8, ckpt ? &ck : NULL);
     int T = t.c.num_tokens;
-    float *zx = test_rnd((size_t)T * ld, 1), *cw = test_rnd((size_t)C * K, 0.5f), *cb = test_rnd(C, 0.2f);
-    float *cs = test_rnd((size_t)S * (K - 1) * C, 1), *ss = test_rnd((size_t)S * H * P * N, 0.5f);
-    float *A = test_rnd(H, 1), *Dv = test_rnd(H, 1), *dtb = test_rnd(H, 1), *nw = test_rnd(I, 1);
-    for (int h = 0; h < H; h++) A[h] = -expf(A[h]);
-    struct pair pzx = up(zx, sizeof(float) * T * ld), pcw = up(cw, sizeof(float) * C * K), pcb = up(cb, sizeof(float) * C);
-    struct pair pcs = up(cs, sizeof(float) * S * (K - 1) * C), pss = up(ss, sizeof(float) * S * H * P * N);
-    struct pair pA = up(A, sizeof(float) * H), pD = up(Dv, sizeof(float) * H), pdt = up(dtb, sizeof(float) * H);
-    struct pair pnw = up(nw, sizeof(float) * I), py = up(zx, sizeof(float) * T * I), pyn = up(zx, sizeof(float) * T * I);
+    struct mamba_io io = mamba_io_make(&d, T, S);
+    struct pair pzx = io.zx, pcw = io.cw, pcb = io.cb, pcs = io.cs, pss = io.ss, pA = io.A, pD = io.D, pdt = io.dt,
+                pnw = io.nw, py = io.y, pyn = io.yn;
     struct mamba_params mc = {pcw.c, pcb.c, pdt.c, pA.c, pD.c, pnw.c, I / norm_groups, 1e-5f};
     struct mamba_params mg = {pcw.g, pcb.g, pdt.g, pA.g, pD.g, pnw.g, I / norm_groups, 1e-5f};
     for (int rep = 0; rep < 2; rep++) {
@@ -319,10 +333,8 @@ static void test_mamba_decode(struct mamba_dims d, int norm_groups, int n, int n
         cmp("  conv state", pcs, (size_t)S * (K - 1) * C, 1e-6);
         cmp("  ssm state", pss, (size_t)S * H * P * N, 1e-5);
     }
-    struct pair all[] = {pzx, pcw, pcb, pcs, pss, pA, pD, pdt, pnw, py, pyn};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
+    mamba_io_free(&io);
     free_tb(&t);
-    free(zx), free(cw), free(cb), free(cs), free(ss), free(A), free(Dv), free(dtb), free(nw);
 }
 
 
@@ -563,14 +575,38 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
-    for (int i = 0; i < 3; i++) { // + add (the shared expert's output), on the three paths
+    // + a shared expert (struct moe_shared) twice the routed width: in the
+    // GEMV's launches at 1..8 tokens (1 twice: the combine's counters are
+    // back to 0), beside the routed experts on the grouped GEMMs' paths and
+    // in fp32, and beside them with fp32 shared weights (no fusion)
+    int Is = 2 * I, Us = m->gated ? 2 * Is : Is;
+    float *s_up = test_rnd((size_t)Us * L, 0.03f), *s_down = test_rnd((size_t)L * Is, 0.03f);
+    struct moe_experts sc = {{0}, {0}, 1, Is, L, m->gated, m->act}, sg = sc, sb = sc;
+    weight_from_f32(cpu, &sc.up, WF_F32, s_up, Us, L);
+    weight_from_f32(cpu, &sc.down, WF_F32, s_down, L, Is);
+    weight_from_f32(gpu, &sg.up, WF_F32, s_up, Us, L);
+    weight_from_f32(gpu, &sg.down, WF_F32, s_down, L, Is);
+    weight_from_f32(gpu, &sb.up, WF_BF16, s_up, Us, L);
+    weight_from_f32(gpu, &sb.down, WF_BF16, s_down, L, Is);
+    float *zero = xcalloc((size_t)T * Us, sizeof(float));
+    struct pair ph = up(zero, sizeof(float) * T * Is), pt = up(zero, sizeof(float) * T * Us),
+                py = up(zero, sizeof(float) * T * L);
+    struct moe_shared shc = {&sc, ph.c, pt.c, py.c}, shg = {&sg, ph.g, pt.g, py.g}, shb = {&sb, ph.g, pt.g, py.g};
+    enum { NSH = 8 };
+    int sn[NSH] = {1, 1, 3, 8, 64, T, 3, 3};
+    for (int i = 0; i < NSH; i++) {
         char name[96];
-        int nn = i == 2 ? T : i ? 64 : 3;
-        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, nn, k, px.c);
-        gpu->ops->moe_experts(gpu, po.g, px.g, &mb, pids.g, pw.g, nn, k, px.g);
-        snprintf(name, sizeof name, "moe_experts %s bf16 n=%d + add", m->name, nn);
-        cmp(name, po, (size_t)nn * L, 2e-2);
+        int f32 = i == 6, mixed = i == 7;
+        cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, sn[i], k, &shc);
+        gpu->ops->moe_experts(gpu, po.g, px.g, f32 ? &mg : &mb, pids.g, pw.g, sn[i], k, f32 || mixed ? &shg : &shb);
+        snprintf(name, sizeof name, "moe_experts %s %s n=%d + shared", m->name,
+                 f32 ? "fp32" : mixed ? "bf16, fp32 shared" : "bf16", sn[i]);
+        cmp(name, po, (size_t)sn[i] * L, f32 ? 1e-5 : 2e-2);
     }
+    struct weight sw[] = {sc.up, sc.down, sg.up, sg.down, sb.up, sb.down};
+    for (int i = 0; i < 6; i++) (i < 2 ? cpu : gpu)->ops->free(i < 2 ? cpu : gpu, sw[i].data);
+    pfree(ph), pfree(pt), pfree(py);
+    free(zero), free(s_up), free(s_down);
     pfree(psame);
     free(ids), free(same);
     cpu->ops->free(cpu, mc.up.data), cpu->ops->free(cpu, mc.down.data);

@@ -110,7 +110,8 @@ size_t route_scratch_bytes(int num_experts);
 void cpu_route_tokens(int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                       const struct moe_route_cfg *c, void *scratch);
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
-                     const int32_t *ids, const float *weights, int n, int top_k, const float *add);
+                     const int32_t *ids, const float *weights, int n, int top_k,
+                     const struct moe_shared *shared);
 // ops in cpu_kimi.c (Kimi-Linear: KDA, MLA)
 // The KDA recurrence over sequences [seq0, seq1) (decode: continuing their
 // slots; else from state_src, with checkpoints), a task per (sequence, head).

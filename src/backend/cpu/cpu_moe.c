@@ -91,8 +91,9 @@ void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float
 // Expert by expert: gather its tokens, up (gate | up), activation, down,
 // weighted add.
 void cpu_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                     const float *weights, int n, int top_k, const float *add) {
+                     const float *weights, int n, int top_k, const struct moe_shared *shared) {
     int E = w->num_experts, I = w->inter, L = w->dim, U = w->gated ? 2 * I : I;
+    if (shared) moe_shared_fwd(be, shared, x, n); // its products first, on their own scratch
     memset(out, 0, sizeof(float) * (size_t)n * L);
     size_t A = (size_t)n * top_k;
     size_t need = sizeof(float) * A * (L + U + L) + sizeof(int32_t) * 2 * A;
@@ -122,5 +123,5 @@ void cpu_moe_experts(struct backend *be, float *out, const float *x, const struc
             for (int i = 0; i < L; i++) o[i] += wt * yr[i];
         }
     }
-    if (add) be->ops->add(be, out, add, (int64_t)n * L); // the shared expert's output, last
+    if (shared) be->ops->add(be, out, shared->y, (int64_t)n * L); // the shared expert's output, last
 }

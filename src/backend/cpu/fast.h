@@ -233,7 +233,8 @@ void fast_attn_prefill(struct backend *be, float *out, const float *qkv, int ld,
 void fast_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d);
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
-                      const int32_t *ids, const float *weights, int n, int top_k, const float *add);
+                      const int32_t *ids, const float *weights, int n, int top_k,
+                     const struct moe_shared *shared);
 void fast_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d);
 void fast_kda_decode(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,

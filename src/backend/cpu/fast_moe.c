@@ -163,10 +163,11 @@ int fast_moe_reserve(struct backend *be, const struct moe_experts *w, int max_to
 }
 
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                      const float *weights, int n, int top_k, const float *add) {
+                      const float *weights, int n, int top_k, const struct moe_shared *shared) {
     int E = w->num_experts, I = w->inter, L = w->dim, A = n * top_k, nt = be->num_threads;
     memset(out, 0, sizeof(float) * (size_t)n * L);
     if (n <= 0) return;
+    if (shared) moe_shared_fwd(be, shared, x, n); // its products first, on their own scratch
     int64_t ldx = pk_kp(L), ldh = pk_kp(I); // even: whole column pairs, zero padded
     size_t ints = (size_t)3 * E + 3 * (size_t)A;
     int *cnt = fast_shared(be, 1, sizeof(int) * ints), *off = cnt + E, *act = off + E;
@@ -212,5 +213,5 @@ void fast_moe_experts(struct backend *be, float *out, const float *x, const stru
         c.down_per = group_block(L, 4 * nt);
         cpu_parallel(be, (int)CDIV(L, c.down_per), down_task, &c);
     }
-    if (add) be->ops->add(be, out, add, (int64_t)n * L); // the shared expert's output, last
+    if (shared) be->ops->add(be, out, shared->y, (int64_t)n * L); // the shared expert's output, last
 }

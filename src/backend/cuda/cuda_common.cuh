@@ -329,7 +329,7 @@ void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const floa
 void cuda_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
                          const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                      const float *weights, int n, int top_k, const float *add);
+                      const float *weights, int n, int top_k, const struct moe_shared *shared);
 size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k);
 size_t cuda_moe_smem(void); // the grouped GEMMs' shared memory per block (16-bit experts)
 void cuda_mask_logits(struct backend *be, float *logits, int rows, int vocab, const uint32_t *mask);

@@ -492,7 +492,7 @@ __device__ void moe_combine_cols(float *out, const float *y, const int32_t *ids,
         if (l >= L) continue;
         float acc = 0;
         for (int q = 0; q < k; q++) acc += sw[t * k + q] * __ldcg(y + (int64_t)sr[t * k + q] * L + l);
-        out[(int64_t)t * L + l] = add ? acc + add[(int64_t)t * L + l] : acc;
+        out[(int64_t)t * L + l] = add ? acc + __ldcg(add + (int64_t)t * L + l) : acc; // add: maybe this launch's
     }
 }
 
@@ -515,22 +515,41 @@ __device__ void moe_combine_cols(float *out, const float *y, const int32_t *ids,
 // weight's (struct weight), NULL for 16-bit weights. Down with c.out: the
 // last of a column block's gridDim.y blocks to finish (c.done[blockIdx.x])
 // also combines those 32 columns (moe_combine_cols), so no combine kernel
-// follows.
+// follows. With sh.up (16-bit weights only), the last blockIdx.y is the
+// shared expert's: every token once (rows 0..n-1), its own weight, I_s and
+// buffers (up writes sh.h [n, I_s], down reads it and writes sh.y [n, L],
+// which the combine adds), so its GEMVs cost no launches of their own.
 struct moe_comb {
     float *out;
     const float *weights, *add;
     unsigned *done;
 };
+struct moe_sh {
+    const void *up, *down; // NULL: no shared expert in the launch
+    float *h, *y;
+    int inter;
+};
 template <typename WT, bool UP, int NB>
 __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scale, const uint8_t *bscale,
                                                   const float *in, float *out, const int32_t *ids, int nk, int k, int E,
-                                                  int K, int I, int N, int gated, enum act kind, moe_comb c) {
+                                                  int K, int I, int N, int gated, enum act kind, moe_comb c, moe_sh sh) {
     __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
     __shared__ uint32_t used[MAX_EXPERTS / 32];
     __shared__ bool last;
     pdl_wait();
     pdl_trigger();
-    int e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
+    float *y = out; // the routed experts' rows (the combine's input)
+    int e = 0, kr = k; // kr: assignments a token row of in holds (UP)
+    if (sh.up && blockIdx.y == gridDim.y - 1) { // the shared expert, rows by token
+        for (int i = threadIdx.x; i < nk / k; i += blockDim.x) rows[i] = i;
+        if (threadIdx.x == 0) cnt = nk / k;
+        __syncthreads();
+        w = (const WT *)(UP ? sh.up : sh.down), scale = NULL, bscale = NULL;
+        if (UP) out = sh.h, I = sh.inter;
+        else in = sh.h, out = sh.y, K = I = sh.inter;
+        kr = 1;
+    } else
+        e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
     int warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
     int o0 = (blockIdx.x * 8 + warp) * (UP && gated ? 2 : 4); // the warp's first output index
     if (e >= 0 && o0 < (UP ? I : N)) { // else the warp has no rows (down: it still counts below)
@@ -544,7 +563,7 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
             wrow[q] = (int64_t)e * (UP ? U : N) + (valid[q] ? row : 0);
         }
         for (int r0 = 0; r0 < cnt; r0 += NB)
-            moe_gemv_pass<WT, UP, NB>(w, scale, bscale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, k, K,
+            moe_gemv_pass<WT, UP, NB>(w, scale, bscale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, kr, K,
                                       I, N, gated, kind);
     }
     if (UP || !c.out) return;
@@ -554,7 +573,7 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
     __syncthreads();
     if (!last) return;
     __threadfence();
-    moe_combine_cols(c.out, out, ids, c.weights, c.add, nk / k, k, N, blockIdx.x * 32, 32);
+    moe_combine_cols(c.out, y, ids, c.weights, c.add, nk / k, k, N, blockIdx.x * 32, 32);
     if (threadIdx.x == 0) c.done[blockIdx.x] = 0; // for the next layer (a replayed graph finds it 0)
 }
 
@@ -1065,25 +1084,26 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
 
 // Accumulators for NB rows: the batch's n up to 8 (an expert gets at most
 // n), passes of 8 above. h and y rows are assignments.
-// The down GEMV combines into out (c) where its column blocks have counters.
+// The down GEMV combines into out (c) where its column blocks have counters;
+// sh.up: the shared expert's GEMVs join the launches (one more blockIdx.y).
 template <typename T, int NB>
 static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
-                            const int32_t *ids, int n, int top_k, moe_comb c) {
-    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
-    dim3 gu(cdiv(I, w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
+                            const int32_t *ids, int n, int top_k, moe_comb c, moe_sh sh) {
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = (nk < E ? nk : E) + (sh.up ? 1 : 0);
+    dim3 gu(cdiv(MAX(I, sh.up ? sh.inter : 0), w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
     launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, (const float *)w->up.scale,
-               (const uint8_t *)w->up.bscale, x, h, ids, nk, top_k, E, L, I, I, w->gated, w->act, moe_comb{});
+               (const uint8_t *)w->up.bscale, x, h, ids, nk, top_k, E, L, I, I, w->gated, w->act, moe_comb{}, sh);
     launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)w->down.scale,
-               (const uint8_t *)w->down.bscale, (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act, c);
+               (const uint8_t *)w->down.bscale, (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act, c, sh);
 }
 
 template <typename T>
 static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
-                         const int32_t *ids, int n, int top_k, moe_comb c) {
-    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, ids, n, top_k, c);
-    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, ids, n, top_k, c);
-    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, ids, n, top_k, c);
-    else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k, c); // passes of 8 rows
+                         const int32_t *ids, int n, int top_k, moe_comb c, moe_sh sh) {
+    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, ids, n, top_k, c, sh);
+    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, ids, n, top_k, c, sh);
+    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, ids, n, top_k, c, sh);
+    else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k, c, sh); // passes of 8 rows
 }
 
 // Quantized experts on tensor cores (k_moe_qmma), NT tiles of 8 tokens, 5 to
@@ -1144,6 +1164,22 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
     return moe_ints_bytes(w->num_experts, nk) + 4 * (nk * (U + w->inter + w->dim) + (size_t)n * w->dim) + q;
 }
 
+// Which of experts_run's paths a batch of n tokens takes: the quantized
+// GEMV on tensor cores (from 5 tokens: at one token the plain GEMV was the
+// faster, nano30b NVFP4 on the H200: 38.8 against 42.0 us), the GEMV
+// (shared_fused joins the shared expert to it only where it runs).
+static bool takes_qmma(struct backend *be, const struct moe_experts *w, int n) {
+    enum wfmt f = w->up.fmt;
+    return wfmt_quantized(f) && f == w->down.fmt && cu(be)->qmma && n > CUDA_QGEMV_MAXB && n <= MOE_GEMV_MAXR &&
+           w->dim % 64 == 0 && w->inter % 64 == 0 && (be->weight_dtype == WF_BF16 || be->weight_dtype == WF_F16);
+}
+static bool takes_gemv(struct backend *be, const struct moe_experts *w, int n) {
+    enum wfmt f = w->up.fmt;
+    bool fp32_passes = be->weight_dtype == WF_F32 && wfmt_quantized(f) && n > MOE_GEMV_MAXR; // experts_run's first case
+    return !fp32_passes && !takes_qmma(be, w, n) && f != WF_F32 && f == w->down.fmt && w->dim % 8 == 0 &&
+           w->inter % 8 == 0 && n <= moe_gemv_max(f);
+}
+
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
 // active experts up to moe_gemv_max tokens (quantized experts in the 16-bit
 // mode with L and I multiples of 64: on tensor cores, k_moe_qmma), the thin-tile grouped GEMM up
@@ -1151,17 +1187,18 @@ size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k) {
 // for 16-byte loads; else the SIMT path). Quantized (FP8, FP8 blocks,
 // NVFP4; up and down in one format, L and I multiples of 16, 32 for NVFP4:
 // cu_supports): the same paths, the grouped GEMMs with bf16 activations.
-void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
-                      const float *weights, int n, int top_k, const float *add) {
-    if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
+// add: [n, L] to add in the combine, or NULL; sh.up: the shared expert's
+// GEMVs joined to the routed ones' (the GEMV path only: shared_fused).
+static void experts_run(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
+                        const float *weights, int n, int top_k, const float *add, moe_sh sh) {
     if (be->weight_dtype == WF_F32 && wfmt_quantized(w->up.fmt) && n > MOE_GEMV_MAXR) {
         // the fp32 mode (the exactness gates): the grouped GEMMs round x and h
         // to bf16, so quantized experts run the GEMV (fp32 x and sums) in
         // passes of its tokens
         for (int t0 = 0; t0 < n; t0 += MOE_GEMV_MAXR) {
             size_t o = (size_t)t0 * w->dim, ok = (size_t)t0 * top_k;
-            cuda_moe_experts(be, out + o, x + o, w, ids + ok, weights + ok, MIN(MOE_GEMV_MAXR, n - t0), top_k,
-                             add ? add + o : NULL);
+            experts_run(be, out + o, x + o, w, ids + ok, weights + ok, MIN(MOE_GEMV_MAXR, n - t0), top_k,
+                        add ? add + o : NULL, moe_sh{});
         }
         return;
     }
@@ -1174,12 +1211,7 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     bool k8 = L % 8 == 0 && I % 8 == 0;
     enum wfmt f = w->up.fmt;
     const int32_t *rows = NULL; // y's row of each assignment: itself (the GEMV), or slot_of (sorted)
-    // quantized experts on tensor cores from 5 tokens: at one token the GEMV
-    // below was the faster (nano30b NVFP4 on the H200: 38.8 against 42.0 us)
-    bool qmma = wfmt_quantized(f) && f == w->down.fmt && cu(be)->qmma && n > CUDA_QGEMV_MAXB &&
-                n <= MOE_GEMV_MAXR && L % 64 == 0 && I % 64 == 0 &&
-                (be->weight_dtype == WF_BF16 || be->weight_dtype == WF_F16);
-    if (qmma) { // no sort; 16-bit mode: tensor cores
+    if (takes_qmma(be, w, n)) { // no sort; 16-bit mode: tensor cores
         char *qs = (char *)(((uintptr_t)xb + 4 * (size_t)n * L + 255) & ~(uintptr_t)255);
         switch (f) {
         case WF_FP8: qmma_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k, qs); break;
@@ -1189,16 +1221,16 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
         case WF_BF16:
         case WF_F16: break; // not quantized
         }
-    } else if (f != WF_F32 && f == w->down.fmt && k8 && n <= moe_gemv_max(f)) { // no sort
+    } else if (takes_gemv(be, w, n)) { // no sort
         // the down GEMV combines (its column blocks' counters), no combine kernel
         moe_comb c = {out, weights, add, cu(be)->done};
         if (cdiv(L, 32) > CUDA_DONE_MAX) c = moe_comb{};
         switch (f) {
-        case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k, c); break;
-        case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k, c); break;
-        case WF_FP8: gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k, c); break;
-        case WF_FP8_B128: gemv_experts<fp8b_t>(st, w, x, h, y, ids, n, top_k, c); break;
-        case WF_NVFP4: gemv_experts<nvfp4_t>(st, w, x, h, y, ids, n, top_k, c); break;
+        case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k, c, sh); break;
+        case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k, c, sh); break;
+        case WF_FP8: gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k, c, sh); break;
+        case WF_FP8_B128: gemv_experts<fp8b_t>(st, w, x, h, y, ids, n, top_k, c, sh); break;
+        case WF_NVFP4: gemv_experts<nvfp4_t>(st, w, x, h, y, ids, n, top_k, c, sh); break;
         case WF_F32: break; // not here
         }
         if (c.out) return;
@@ -1239,4 +1271,24 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     }
     launch_pdl(k_moe_combine, dim3(n, cdiv(L, 256)), 256, 0, st, out, (const float *)y, ids, weights, rows, add, top_k,
                L);
+}
+
+// The shared expert joins the routed experts' GEMV launches where both are
+// 16-bit in one format with one activation (no biases) and the batch takes
+// the GEMV (takes_gemv: the one path that reads sh).
+static bool shared_fused(struct backend *be, const struct moe_experts *w, const struct moe_experts *s, int n) {
+    enum wfmt f = w->up.fmt;
+    return (f == WF_BF16 || f == WF_F16) && s->up.fmt == f && s->down.fmt == f && !s->up.bias && !s->down.bias &&
+           s->gated == w->gated && s->act == w->act && s->dim == w->dim && s->inter % 8 == 0 && takes_gemv(be, w, n);
+}
+
+void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
+                      const float *weights, int n, int top_k, const struct moe_shared *shared) {
+    if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
+    moe_sh sh = {};
+    if (shared && shared_fused(be, w, shared->w, n))
+        sh = moe_sh{shared->w->up.data, shared->w->down.data, shared->h, shared->y, shared->w->inter};
+    else if (shared)
+        moe_shared_fwd(be, shared, x, n); // its products first: the routed part's scratch is its own
+    experts_run(be, out, x, w, ids, weights, n, top_k, shared ? shared->y : NULL, sh);
 }
