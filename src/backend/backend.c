@@ -85,13 +85,17 @@ int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const f
     return be->ops->weight_upload_raw(be, w, 0, rows, src, WF_F32, cols);
 }
 
+void backend_mlp(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
+                 int gated, enum act act, float *h, float *tmp, int n) {
+    if (gated) // act(gate) * up in the gate | up product's epilogue where the backend can
+        be->ops->matmul_act_mul(be, act, h, x, up, n, tmp);
+    else // act(up x) likewise in the up product's epilogue
+        be->ops->matmul_act(be, act, h, x, up, n);
+    be->ops->matmul(be, y, h, down, n);
+}
+
 void moe_shared_fwd(struct backend *be, const struct moe_shared *s, const float *x, int n) {
-    const struct moe_experts *w = s->w;
-    if (w->gated) // act(gate) * up in the gate | up product's epilogue where the backend can
-        be->ops->matmul_act_mul(be, w->act, s->h, x, &w->up, n, s->tmp);
-    else
-        be->ops->matmul_act(be, w->act, s->h, x, &w->up, n);
-    be->ops->matmul(be, s->y, s->h, &w->down, n);
+    backend_mlp(be, s->y, x, &s->w->up, &s->w->down, s->w->gated, s->w->act, s->h, s->tmp, n);
 }
 
 // Every op but the optional ones (graphs, collectives, bind) must be there.

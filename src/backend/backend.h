@@ -457,8 +457,12 @@ int weight_random_quant(struct backend *be, struct weight *w, uint64_t seed, flo
 // arrays ([n, wfmt_scale_cols] fp32; bscale [n, cols/16] e4m3, NVFP4 only).
 void weight_upload_scales(struct backend *be, struct weight *w, int64_t row0, int64_t n, const float *scale,
                           const uint8_t *bscale);
-// y = down(act(up x)) or down(act(gate x) * up x) through be's own matmul
-// ops: the shared expert where a device does not fuse it.
+// y: [n, L] = down(act(up x)) or down(act(gate x) * up x), an MLP through
+// be's own matmul ops; h: [n, I] the hidden; tmp: [n, 2I] (gated: the gate |
+// up product before act).
+void backend_mlp(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
+                 int gated, enum act act, float *h, float *tmp, int n);
+// The shared expert as an MLP (backend_mlp), where a device does not fuse it.
 void moe_shared_fwd(struct backend *be, const struct moe_shared *s, const float *x, int n);
 // weight_alloc + weight_upload_raw of a host fp32 [rows, cols] matrix (tests,
 // tensors assembled on the host).

@@ -131,15 +131,8 @@ int mlp_load(struct lm *m, struct loader *l, const char *p, const struct mlp_cfg
 
 // out = down(act(up x)) or down(act(gate x) * up x), through proj (and hid)
 void mlp_fwd(struct lm *m, const struct mlp_layer *f, const float *x, float *out, int T) {
-    const struct backend_ops *op = m->be->ops;
     struct lm_ws *ws = &m->ws;
-    const float *h = ws->proj;
-    if (f->gated) { // act(gate) * up in the gate | up product's epilogue where the backend can
-        op->matmul_act_mul(m->be, f->act, ws->hid, x, &f->up, T, ws->proj);
-        h = ws->hid;
-    } else // act(up x) likewise in the up product's epilogue
-        op->matmul_act(m->be, f->act, ws->proj, x, &f->up, T);
-    op->matmul(m->be, out, h, &f->down, T);
+    backend_mlp(m->be, out, x, &f->up, &f->down, f->gated, f->act, f->gated ? ws->hid : ws->proj, ws->proj, T);
 }
 
 // ------------------------------------------------------------------ MoE --

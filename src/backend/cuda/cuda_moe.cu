@@ -1173,11 +1173,16 @@ static bool takes_qmma(struct backend *be, const struct moe_experts *w, int n) {
     return wfmt_quantized(f) && f == w->down.fmt && cu(be)->qmma && n > CUDA_QGEMV_MAXB && n <= MOE_GEMV_MAXR &&
            w->dim % 64 == 0 && w->inter % 64 == 0 && (be->weight_dtype == WF_BF16 || be->weight_dtype == WF_F16);
 }
+// the fp32 mode (the exactness gates) with quantized experts above the
+// GEMV's rows: the grouped GEMMs round x and h to bf16, so the GEMV (fp32 x
+// and sums) runs in passes of its tokens
+static bool takes_fp32_passes(const struct backend *be, const struct moe_experts *w, int n) {
+    return be->weight_dtype == WF_F32 && wfmt_quantized(w->up.fmt) && n > MOE_GEMV_MAXR;
+}
 static bool takes_gemv(struct backend *be, const struct moe_experts *w, int n) {
     enum wfmt f = w->up.fmt;
-    bool fp32_passes = be->weight_dtype == WF_F32 && wfmt_quantized(f) && n > MOE_GEMV_MAXR; // experts_run's first case
-    return !fp32_passes && !takes_qmma(be, w, n) && f != WF_F32 && f == w->down.fmt && w->dim % 8 == 0 &&
-           w->inter % 8 == 0 && n <= moe_gemv_max(f);
+    return !takes_fp32_passes(be, w, n) && !takes_qmma(be, w, n) && f != WF_F32 && f == w->down.fmt &&
+           w->dim % 8 == 0 && w->inter % 8 == 0 && n <= moe_gemv_max(f);
 }
 
 // fp32 weights (the exactness gates): the SIMT path. 16-bit: GEMV over the
@@ -1191,10 +1196,7 @@ static bool takes_gemv(struct backend *be, const struct moe_experts *w, int n) {
 // GEMVs joined to the routed ones' (the GEMV path only: shared_fused).
 static void experts_run(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                         const float *weights, int n, int top_k, const float *add, moe_sh sh) {
-    if (be->weight_dtype == WF_F32 && wfmt_quantized(w->up.fmt) && n > MOE_GEMV_MAXR) {
-        // the fp32 mode (the exactness gates): the grouped GEMMs round x and h
-        // to bf16, so quantized experts run the GEMV (fp32 x and sums) in
-        // passes of its tokens
+    if (takes_fp32_passes(be, w, n)) {
         for (int t0 = 0; t0 < n; t0 += MOE_GEMV_MAXR) {
             size_t o = (size_t)t0 * w->dim, ok = (size_t)t0 * top_k;
             experts_run(be, out + o, x + o, w, ids + ok, weights + ok, MIN(MOE_GEMV_MAXR, n - t0), top_k,
