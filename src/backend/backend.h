@@ -138,6 +138,7 @@ enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPE
 struct op_query {
     enum op_kind op;
     int max_tokens, max_seq_len;       // rows of a step, tokens of a sequence
+    int max_seqs;                      // sequences of a step (0: up to max_tokens)
     const struct weight *w;            // OP_MATMUL, OP_EMBED
     const struct attn_dims *attn;      // OP_ATTN (KV in the backend's kv_dtype)
     const struct mamba_dims *mamba;    // OP_MAMBA

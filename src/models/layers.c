@@ -42,6 +42,7 @@ struct span lm_part(const struct lm *m, int64_t n) { return span_part(n, m->tp, 
 int lm_require(struct lm *m, struct op_query q, const char *what) {
     q.max_tokens = m->max_tokens;
     q.max_seq_len = m->max_seq_len;
+    q.max_seqs = m->max_rows;
     int rc = m->be->ops->supports(m->be, &q);
     return rc ? vllm_err_prefix(rc, "%s", what) : VLLM_OK;
 }

@@ -1077,7 +1077,7 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
                      CUDA_CONV_KMAX), why = buf;
         else if (d->state > CUDA_MAX_STATE)
             snprintf(buf, sizeof buf, "Mamba2: ssm_state_size %d > %d", d->state, CUDA_MAX_STATE), why = buf;
-        need = cuda_ssd_scratch(be, d, (int)T);
+        need = cuda_ssd_scratch(be, d, (int)T, q->max_seqs);
         break;
     }
     case OP_MOE_ROUTE: {

@@ -308,7 +308,7 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
                       const float *D, float *ssm_state, const struct batch *b, int seq0, int seq1,
                       const struct mamba_dims *d);
 // Scratch bytes of ssd_prefill over steps of up to max_tokens rows in the backend's mode (kv_dtype)
-size_t cuda_ssd_scratch(struct backend *be, const struct mamba_dims *d, int max_tokens);
+size_t cuda_ssd_scratch(struct backend *be, const struct mamba_dims *d, int max_tokens, int max_seqs);
 void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,

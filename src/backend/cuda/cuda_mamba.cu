@@ -54,16 +54,28 @@ __global__ void k_conv1d(float *zxbcdt, int ld, int I, int C, const float *w, co
 // prompt). A tile's outputs overwrite inputs the next tile's first K-1
 // outputs read, so k_conv_halo first copies each tile's K-1 preceding inputs
 // (the slot's window state_src, or zeros, before a sequence's first token)
-// to halo [seq][tile][K-1][C]; then the tiles run independently.
+// to halo [conv_halo_at][K-1][C]; then the tiles run independently.
 #define CONV_TT 32
+// A tile's place in the halo: (its sequence's first row - seq0's) / CONV_TT +
+// its sequence's index + j. Distinct for distinct tiles (a sequence of L rows
+// from row t0 has ceil(L/CONV_TT) tiles, and floor((t0 + L)/CONV_TT) + 1 is
+// past floor(t0/CONV_TT) + ceil(L/CONV_TT) - 1), and below T/CONV_TT + S for
+// T rows in S sequences: sized at load, where [S sequences][longest's tiles]
+// grew to gigabytes with one long prompt among many short ones.
+__device__ __forceinline__ int64_t conv_halo_at(const conv_meta &m, int seq0, int s, int j) {
+    return (m.qsl[s] - m.qsl[seq0]) / CONV_TT + (s - seq0) + j;
+}
+static size_t conv_halo_bytes(int K, int C, int64_t T, int64_t S) {
+    return sizeof(float) * (size_t)(T / CONV_TT + S + 1) * (K - 1) * C;
+}
 template <int K>
 __global__ void k_conv_halo(const float *zxbcdt, int ld, int I, int C, const float *conv_state, conv_meta m, int seq0,
-                            float *halo, int tiles) {
+                            float *halo) {
     int s = seq0 + blockIdx.y, j = blockIdx.z, c = blockIdx.x * blockDim.x + threadIdx.x;
     int t0 = m.qsl[s], L = m.qsl[s + 1] - t0;
     if (c >= C || j * CONV_TT >= L) return;
     const float *sst = conv_state + (int64_t)max(m.src[s], 0) * (K - 1) * C + c;
-    float *h = halo + ((int64_t)blockIdx.y * tiles + j) * (K - 1) * C + c;
+    float *h = halo + conv_halo_at(m, seq0, s, j) * (K - 1) * C + c;
 #pragma unroll
     for (int i = 0; i < K - 1; i++) {
         int t = j * CONV_TT - (K - 1) + i; // token of the sequence; < 0: the window before it
@@ -76,7 +88,7 @@ __global__ void k_conv_halo(const float *zxbcdt, int ld, int I, int C, const flo
 // last tile's window to the live slot.
 template <int K>
 __global__ void k_conv1d_tile(float *zxbcdt, int ld, int I, int C, const float *w, const float *bias, float *conv_state,
-                              conv_meta m, int seq0, const float *halo, int tiles) {
+                              conv_meta m, int seq0, const float *halo) {
     int s = seq0 + blockIdx.y, j = blockIdx.z, c = blockIdx.x * blockDim.x + threadIdx.x;
     int t0 = m.qsl[s], L = m.qsl[s + 1] - t0, a = j * CONV_TT;
     if (c >= C || a >= L) return;
@@ -85,7 +97,7 @@ __global__ void k_conv1d_tile(float *zxbcdt, int ld, int I, int C, const float *
     float *col = zxbcdt + (int64_t)(t0 + a) * ld + I + c;
 #pragma unroll
     for (int i = 0; i < CONV_TT; i++) x[i] = i < n ? col[(int64_t)i * ld] : 0.0f;
-    const float *h = halo + ((int64_t)blockIdx.y * tiles + j) * (K - 1) * C + c;
+    const float *h = halo + conv_halo_at(m, seq0, s, j) * (K - 1) * C + c;
 #pragma unroll
     for (int i = 0; i < K - 1; i++) win[i] = h[(int64_t)i * C];
 #pragma unroll
@@ -134,11 +146,11 @@ static void launch_conv_k(struct backend *be, float *zxbcdt, int ld, const float
     int maxlen = 0; // from the host mirrors: prefill steps are never recorded into graphs
     for (int s = seq0; s < seq1; s++) maxlen = std::max(maxlen, b->h_query_start_loc[s + 1] - b->h_query_start_loc[s]);
     if (maxlen <= 0) return;
-    int tiles = cdiv(maxlen, CONV_TT);
-    float *halo = (float *)cuda_scratch(be, sizeof(float) * (size_t)(seq1 - seq0) * tiles * (K - 1) * C);
-    dim3 grid(cdiv(C, 128), seq1 - seq0, tiles);
-    k_conv_halo<K><<<grid, 128, 0, st>>>(zxbcdt, ld, I, C, conv_state, m, seq0, halo, tiles);
-    k_conv1d_tile<K><<<grid, 128, 0, st>>>(zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, halo, tiles);
+    int64_t rows = b->h_query_start_loc[seq1] - b->h_query_start_loc[seq0];
+    float *halo = (float *)cuda_scratch(be, conv_halo_bytes(K, C, rows, seq1 - seq0));
+    dim3 grid(cdiv(C, 128), seq1 - seq0, cdiv(maxlen, CONV_TT));
+    k_conv_halo<K><<<grid, 128, 0, st>>>(zxbcdt, ld, I, C, conv_state, m, seq0, halo);
+    k_conv1d_tile<K><<<grid, 128, 0, st>>>(zxbcdt, ld, I, C, w, bias, conv_state, m, seq0, halo);
 }
 
 static void launch_conv(struct backend *be, float *zxbcdt, int ld, const float *w, const float *bias, float *conv_state,
@@ -269,16 +281,19 @@ static size_t ssd_layout(char *base, const struct mamba_dims *d, int64_t nc, int
     return cv.off;
 }
 
-size_t cuda_ssd_scratch(struct backend *be, const struct mamba_dims *d, int max_tokens) {
+// The prefill's conv halo and then its SSD take the scratch in turn.
+size_t cuda_ssd_scratch(struct backend *be, const struct mamba_dims *d, int max_tokens, int max_seqs) {
     int64_t T = std::max(max_tokens, 1); // a chunk holds a token at least, and so does a sequence
+    int64_t S = max_seqs > 0 ? std::min<int64_t>(max_seqs, T) : T;
     ssd_chunk *ch;
     int32_t *first;
+    size_t halo = conv_halo_bytes(d->conv_kernel, d->conv_dim, T, S);
     if (be->weight_dtype == WF_F32) {
         ssd_bufs<float> s;
-        return ssd_layout(NULL, d, T, T, &ch, &first, &s);
+        return std::max(halo, ssd_layout(NULL, d, T, T, &ch, &first, &s));
     }
     ssd_bufs<__nv_bfloat16> s;
-    return ssd_layout(NULL, d, T, T, &ch, &first, &s);
+    return std::max(halo, ssd_layout(NULL, d, T, T, &ch, &first, &s));
 }
 
 // Chunks of a prompt of len tokens after p0 (chunk boundaries at multiples of L)
@@ -600,6 +615,7 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
     int t = a.qsl[s], rpb = (P + gridDim.z - 1) / gridDim.z, p_lo = blockIdx.z * rpb, p_hi = min(P, p_lo + rpb);
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *X = row + a.I + h * P, *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
+    int x0 = 0; // X[p - x0]: the fused path holds only this block's rows [p_lo, p_hi)
     if constexpr (FUSED) { // conv: channels x h*P + [p_lo, p_hi), then B, C of group g
         int nx = p_hi - p_lo, CD = a.conv_dim, dst = a.ck_dst ? a.ck_dst[s] : -1;
         float *st = f.conv_state + (int64_t)a.slots[s] * (f.K - 1) * CD;
@@ -615,7 +631,7 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
             } else sbc[j] = v;
         }
         __syncthreads();
-        X = sx - p_lo, B = sbc, C = sbc + N;
+        X = sx, x0 = p_lo, B = sbc, C = sbc + N;
     }
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
     float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
@@ -633,7 +649,7 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int p = min(p0 + r, p_hi - 1);
-            xv[r] = X[p];
+            xv[r] = X[p - x0];
 #pragma unroll
             for (int q = 0; q < SSD_NMAX; q++) {
                 int n = lane + 32 * q;
