@@ -134,7 +134,7 @@ struct moe_route_cfg {
 // there, with an error naming it, never mid-run; the backend also reserves
 // the scratch the op needs for max_tokens rows, so the step path allocates
 // nothing.
-enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS, OP_KDA, OP_MLA };
+enum op_kind { OP_MATMUL, OP_EMBED, OP_ATTN, OP_MAMBA, OP_MOE_ROUTE, OP_MOE_EXPERTS, OP_KDA, OP_MLA, OP_SAMPLE };
 struct op_query {
     enum op_kind op;
     int max_tokens, max_seq_len;       // rows of a step, tokens of a sequence
@@ -146,6 +146,7 @@ struct op_query {
     const struct moe_experts *moe;     // OP_MOE_EXPERTS (top_k: route->top_k)
     const struct kda_dims *kda;        // OP_KDA (kda_gate, kda_prefill, kda_decode, head_norm_gate)
     const struct mla_dims *mla;        // OP_MLA (mla_kv_write, mla_attn; KV in the backend's kv_dtype)
+    int vocab;                         // OP_SAMPLE: sample over max_seqs rows of vocab logits
 };
 
 struct backend;
@@ -285,8 +286,8 @@ struct backend_ops {
                           const float *w, int n, int dim, int group_size, float eps);
     // A Mamba2 layer's decode rows [0, num_decodes) between its two
     // products, in one op: conv1d_update, ssd_decode into y, then
-    // gated_rmsnorm of those rows into out: [T, H*P] (CUDA: one kernel where
-    // the norm's groups are the SSM groups).
+    // gated_rmsnorm of those rows into out: [T, H*P] (the seam where a
+    // backend may fuse them; CUDA's one kernel was slower: cuda_mamba.cu).
     void (*mamba_decode)(struct backend *be, float *out, float *y, float *zxbcdt, int ld,
                          const struct mamba_params *p, float *conv_state, float *ssm_state,
                          const struct batch *b, const struct mamba_dims *d);

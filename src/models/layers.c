@@ -101,8 +101,8 @@ int lm_load_embed_head(struct lm *m, struct loader *l, const char *embed, const 
         p.name = embed;
         TRY(loader_weight(l, &p, 1, 0, 0, Vp - vs.len, WL_EMBED, &m->lm_head));
     } else return vllm_err(VLLM_ERR_FORMAT, "checkpoint has no tensor %s and tie_word_embeddings is false", head);
-    struct op_query q = {.op = OP_MATMUL, .w = &m->lm_head};
-    return lm_require(m, q, "lm_head");
+    TRY(lm_require(m, (struct op_query){.op = OP_MATMUL, .w = &m->lm_head}, "lm_head"));
+    return lm_require(m, (struct op_query){.op = OP_SAMPLE, .vocab = (int)V}, "the sampler"); // its logits' rows
 }
 
 // --------------------------------------------------------------- the spec --

@@ -300,10 +300,9 @@ struct attn_case {
 };
 
 // mamba_decode (conv1d_update, ssd_decode and gated_rmsnorm of the decode
-// rows [0, nd) in one op; CUDA: one kernel where the norm's groups are the
-// SSM groups, else the three) against the reference op, twice in a row (the
-// fused kernel's counters must be back to 0): out, y, the conv outputs left
-// in zxbcdt, both states and checkpoints. n - nd prefills of 5 tokens
+// rows [0, nd) in one op) against the reference op, twice in a row (the
+// states carry): out, y, the conv outputs left in zxbcdt, both states and
+// checkpoints. n - nd prefills of 5 tokens
 // follow the decodes: their rows stay as they were. ckpt: decodes 0 and 2
 // also write their new states to slots 11 and 1 (n <= 6).
 static void test_mamba_decode(struct mamba_dims d, int norm_groups, int n, int nd, int ckpt) {
@@ -537,6 +536,7 @@ static void test_matmul_act(int K, int N, enum act kind) {
 struct moe_shape {
     int E, k, I, L, gated;
     enum act act;
+    int Is; // the shared expert's width
     const char *name;
 };
 
@@ -575,11 +575,12 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
         snprintf(name, sizeof name, "moe_experts %s bf16 n=%d%s", m->name, ns[i], how);
         cmp(name, po, (size_t)ns[i] * L, 2e-2);
     }
-    // + a shared expert (struct moe_shared) twice the routed width: in the
-    // GEMV's launches at 1..8 tokens (1 twice: the combine's counters are
-    // back to 0), beside the routed experts on the grouped GEMMs' paths and
-    // in fp32, and beside them with fp32 shared weights (no fusion)
-    int Is = 2 * I, Us = m->gated ? 2 * Is : Is;
+    // + a shared expert (struct moe_shared) of width m->Is: in the GEMV's
+    // launches at 1..32 tokens (1 twice: the combine's counters are back to
+    // 0; 20, 32: passes of 8), its down in 1, 2, 4 or 8 slices of K by the
+    // shapes' Is / I, beside the routed experts on the grouped GEMMs' paths
+    // and in fp32, and beside them with fp32 shared weights (no fusion)
+    int Is = m->Is, Us = m->gated ? 2 * Is : Is;
     float *s_up = test_rnd((size_t)Us * L, 0.03f), *s_down = test_rnd((size_t)L * Is, 0.03f);
     struct moe_experts sc = {{0}, {0}, 1, Is, L, m->gated, m->act}, sg = sc, sb = sc;
     weight_from_f32(cpu, &sc.up, WF_F32, s_up, Us, L);
@@ -592,15 +593,15 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     struct pair ph = up(zero, sizeof(float) * T * Is), pt = up(zero, sizeof(float) * T * Us),
                 py = up(zero, sizeof(float) * T * L);
     struct moe_shared shc = {&sc, ph.c, pt.c, py.c}, shg = {&sg, ph.g, pt.g, py.g}, shb = {&sb, ph.g, pt.g, py.g};
-    enum { NSH = 8 };
-    int sn[NSH] = {1, 1, 3, 8, 64, T, 3, 3};
+    enum { NSH = 10 };
+    int sn[NSH] = {1, 1, 3, 8, 20, 32, 64, T, 3, 3};
     for (int i = 0; i < NSH; i++) {
         char name[96];
-        int f32 = i == 6, mixed = i == 7;
+        int f32 = i == 8, mixed = i == 9;
         cpu->ops->moe_experts(cpu, po.c, px.c, &mc, pids.c, pw.c, sn[i], k, &shc);
         gpu->ops->moe_experts(gpu, po.g, px.g, f32 ? &mg : &mb, pids.g, pw.g, sn[i], k, f32 || mixed ? &shg : &shb);
-        snprintf(name, sizeof name, "moe_experts %s %s n=%d + shared", m->name,
-                 f32 ? "fp32" : mixed ? "bf16, fp32 shared" : "bf16", sn[i]);
+        snprintf(name, sizeof name, "moe_experts %s %s n=%d + shared %d", m->name,
+                 f32 ? "fp32" : mixed ? "bf16, fp32 shared" : "bf16", sn[i], Is);
         cmp(name, po, (size_t)sn[i] * L, f32 ? 1e-5 : 2e-2);
     }
     struct weight sw[] = {sc.up, sc.down, sg.up, sg.down, sb.up, sb.down};
@@ -676,9 +677,14 @@ static void test_moe(void) {
     float *lg = test_rnd((size_t)T * E, 3), *bias = test_rnd(E, 0.1f);
     struct pair pl = up(lg, sizeof(float) * T * E), pb = up(bias, sizeof(float) * E);
     struct pair pids = up(lg, sizeof(int32_t) * T * kmax), pw = up(lg, sizeof(float) * T * kmax);
-    struct moe_shape shapes[3] = {{E, 6, 1856, 2688, 0, ACT_RELU2, "relu2 nano"},
-                                  {E, 8, 768, 2048, 1, ACT_SILU, "swiglu qwen3-30b"},
-                                  {E, 6, 12, 44, 1, ACT_SILU, "swiglu width 12"}};
+    // shared widths: nano30b's (2 I), 3 I; then L = 40 (a column block
+    // past L), shared K in 4 (one slice empty), 1 and 8 slices
+    struct moe_shape shapes[6] = {{E, 6, 1856, 2688, 0, ACT_RELU2, 3712, "relu2 nano"},
+                                  {E, 8, 768, 2048, 1, ACT_SILU, 2304, "swiglu qwen3-30b"},
+                                  {E, 6, 12, 44, 1, ACT_SILU, 24, "swiglu width 12"},
+                                  {E, 6, 16, 40, 1, ACT_SILU, 56, "swiglu width 16"},
+                                  {E, 6, 16, 40, 0, ACT_RELU2, 8, "relu2 width 16"},
+                                  {E, 6, 16, 40, 1, ACT_SILU, 136, "swiglu width 16"}};
     for (int c = 0; c < 4; c++) {
         const float *b = cfgs[c].kind == ROUTE_SIGMOID_GROUPED ? pb.c : NULL, *bg = b ? pb.g : NULL;
         int k = cfgs[c].top_k;
@@ -693,7 +699,8 @@ static void test_moe(void) {
         free(gi);
         if (c == 1) test_experts(&shapes[0], pids, pw, T);
         if (c == 2) test_experts(&shapes[1], pids, pw, T);
-        if (c == 1) test_experts(&shapes[2], pids, pw, T);
+        if (c == 1)
+            for (int i = 2; i < 6; i++) test_experts(&shapes[i], pids, pw, T);
     }
     struct pair all[] = {pl, pb, pids, pw};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
@@ -750,6 +757,46 @@ static void test_sample(void) {
     struct pair all[] = {pl, pt, pp, pi, plp, pti, ptl};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
     free(lg), free(table);
+}
+
+// The sampler's scratch is reserved at load (OP_SAMPLE), so a step grows
+// nothing: on a fresh backend a 64-row step (penalties' counts on, as in a
+// graph: ~100 MB) takes device memory it had not (the control: the
+// measurement sees it), and after supports() on another it takes none.
+static void test_sample_reserved(void) {
+    enum { V = 131072, R = 64, TOK = 8 };
+    for (int reserve = 0; reserve < 2; reserve++) {
+        struct backend *g;
+        CHECK(backend_create("cuda", 0, DT_F32, &g) == 0);
+        if (reserve) CHECK(g->ops->supports(g, &(struct op_query){.op = OP_SAMPLE, .max_seqs = R, .vocab = V}) == 0);
+        struct sample_params sp[R];
+        memset(sp, 0, sizeof sp);
+        for (int r = 0; r < R; r++) sp[r].temperature = 1.0f, sp[r].top_p = 1.0f, sp[r].repetition_penalty = 1.0f,
+                                    sp[r].row_base = r * TOK, sp[r].num_tokens = 1, sp[r].num_logprobs = -1;
+        float *logits = g->ops->alloc(g, sizeof(float) * R * V);
+        int32_t *table = g->ops->alloc(g, sizeof(int32_t) * R * TOK), *ids = g->ops->alloc(g, sizeof(int32_t) * R);
+        float *lp = g->ops->alloc(g, sizeof(float) * R);
+        void *params = g->ops->alloc(g, sizeof sp);
+        g->ops->upload(g, params, sp, sizeof sp);
+        struct batch b = {0};
+        b.num_sample = R, b.fixed_shapes = 1, b.sample_params = params, b.h_sample_params = sp;
+        struct sample_out o = {ids, lp, NULL, NULL, 0};
+        int64_t free0, free1, total;
+        g->ops->sync(g);
+        g->ops->mem_info(g, &free0, &total);
+        g->ops->sample(g, logits, V, table, &b, &o);
+        g->ops->sync(g);
+        g->ops->mem_info(g, &free1, &total);
+        int64_t took = free0 - free1, need = (int64_t)R * V * 12;
+        printf("  sampler step after %s: %lld MB of device memory taken\n", reserve ? "OP_SAMPLE" : "no reservation",
+               (long long)(took >> 20));
+        if (reserve) CHECKF(took < (4 << 20), "a step after OP_SAMPLE took %lld bytes", (long long)took);
+        else CHECKF(took >= need, "the unreserved step took %lld bytes, not the %lld it needs", (long long)took,
+                    (long long)need);
+        void *bufs[] = {logits, table, ids, lp, params};
+        for (int i = 0; i < 5; i++) g->ops->free(g, bufs[i]);
+        backend_free(g);
+    }
 }
 
 // The chunked KDA prefill (k_kda_chunk: pieces of 16 tokens at absolute
@@ -1194,7 +1241,7 @@ int main(int argc, char **argv) {
     test_mamba_decode(nano, 8, 64, 64, 0);
     test_mamba_decode(m2, 1, 2, 2, 0);
     test_mamba_decode(odd, 2, 5, 5, 1);
-    test_mamba_decode(odd, 3, 5, 4, 0); // norm groups of 2 heads, SSM groups of 3: the three kernels
+    test_mamba_decode(odd, 3, 5, 4, 0); // norm groups of 2 heads, SSM groups of 3
     static const struct attn_case attn[] = {{32, 2, 128, 0}, {32, 4, 128, 1}, {64, 2, 128, 0},
                                             {24, 8, 96, 1},  {16, 16, 64, 0}, {12, 3, 20, 0}};
     for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) {
@@ -1240,6 +1287,7 @@ int main(int argc, char **argv) {
     test_mla(&mla16, DT_BF16, WF_BF16, 2e-2);
     test_mla_decodes();
     test_sample();
+    test_sample_reserved();
     test_mask_logits();
     test_bias_logits();
     test_token_logprobs();

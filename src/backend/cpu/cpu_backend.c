@@ -459,6 +459,7 @@ int cpu_supports(struct backend *be, const struct op_query *q) {
                             "backend (use kv_cache_dtype auto or float32)", dtype_name(be->kv_dtype));
         return cpu_reserve(be, sizeof(float) * ((size_t)2 * d->rank + d->rope + S), "multi-head latent attention");
     }
+    case OP_SAMPLE: return cpu_reserve(be, sample_scratch_bytes(q->vocab), "the sampler"); // a row per thread
     }
     return VLLM_OK;
 }

@@ -480,6 +480,7 @@ int fast_supports(struct backend *be, const struct op_query *q) {
     case OP_MLA: // mla_attn as products (fast_kimi.c); mla_kv_write the reference's
         TRY(fast_reserve_shared(be, 0, sizeof(int) * 2 * (size_t)n, "MLA")); // tasks <= tokens
         return cpu_reserve(be, fast_mla_scratch(q->mla, MAX(q->max_seq_len, 1)), "multi-head latent attention");
+    case OP_SAMPLE: return VLLM_OK; // the reference's sampler
     }
     return VLLM_OK;
 }

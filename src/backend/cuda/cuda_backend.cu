@@ -1134,6 +1134,9 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         else need = cuda_mla_scratch(be, d, (int)T, (int)S);
         break;
     }
+    case OP_SAMPLE: // also covers lm_head's all-gather under TP: rows x vocab (padded to tp) fp32
+        need = cuda_sample_scratch(MAX(q->max_seqs, 1), q->vocab);
+        break;
     }
     if (why) return vllm_err(VLLM_ERR_UNSUPPORTED, "the CUDA backend cannot run %s", why);
     return scratch_grow(be, need); // now: no step grows it (nor a graph's recording)

@@ -51,8 +51,8 @@ struct cuda_impl {
     int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
     // [CUDA_DONE_MAX] device, each 0 between launches: block counts of
     // kernels whose last block to finish does a closing part (the fused
-    // router, cuda_route.cu; the fused Mamba decode, cuda_mamba.cu). Kernels
-    // run in stream order, so they share them.
+    // router, cuda_route.cu; the decode MoE's down GEMV and its combine,
+    // cuda_moe.cu). Kernels run in stream order, so they share them.
     unsigned *done;
 };
 
@@ -337,6 +337,7 @@ void cuda_bias_logits(struct backend *be, float *logits, int n, const int64_t *i
 void cuda_token_logprobs(struct backend *be, const float *logits, int vocab, const int32_t *rows,
                          const int32_t *targets, int n, int k, float *lp, int32_t *rank, int32_t *top_ids,
                          float *top_lp);
+size_t cuda_sample_scratch(int n, int vocab); // cuda_sample's at n rows (OP_SAMPLE)
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
 // Prefill attention on tensor cores for a bf16 or fp8 KV cache and head_dim

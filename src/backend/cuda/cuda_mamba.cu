@@ -1,7 +1,7 @@
 // cuda_mamba.cu - Mamba2 on the GPU: causal conv1d (varlen prefill and
 // decode update), the SSD chunked scan for varlen prefill, the selective
 // state update for decode, the gated grouped RMSNorm, and the decode's
-// three in one kernel (mamba_decode). State is fp32.
+// three in a row (mamba_decode). State is fp32.
 //
 // zxbcdt rows (ld floats): z [I] | x [H*P] | B [G*N] | C [G*N] | dt [H].
 #include <algorithm>
@@ -525,89 +525,15 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
     else ssd_run<__nv_bfloat16>(be, a, ns, nc, d, CUDA_R_16BF);
 }
 
-// What the fused decode (mamba_decode) adds to ssd_args: the conv before the
-// update and the gated norm after it.
-struct mdec_args {
-    float *out;        // [T, I]: the gated norm's rows
-    float *zxw;        // zxbcdt, written: the conv outputs of x | B | C, as conv1d_update leaves them
-    float *conv_state; // [slots, K-1, conv_dim]
-    const float *conv_w, *conv_b, *norm_w;
-    int K;
-    float eps;
-    unsigned *done; // [num_decodes * G] counters (cuda_backend.done)
-};
-
-// Conv channel c of row (its input row[I + c]) from the window st[j * C]
-// (the K-1 previous inputs), as k_conv1d: returns silu of the output and
-// the new window in nw.
-__device__ __forceinline__ float conv_dec(const float *row, const mdec_args &f, int I, int C, int c, const float *st,
-                                          float nw[CUDA_CONV_KMAX - 1]) {
-    int K = f.K;
-    float xin = row[I + c], acc = f.conv_b ? f.conv_b[c] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < CUDA_CONV_KMAX - 1; j++)
-        if (j < K - 1) {
-            float v = st[(int64_t)j * C + c];
-            acc += f.conv_w[(int64_t)c * K + j] * v;
-            if (j) nw[j - 1] = v;
-            if (j == K - 2) nw[j] = xin;
-        }
-    return silu_f(acc + f.conv_w[(int64_t)c * K + K - 1] * xin);
-}
-
-__device__ __forceinline__ void conv_store(float *st, float *ck, int C, int c, int K, const float nw[CUDA_CONV_KMAX - 1]) {
-#pragma unroll
-    for (int j = 0; j < CUDA_CONV_KMAX - 1; j++)
-        if (j < K - 1) {
-            st[(int64_t)j * C + c] = nw[j];
-            if (ck) ck[(int64_t)j * C + c] = nw[j];
-        }
-}
-
-// The fused decode's closing part, in the last block of (sequence s, group
-// g) to finish (the others have read the B and C windows): B and C's new
-// windows and conv outputs (bc: [2N], from shared memory), then the gated
-// norm of the group's H/G heads: out = rmsnorm(y * silu(z)) * w.
-__device__ void mdec_close(const ssd_args &a, const mdec_args &f, int s, int g, int t, const float *bc) {
-    __shared__ float red[32];
-    int N = a.N, C = a.conv_dim, gs = a.H / a.G * a.P, i0 = g * gs;
-    float *row = f.zxw + (int64_t)t * a.ld;
-    float *st = f.conv_state + (int64_t)a.slots[s] * (f.K - 1) * C;
-    int dst = a.ck_dst ? a.ck_dst[s] : -1;
-    float *ck = dst >= 0 ? f.conv_state + (int64_t)dst * (f.K - 1) * C : NULL;
-    for (int i = threadIdx.x; i < 2 * N; i += blockDim.x) {
-        int c = i < N ? a.I + g * N + i : a.I + a.G * N + g * N + i - N;
-        float nw[CUDA_CONV_KMAX - 1];
-        conv_dec(row, f, a.I, C, c, st, nw);
-        conv_store(st, ck, C, c, f.K, nw);
-        row[a.I + c] = bc[i];
-    }
-    const float *yt = a.y + (int64_t)t * a.I;
-    float ss = 0;
-    for (int i = i0 + threadIdx.x; i < i0 + gs; i += blockDim.x) {
-        float v = __ldcg(yt + i) * silu_f(row[i]);
-        ss += v * v;
-    }
-    float r = rsqrtf(block_sum(ss, red) / gs + f.eps);
-    for (int i = i0 + threadIdx.x; i < i0 + gs; i += blockDim.x)
-        f.out[(int64_t)t * a.I + i] = f.norm_w[i] * ((__ldcg(yt + i) * silu_f(row[i])) * r);
-}
-
 // One block per (decode sequence, head, slice of SSD_SPLIT of the P rows):
 // the state [P, N] is read and written once, in place; the slices give a
 // step of few sequences 4x the blocks of its heads. A warp owns two rows at a
 // time; lanes cover n (coalesced 128-byte rows), and all of a row's loads
-// are issued before use. FUSED (mamba_decode): the block first convolves its
-// own x rows and its group's B and C (into shared memory; its x rows' new
-// windows and outputs stored), and the group's last block to finish closes
-// (mdec_close); else (ssd_decode) x, B and C are read convolved from the row.
+// are issued before use; x, B and C are read convolved from the row
+// (conv1d_update ran first).
 #define SSD_NMAX (CUDA_MAX_STATE / 32) // N <= 256, checked at load
 #define SSD_SPLIT 4
-#define MDEC_MAXR 256 // the fused decode's x rows a block
-template <bool FUSED>
-__global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
-    __shared__ float sx[FUSED ? MDEC_MAXR : 1], sbc[FUSED ? 2 * CUDA_MAX_STATE : 1];
-    __shared__ bool last;
+__global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
     pdl_wait();
     pdl_trigger();
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -615,24 +541,6 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
     int t = a.qsl[s], rpb = (P + gridDim.z - 1) / gridDim.z, p_lo = blockIdx.z * rpb, p_hi = min(P, p_lo + rpb);
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *X = row + a.I + h * P, *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
-    int x0 = 0; // X[p - x0]: the fused path holds only this block's rows [p_lo, p_hi)
-    if constexpr (FUSED) { // conv: channels x h*P + [p_lo, p_hi), then B, C of group g
-        int nx = p_hi - p_lo, CD = a.conv_dim, dst = a.ck_dst ? a.ck_dst[s] : -1;
-        float *st = f.conv_state + (int64_t)a.slots[s] * (f.K - 1) * CD;
-        float *ck = dst >= 0 ? f.conv_state + (int64_t)dst * (f.K - 1) * CD : NULL;
-        for (int i = threadIdx.x; i < nx + 2 * N; i += blockDim.x) {
-            int j = i - nx, c = i < nx ? h * P + p_lo + i : j < N ? a.I + g * N + j : a.I + a.G * N + g * N + j - N;
-            float w[CUDA_CONV_KMAX - 1];
-            float v = conv_dec(row, f, a.I, CD, c, st, w);
-            if (i < nx) { // this block's own channels
-                sx[i] = v;
-                conv_store(st, ck, CD, c, f.K, w);
-                f.zxw[(int64_t)t * a.ld + a.I + c] = v;
-            } else sbc[j] = v;
-        }
-        __syncthreads();
-        X = sx, x0 = p_lo, B = sbc, C = sbc + N;
-    }
     float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
     float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
     int dst = a.ck_dst ? a.ck_dst[s] : -1;
@@ -649,7 +557,7 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             int p = min(p0 + r, p_hi - 1);
-            xv[r] = X[p - x0];
+            xv[r] = X[p];
 #pragma unroll
             for (int q = 0; q < SSD_NMAX; q++) {
                 int n = lane + 32 * q;
@@ -674,17 +582,6 @@ __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a, mdec_args f) {
             if (lane == 0 && p < p_hi) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv[r];
         }
     }
-    if constexpr (FUSED) {
-        __threadfence(); // this block's y rows reach L2 before it counts itself
-        __syncthreads();
-        unsigned *cnt = f.done + (int64_t)s * a.G + g;
-        if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == (unsigned)(a.H / a.G * gridDim.z) - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        mdec_close(a, f, s, g, t, sbc);
-        if (threadIdx.x == 0) *cnt = 0; // for the next layer (a replayed graph finds it 0)
-    }
 }
 
 static ssd_args ssd_decode_args(float *y, const float *zxbcdt, int ld, const float *dt_bias, const float *A,
@@ -703,8 +600,7 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
     if (b->num_decodes <= 0) return;
     ssd_args a = ssd_decode_args(y, zxbcdt, ld, dt_bias, A, D, ssm_state, b, d);
-    launch_pdl(k_ssd_decode<false>, dim3(b->num_decodes, d->heads, ssd_decode_split(be, b, d)), 256, 0,
-               cu(be)->stream, a, mdec_args{});
+    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads, ssd_decode_split(be, b, d)), 256, 0, cu(be)->stream, a);
 }
 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
@@ -755,21 +651,18 @@ void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const fl
     launch_pdl(k_gated_rmsnorm, dim3(n, dim / group_size), 256, 0, cu(be)->stream, out, y, z, zld, w, dim, group_size, eps);
 }
 
-// The three in one kernel where the norm's groups are the SSM groups (as in
-// Mamba2 and Nemotron-H) and the counters suffice; else the three kernels.
+// The three kernels, in stream order (PDL overlaps each one's launch with
+// the one before). One kernel for the three (the conv of a block's own x
+// rows and its group's B and C in shared memory, the group's last block
+// closing with B and C's windows and the gated norm) ran 2.5% slower at 64
+// decode rows on nano30b and no faster at one (docs/BENCHMARKS.md, Dec 6):
+// every head's block convolved its group's B and C again, and the closing
+// blocks ran after the rest.
 void cuda_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
                        float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
-    int nd = b->num_decodes, I = d->heads * d->head_dim, split = ssd_decode_split(be, b, d);
+    int nd = b->num_decodes;
     if (nd <= 0) return;
-    bool fuse = p->norm_group == d->heads / d->groups * d->head_dim && cdiv(d->head_dim, split) <= MDEC_MAXR &&
-                (int64_t)nd * d->groups <= CUDA_DONE_MAX;
-    if (!fuse) {
-        cuda_conv1d_update(be, zxbcdt, ld, p->conv_w, p->conv_b, conv_state, b, d);
-        cuda_ssd_decode(be, y, zxbcdt, ld, p->dt_bias, p->A, p->D, ssm_state, b, d);
-        cuda_gated_rmsnorm(be, out, y, zxbcdt, ld, p->norm_w, nd, I, p->norm_group, p->eps);
-        return;
-    }
-    ssd_args a = ssd_decode_args(y, zxbcdt, ld, p->dt_bias, p->A, p->D, ssm_state, b, d);
-    mdec_args f = {out, zxbcdt, conv_state, p->conv_w, p->conv_b, p->norm_w, d->conv_kernel, p->eps, cu(be)->done};
-    launch_pdl(k_ssd_decode<true>, dim3(nd, d->heads, split), 256, 0, cu(be)->stream, a, f);
+    cuda_conv1d_update(be, zxbcdt, ld, p->conv_w, p->conv_b, conv_state, b, d);
+    cuda_ssd_decode(be, y, zxbcdt, ld, p->dt_bias, p->A, p->D, ssm_state, b, d);
+    cuda_gated_rmsnorm(be, out, y, zxbcdt, ld, p->norm_w, nd, d->heads * d->head_dim, p->norm_group, p->eps);
 }

@@ -386,12 +386,14 @@ __device__ __forceinline__ int moe_decode_expert(const int32_t *ids, int nk, int
 
 // One pass of a warp's 4 weight rows (wrow: row indices, valid) over cnt <=
 // NB assignments (rows): see k_moe_gemv. scale, bscale: the weight's scales
-// (struct weight), or NULL.
+// (struct weight), or NULL. Chunks c0 <= c < c1 of WVEC weights (the whole
+// row: 0, K / WVEC); part: lane 0 writes the 4 x cnt sums there, unscaled,
+// instead of storing them (moe_shared_down).
 template <typename WT, bool UP, int NB>
 __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, const uint8_t *bscale, const float *in,
                                               float *out, const int *rows, int cnt, const int64_t *wrow,
                                               const bool *valid, int o0, int k, int K, int I, int N, int gated,
-                                              enum act kind) {
+                                              enum act kind, int c0, int c1, float *part) {
     constexpr int V = WVEC<WT>;
     int lane = threadIdx.x & 31;
     const float *src[NB];
@@ -408,9 +410,8 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int b = 0; b < NB; b++) acc[q][b] = 0;
-    int KV = K / V;
-    for (int c = lane; c < KV; c += 64) {
-        bool two = c + 32 < KV;
+    for (int c = c0 + lane; c < c1; c += 64) {
+        bool two = c + 32 < c1;
         uint4 u[2][4];
         uint32_t bq[2][4]; // the loads' block scales (load_bscale)
 #pragma unroll
@@ -452,6 +453,11 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
 #pragma unroll
         for (int q = 0; q < 4; q++) v[q] = warp_sum(acc[q][b]);
         if (lane) continue;
+        if (part) { // a slice of K (the shared expert's down): the block adds the slices
+#pragma unroll
+            for (int q = 0; q < 4; q++) part[b * 4 + q] = v[q];
+            continue;
+        }
 #pragma unroll
         for (int q = 0; q < 4; q++) v[q] *= row_scale(ROW_SCALED<WT> ? scale : NULL, wrow[q]);
         int64_t r = rows[b];
@@ -515,10 +521,11 @@ __device__ void moe_combine_cols(float *out, const float *y, const int32_t *ids,
 // weight's (struct weight), NULL for 16-bit weights. Down with c.out: the
 // last of a column block's gridDim.y blocks to finish (c.done[blockIdx.x])
 // also combines those 32 columns (moe_combine_cols), so no combine kernel
-// follows. With sh.up (16-bit weights only), the last blockIdx.y is the
-// shared expert's: every token once (rows 0..n-1), its own weight, I_s and
-// buffers (up writes sh.h [n, I_s], down reads it and writes sh.y [n, L],
-// which the combine adds), so its GEMVs cost no launches of their own.
+// follows. With sh.up (16-bit weights only), the last blockIdx.y (up) or
+// sh.slices (down: moe_shared_down) are the shared expert's: every token
+// once (rows 0..n-1), its own weights, I_s and buffers (up writes sh.h [n,
+// I_s], down reads it and writes sh.y [n, L], which the combine adds), so
+// its GEMVs cost no launches of their own.
 struct moe_comb {
     float *out;
     const float *weights, *add;
@@ -527,8 +534,42 @@ struct moe_comb {
 struct moe_sh {
     const void *up, *down; // NULL: no shared expert in the launch
     float *h, *y;
-    int inter;
+    int inter, slices; // I_s; the down launch's blocks a column block (moe_shared_down)
 };
+
+// The shared expert's down GEMV, in k_moe_gemv's last sh.slices = S
+// blockIdx.y: slice s takes 32 / S of the column block's 32 outputs, its 8
+// warps as 8 / S row groups of 4 outputs by S parts of K = I_s, whose sums
+// the block adds in part order (part: [warp][NB rows x 4 outputs]). A block
+// then streams 32 x I_s / S weights, no more than a routed expert's 32 x I
+// (S: shared_slices), so the launch has no tail of blocks that read twice
+// as long (nano30b: I_s = 2 I; 84 blocks of K = 3712 after 504 of K = 1856
+// at one token). rows: 0..n-1 (tokens); out: sh.y [n, N].
+template <typename WT, int NB>
+__device__ void moe_shared_down(const moe_sh &sh, const int *rows, int n, int N, int s, enum act kind) {
+    __shared__ float part[8][NB * 4];
+    int S = sh.slices, G = 8 / S, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, K = sh.inter;
+    int o0 = blockIdx.x * 32 + s * (32 / S) + (warp % G) * 4, p = warp / G;
+    int KV = K / WVEC<WT>, per = (KV + S - 1) / S, c0 = min(KV, p * per), c1 = min(KV, c0 + per);
+    int64_t wrow[4];
+    bool valid[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) valid[q] = o0 + q < N, wrow[q] = valid[q] ? o0 + q : 0;
+    for (int r0 = 0; r0 < n; r0 += NB) { // uniform over the block: it syncs
+        int cnt = min(NB, n - r0);
+        if (o0 < N)
+            moe_gemv_pass<WT, false, NB>((const WT *)sh.down, NULL, NULL, sh.h, sh.y, rows + r0, cnt, wrow, valid, o0,
+                                         1, K, K, N, 0, kind, c0, c1, part[warp]);
+        __syncthreads();
+        int b = lane / 4, q = lane % 4;
+        if (p == 0 && b < cnt && valid[q]) {
+            float v = part[warp][lane];
+            for (int i = 1; i < S; i++) v += part[warp + i * G][lane];
+            sh.y[(int64_t)(r0 + b) * N + o0 + q] = v;
+        }
+        __syncthreads(); // part is the next pass's
+    }
+}
 template <typename WT, bool UP, int NB>
 __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scale, const uint8_t *bscale,
                                                   const float *in, float *out, const int32_t *ids, int nk, int k, int E,
@@ -540,14 +581,14 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
     pdl_trigger();
     float *y = out; // the routed experts' rows (the combine's input)
     int e = 0, kr = k; // kr: assignments a token row of in holds (UP)
-    if (sh.up && blockIdx.y == gridDim.y - 1) { // the shared expert, rows by token
+    if (sh.up && (int)blockIdx.y >= (int)gridDim.y - (UP ? 1 : sh.slices)) { // the shared expert, rows by token
         for (int i = threadIdx.x; i < nk / k; i += blockDim.x) rows[i] = i;
         if (threadIdx.x == 0) cnt = nk / k;
         __syncthreads();
-        w = (const WT *)(UP ? sh.up : sh.down), scale = NULL, bscale = NULL;
-        if (UP) out = sh.h, I = sh.inter;
-        else in = sh.h, out = sh.y, K = I = sh.inter;
-        kr = 1;
+        if (UP) w = (const WT *)sh.up, scale = NULL, bscale = NULL, out = sh.h, I = sh.inter, kr = 1;
+        else if constexpr (sizeof(WT) == 2) // 16-bit only (shared_fused)
+            moe_shared_down<WT, NB>(sh, rows, nk / k, N, blockIdx.y - (gridDim.y - sh.slices), kind);
+        e = UP ? 0 : -1; // down: counted below
     } else
         e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
     int warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
@@ -564,7 +605,7 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
         }
         for (int r0 = 0; r0 < cnt; r0 += NB)
             moe_gemv_pass<WT, UP, NB>(w, scale, bscale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, kr, K,
-                                      I, N, gated, kind);
+                                      I, N, gated, kind, 0, K / WVEC<WT>, NULL);
     }
     if (UP || !c.out) return;
     __threadfence(); // this block's y columns reach L2 before it counts itself
@@ -1085,12 +1126,14 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
 // Accumulators for NB rows: the batch's n up to 8 (an expert gets at most
 // n), passes of 8 above. h and y rows are assignments.
 // The down GEMV combines into out (c) where its column blocks have counters;
-// sh.up: the shared expert's GEMVs join the launches (one more blockIdx.y).
+// sh.up: the shared expert's GEMVs join the launches (one more blockIdx.y
+// for up, sh.slices more for down).
 template <typename T, int NB>
 static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
                             const int32_t *ids, int n, int top_k, moe_comb c, moe_sh sh) {
-    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = (nk < E ? nk : E) + (sh.up ? 1 : 0);
-    dim3 gu(cdiv(MAX(I, sh.up ? sh.inter : 0), w->gated ? 16 : 32), ny), gd(cdiv(L, 32), ny);
+    int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
+    dim3 gu(cdiv(MAX(I, sh.up ? sh.inter : 0), w->gated ? 16 : 32), ny + (sh.up ? 1 : 0));
+    dim3 gd(cdiv(L, 32), ny + (sh.up ? sh.slices : 0));
     launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, (const float *)w->up.scale,
                (const uint8_t *)w->up.bscale, x, h, ids, nk, top_k, E, L, I, I, w->gated, w->act, moe_comb{}, sh);
     launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)w->down.scale,
@@ -1278,6 +1321,15 @@ static void experts_run(struct backend *be, float *out, const float *x, const st
 // The shared expert joins the routed experts' GEMV launches where both are
 // 16-bit in one format with one activation (no biases) and the batch takes
 // the GEMV (takes_gemv: the one path that reads sh).
+// The shared expert's down blocks a column block (moe_shared_down): the
+// fewest, a power of two up to 8, that read no more of K each than a routed
+// expert's block.
+static int shared_slices(int I, int I_s) {
+    int S = 1;
+    while (S < 8 && I_s > S * I) S *= 2;
+    return S;
+}
+
 static bool shared_fused(struct backend *be, const struct moe_experts *w, const struct moe_experts *s, int n) {
     enum wfmt f = w->up.fmt;
     return (f == WF_BF16 || f == WF_F16) && s->up.fmt == f && s->down.fmt == f && !s->up.bias && !s->down.bias &&
@@ -1289,7 +1341,8 @@ void cuda_moe_experts(struct backend *be, float *out, const float *x, const stru
     if (n <= 0) return; // expert count and top_k checked at load (cu_supports)
     moe_sh sh = {};
     if (shared && shared_fused(be, w, shared->w, n))
-        sh = moe_sh{shared->w->up.data, shared->w->down.data, shared->h, shared->y, shared->w->inter};
+        sh = moe_sh{shared->w->up.data, shared->w->down.data, shared->h, shared->y, shared->w->inter,
+                    shared_slices(w->inter, shared->w->inter)};
     else if (shared)
         moe_shared_fwd(be, shared, x, n); // its products first: the routed part's scratch is its own
     experts_run(be, out, x, w, ids, weights, n, top_k, shared ? shared->y : NULL, sh);
