@@ -760,8 +760,8 @@ static void test_sample(void) {
 }
 
 // The sampler's scratch is reserved at load (OP_SAMPLE), so a step grows
-// nothing: on a fresh backend a 64-row step (penalties' counts on, as in a
-// graph: ~100 MB) takes device memory it had not (the control: the
+// nothing: on a fresh backend a 64-row step (its work rows and penalties'
+// counts: ~100 MB) takes device memory it had not (the control: the
 // measurement sees it), and after supports() on another it takes none.
 static void test_sample_reserved(void) {
     enum { V = 131072, R = 64, TOK = 8 };

@@ -210,8 +210,9 @@ __global__ void k_sample(const float *logits, int V, int32_t *table, const sampl
     sample_finish(l, V, id, r, p, table, out, red, vred);
 }
 
-// cuda_sample's scratch at n rows, penalties' counts included (a graph's
-// step always has them): reserved at load (OP_SAMPLE).
+// cuda_sample's scratch at n rows, reserved at load (OP_SAMPLE): the work
+// rows [n, V] fp32, the penalties' counts [n, 2V] (read only by rows with
+// penalties), then the argmax parts.
 size_t cuda_sample_scratch(int n, int vocab) {
     return (sizeof(float) + 2 * sizeof(int32_t)) * (size_t)n * vocab + sizeof(vi) * SAMPLE_PARTS * n;
 }
@@ -220,13 +221,8 @@ void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *to
                  struct sample_out *out) {
     int n = b->num_sample;
     if (n <= 0) return;
-    int need_cnt = b->fixed_shapes; // a recorded graph must not depend on this step's penalties
-    for (int i = 0; i < n; i++) {
-        const struct sample_params *p = &b->h_sample_params[i];
-        need_cnt |= p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
-    }
-    size_t wbytes = sizeof(float) * (size_t)n * vocab, cbytes = need_cnt ? sizeof(int32_t) * 2 * (size_t)n * vocab : 0;
-    char *s = (char *)cuda_scratch(be, wbytes + cbytes + sizeof(vi) * SAMPLE_PARTS * n); // <= cuda_sample_scratch
+    size_t wbytes = sizeof(float) * (size_t)n * vocab, cbytes = sizeof(int32_t) * 2 * (size_t)n * vocab;
+    char *s = (char *)cuda_scratch(be, cuda_sample_scratch(n, vocab));
     vi *part = (vi *)(s + wbytes + cbytes);
     cudaStream_t st = cu(be)->stream;
     launch_pdl(k_argmax_parts, dim3(SAMPLE_PARTS, n), 256, 0, st, logits, vocab, part);
