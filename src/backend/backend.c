@@ -98,6 +98,17 @@ void moe_shared_fwd(struct backend *be, const struct moe_shared *s, const float 
     backend_mlp(be, s->y, x, &s->w->up, &s->w->down, s->w->gated, s->w->act, s->h, s->tmp, n);
 }
 
+// The decode rows are [0, num_decodes), one token each.
+void backend_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
+                          float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
+    const struct backend_ops *o = be->ops;
+    int nd = b->num_decodes;
+    if (nd <= 0) return;
+    o->conv1d_update(be, zxbcdt, ld, p->conv_w, p->conv_b, conv_state, b, d);
+    o->ssd_decode(be, y, zxbcdt, ld, p->dt_bias, p->A, p->D, ssm_state, b, d);
+    o->gated_rmsnorm(be, out, y, zxbcdt, ld, p->norm_w, nd, d->heads * d->head_dim, p->norm_group, p->eps);
+}
+
 // Every op but the optional ones (graphs, collectives, bind) must be there.
 int backend_check_ops(const struct backend_ops *o) {
 #define REQ(f) {offsetof(struct backend_ops, f), #f}

@@ -287,7 +287,8 @@ struct backend_ops {
     // A Mamba2 layer's decode rows [0, num_decodes) between its two
     // products, in one op: conv1d_update, ssd_decode into y, then
     // gated_rmsnorm of those rows into out: [T, H*P] (the seam where a
-    // backend may fuse them; CUDA's one kernel was slower: cuda_mamba.cu).
+    // backend may fuse them; every backend runs backend_mamba_decode today,
+    // CUDA's one kernel having measured slower: cuda_backend.cu).
     void (*mamba_decode)(struct backend *be, float *out, float *y, float *zxbcdt, int ld,
                          const struct mamba_params *p, float *conv_state, float *ssm_state,
                          const struct batch *b, const struct mamba_dims *d);
@@ -466,6 +467,9 @@ void backend_mlp(struct backend *be, float *y, const float *x, const struct weig
                  int gated, enum act act, float *h, float *tmp, int n);
 // The shared expert as an MLP (backend_mlp), where a device does not fuse it.
 void moe_shared_fwd(struct backend *be, const struct moe_shared *s, const float *x, int n);
+// mamba_decode as its three ops through be's own (every backend's today).
+void backend_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
+                          float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 // weight_alloc + weight_upload_raw of a host fp32 [rows, cols] matrix (tests,
 // tensors assembled on the host).
 int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const float *src, int64_t rows, int64_t cols);

@@ -94,9 +94,6 @@ void cpu_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, c
                     const struct mamba_dims *d);
 void cpu_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld,
                        const float *w, int n, int dim, int group_size, float eps);
-// mamba_decode as conv1d_update, ssd_decode, gated_rmsnorm through be's own ops (both paths).
-void cpu_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
-                      float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld,
                   const struct batch *b, const struct attn_dims *d);
 void cpu_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,

@@ -205,15 +205,3 @@ void cpu_gated_rmsnorm(struct backend *be, float *out, const float *y, const flo
         }
     }
 }
-
-// mamba_decode as its three ops through be's own (both paths): the decode
-// rows are [0, num_decodes), one token each.
-void cpu_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
-                      float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
-    const struct backend_ops *o = be->ops;
-    int nd = b->num_decodes, I = d->heads * d->head_dim;
-    if (nd <= 0) return;
-    o->conv1d_update(be, zxbcdt, ld, p->conv_w, p->conv_b, conv_state, b, d);
-    o->ssd_decode(be, y, zxbcdt, ld, p->dt_bias, p->A, p->D, ssm_state, b, d);
-    o->gated_rmsnorm(be, out, y, zxbcdt, ld, p->norm_w, nd, I, p->norm_group, p->eps);
-}

@@ -1187,7 +1187,14 @@ static void init_ops(void) {
     o->ssd_prefill = cuda_ssd_prefill;
     o->ssd_decode = cuda_ssd_decode;
     o->gated_rmsnorm = cuda_gated_rmsnorm;
-    o->mamba_decode = cuda_mamba_decode;
+    // The three kernels in stream order (PDL overlaps each launch with the one
+    // before). One kernel for the three (a block's own x rows and its group's B
+    // and C convolved in shared memory, the group's last block closing with B
+    // and C's windows and the gated norm; aa5ef0f) ran 2.5% slower at 64 decode
+    // rows on nano30b and no faster at one (docs/BENCHMARKS.md, Dec 6): every
+    // head's block convolved its group's B and C again, and the closing blocks
+    // ran after the rest.
+    o->mamba_decode = backend_mamba_decode;
     o->kv_write = cuda_kv_write;
     o->kda_prefill = cuda_kda_prefill;
     o->kda_decode = cuda_kda_decode;

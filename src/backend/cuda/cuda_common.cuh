@@ -313,8 +313,6 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const float *z, int zld, const float *w, int n,
                         int dim, int group_size, float eps);
-void cuda_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
-                       float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d);
 void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld, const struct batch *b,
                    const struct attn_dims *d);
 void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,

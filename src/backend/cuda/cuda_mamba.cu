@@ -1,7 +1,7 @@
 // cuda_mamba.cu - Mamba2 on the GPU: causal conv1d (varlen prefill and
 // decode update), the SSD chunked scan for varlen prefill, the selective
-// state update for decode, the gated grouped RMSNorm, and the decode's
-// three in a row (mamba_decode). State is fp32.
+// state update for decode and the gated grouped RMSNorm (mamba_decode runs
+// the last three in a row: backend_mamba_decode). State is fp32.
 //
 // zxbcdt rows (ld floats): z [I] | x [H*P] | B [G*N] | C [G*N] | dt [H].
 #include <algorithm>
@@ -649,20 +649,4 @@ void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const fl
                         int dim, int group_size, float eps) {
     if (n <= 0) return;
     launch_pdl(k_gated_rmsnorm, dim3(n, dim / group_size), 256, 0, cu(be)->stream, out, y, z, zld, w, dim, group_size, eps);
-}
-
-// The three kernels, in stream order (PDL overlaps each one's launch with
-// the one before). One kernel for the three (the conv of a block's own x
-// rows and its group's B and C in shared memory, the group's last block
-// closing with B and C's windows and the gated norm) ran 2.5% slower at 64
-// decode rows on nano30b and no faster at one (docs/BENCHMARKS.md, Dec 6):
-// every head's block convolved its group's B and C again, and the closing
-// blocks ran after the rest.
-void cuda_mamba_decode(struct backend *be, float *out, float *y, float *zxbcdt, int ld, const struct mamba_params *p,
-                       float *conv_state, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
-    int nd = b->num_decodes;
-    if (nd <= 0) return;
-    cuda_conv1d_update(be, zxbcdt, ld, p->conv_w, p->conv_b, conv_state, b, d);
-    cuda_ssd_decode(be, y, zxbcdt, ld, p->dt_bias, p->A, p->D, ssm_state, b, d);
-    cuda_gated_rmsnorm(be, out, y, zxbcdt, ld, p->norm_w, nd, d->heads * d->head_dim, p->norm_group, p->eps);
 }
