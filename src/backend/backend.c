@@ -121,7 +121,7 @@ int backend_check_ops(const struct backend_ops *o) {
                REQ(add_rmsnorm), REQ(matmul), REQ(gather_rows), REQ(add), REQ(act), REQ(act_mul), REQ(rope),
                REQ(head_rmsnorm), REQ(qk_norm_rope), REQ(matmul_act_mul), REQ(matmul_act), REQ(sum_sq),
                REQ(conv1d_fwd), REQ(conv1d_update), REQ(ssd_prefill), REQ(ssd_decode), REQ(gated_rmsnorm), REQ(mamba_decode),
-               REQ(kv_write), REQ(attn_prefill), REQ(attn_decode), REQ(moe_route), REQ(moe_gate_route), REQ(moe_experts), REQ(mask_logits), REQ(bias_logits), REQ(mem_info),
+               REQ(kv_write), REQ(attn_prefill), REQ(attn_decode), REQ(moe_route), REQ(moe_experts), REQ(mask_logits), REQ(bias_logits), REQ(mem_info),
                REQ(sample), REQ(token_logprobs)};
 #undef REQ
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {

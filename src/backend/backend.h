@@ -346,11 +346,6 @@ struct backend_ops {
     // moe_route_cfg); bias: [E] (ROUTE_SIGMOID_GROUPED, may be NULL).
     void (*moe_route)(struct backend *be, int32_t *ids, float *weights, const float *logits,
                       const float *bias, int n, const struct moe_route_cfg *c);
-    // The router in one op: logits: [n, E] = x @ gate^T (the fp32 gate [E,
-    // D]), then moe_route of them (a device may route in the product's last
-    // block instead of a second kernel).
-    void (*moe_gate_route)(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
-                           const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
     // out: [n, L] = sum_k weights[k] * down_e(hidden_e(x)) (struct moe_experts),
     // the experts of a token summed in ascending expert order, then + the
     // shared expert's y (struct moe_shared; NULL: none)

@@ -217,7 +217,8 @@ void moe_fwd(struct lm *m, const struct moe_layer *e, const float *x, float *out
     struct backend *be = m->be;
     const struct backend_ops *op = be->ops;
     struct lm_ws *ws = &m->ws;
-    op->moe_gate_route(be, ws->rids, ws->rw, ws->rlogits, x, &e->gate, e->bias, T, &e->route); // fp32 router
+    op->matmul(be, ws->rlogits, x, &e->gate, T); // fp32 router
+    op->moe_route(be, ws->rids, ws->rw, ws->rlogits, e->bias, T, &e->route);
     lm_tick(m, T_ROUTER);
     // The shared expert reads the un-projected input: moe_experts runs it
     // (and may fuse it with the routed experts) unless a latent fc2 comes

@@ -314,9 +314,9 @@ static void test_matmul_act_mul(void) {
     free(wm), free(x), free(gu), free(o1), free(o2);
 }
 
-// moe_gate_route (matmul then moe_route through the backend's own ops, on
-// both paths): the fast path's against the reference's, 1 and 40 tokens.
-static void test_moe_gate_route(void) {
+// The router as a model runs it (the fp32 gate's matmul, then moe_route):
+// the fast path's against the reference's, 1 and 40 tokens.
+static void test_router(void) {
     int E = 16, K = 48, k = 3, ns[] = {1, 40};
     struct moe_route_cfg c = {ROUTE_SOFTMAX_TOPK, E, k, 1, 1, 1, 1.0f};
     float *wm = test_rnd((size_t)E * K, 0.3f), *x = test_rnd((size_t)40 * K, 1);
@@ -327,11 +327,13 @@ static void test_moe_gate_route(void) {
     int32_t i1[120], i2[120];
     for (int j = 0; j < 2; j++) {
         int n = ns[j];
-        ref->ops->moe_gate_route(ref, i1, w1, l1, x, &wr, NULL, n, &c);
-        fast->ops->moe_gate_route(fast, i2, w2, l2, x, &wf, NULL, n, &c);
-        cmp("moe_gate_route logits", l2, l1, (size_t)n * E, TOL);
-        CHECKF(!memcmp(i1, i2, sizeof(int32_t) * n * k), "%s moe_gate_route: expert ids differ", isa);
-        cmp("moe_gate_route weights", w2, w1, (size_t)n * k, TOL);
+        ref->ops->matmul(ref, l1, x, &wr, n);
+        ref->ops->moe_route(ref, i1, w1, l1, NULL, n, &c);
+        fast->ops->matmul(fast, l2, x, &wf, n);
+        fast->ops->moe_route(fast, i2, w2, l2, NULL, n, &c);
+        cmp("router logits", l2, l1, (size_t)n * E, TOL);
+        CHECKF(!memcmp(i1, i2, sizeof(int32_t) * n * k), "%s router: expert ids differ", isa);
+        cmp("router weights", w2, w1, (size_t)n * k, TOL);
     }
     ref->ops->free(ref, wr.data);
     fast->ops->free(fast, wf.data);
@@ -479,7 +481,7 @@ int main(void) {
         test_attention();
         test_qk_norm_rope();
         test_matmul_act_mul();
-        test_moe_gate_route();
+        test_router();
         test_mla();
         test_kda();
         test_kda_chunks();

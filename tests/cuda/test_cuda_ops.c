@@ -617,14 +617,12 @@ static void test_experts(const struct moe_shape *m, struct pair pids, struct pai
     free(x), free(up_w), free(down_w);
 }
 
-// moe_gate_route: the router GEMV and its top-k (one kernel at 1-4 tokens
-// and up to 256 experts: Qwen3-30B-A3B's softmax 128 top-8 from 2,048;
-// nano30b's sigmoid 128 top-6 from 2,688 with its correction bias and
-// scaling; 256 experts in 8 groups, 4 taken, as DeepSeek-style routers),
-// each twice in a row (its block count must be back to 0), and the paths
-// that run matmul + moe_route (7 tokens, 512 experts): logits, ids and
-// weights against the CPU op.
-static void test_moe_gate_route(void) {
+// The router as a model runs it, the fp32 gate's matmul then moe_route, at
+// real shapes (Qwen3-30B-A3B's softmax 128 top-8 from 2,048; nano30b's
+// sigmoid 128 top-6 from 2,688 with its correction bias and scaling; 256
+// experts in 8 groups, 4 taken, as DeepSeek-style routers; 512 experts) at
+// 1 to 7 tokens: logits, ids and weights against the CPU ops.
+static void test_router(void) {
     static const struct {
         int E, k, K, kind, groups, take, bias;
         float scale;
@@ -643,21 +641,22 @@ static void test_moe_gate_route(void) {
         struct pair pids = up(wm, sizeof(int32_t) * nmax * k), pw = up(wm, sizeof(float) * nmax * k);
         struct pair pb = up(bias, sizeof(float) * E);
         const float *bc = cases[si].bias ? pb.c : NULL, *bg = cases[si].bias ? pb.g : NULL;
-        for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3)
-            for (int rep = 0; rep < 2; rep++) {
-                cpu->ops->moe_gate_route(cpu, pids.c, pw.c, pl.c, px.c, &wc, bc, n, &c);
-                gpu->ops->moe_gate_route(gpu, pids.g, pw.g, pl.g, px.g, &wg, bg, n, &c);
-                char name[128];
-                snprintf(name, sizeof name, "moe_gate_route %s%s %d top-%d from %d (groups %d/%d), n=%d%s",
-                         c.kind == ROUTE_SOFTMAX_TOPK ? "softmax" : "sigmoid", bc ? "+bias" : "", E, k, K,
-                         c.topk_group, c.n_group, n, rep ? " again" : "");
-                cmp(name, pl, (size_t)n * E, 1e-5);
-                int32_t *gi = xmalloc(sizeof(int32_t) * n * k);
-                gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * n * k);
-                CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * n * k), "%s: expert ids differ", name);
-                free(gi);
-                cmp("  its weights", pw, (size_t)n * k, 1e-6);
-            }
+        for (int n = 1; n <= nmax; n += n < 4 ? 1 : 3) {
+            cpu->ops->matmul(cpu, pl.c, px.c, &wc, n);
+            cpu->ops->moe_route(cpu, pids.c, pw.c, pl.c, bc, n, &c);
+            gpu->ops->matmul(gpu, pl.g, px.g, &wg, n);
+            gpu->ops->moe_route(gpu, pids.g, pw.g, pl.g, bg, n, &c);
+            char name[128];
+            snprintf(name, sizeof name, "router %s%s %d top-%d from %d (groups %d/%d), n=%d",
+                     c.kind == ROUTE_SOFTMAX_TOPK ? "softmax" : "sigmoid", bc ? "+bias" : "", E, k, K, c.topk_group,
+                     c.n_group, n);
+            cmp(name, pl, (size_t)n * E, 1e-5);
+            int32_t *gi = xmalloc(sizeof(int32_t) * n * k);
+            gpu->ops->download(gpu, gi, pids.g, sizeof(int32_t) * n * k);
+            CHECKF(!memcmp(gi, pids.c, sizeof(int32_t) * n * k), "%s: expert ids differ", name);
+            free(gi);
+            cmp("  its weights", pw, (size_t)n * k, 1e-6);
+        }
         cpu->ops->free(cpu, wc.data);
         gpu->ops->free(gpu, wg.data);
         struct pair all[] = {px, pl, pids, pw, pb};
@@ -1260,7 +1259,7 @@ int main(int argc, char **argv) {
     test_matmul_act(4096, 21504, ACT_RELU2); // 176 MB: k_gemv16, not k_gemv16w
     test_matmul_act(48, 71, ACT_SILU);
     test_gemv16();
-    test_moe_gate_route();
+    test_router();
     test_moe();
     test_kimi_kda();
     struct backend *ref;

@@ -72,9 +72,6 @@ void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const 
 // and the fast path alike.
 void cpu_kv_store(void *cache, enum dtype dt, int64_t off, const float *x, int n, float scale);
 void cpu_kv_load(float *dst, const void *cache, enum dtype dt, int64_t off, int n, float scale);
-// moe_gate_route as matmul, then moe_route, through be's own ops (both paths).
-void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
-                        const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
 // matmul_act_mul as matmul into gu, then act_mul, through be's own ops (the reference and the fast path alike).
 void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,
                         float *gu);

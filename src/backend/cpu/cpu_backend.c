@@ -297,12 +297,6 @@ static void cpu_qk_norm_rope(struct backend *be, float *qkv, int ld, const float
         cpu_qk_norm_rope_row(qkv, ld, t, q_norm, k_norm, eps, table, k_cache, v_cache, be->kv_dtype, b, d);
 }
 
-void cpu_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
-                        const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c) {
-    be->ops->matmul(be, logits, x, gate, n);
-    be->ops->moe_route(be, ids, weights, logits, bias, n, c);
-}
-
 void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,
                         float *gu) {
     be->ops->matmul(be, gu, x, w, n);
@@ -495,7 +489,6 @@ static const struct backend_ops cpu_ops = {
     .qk_norm_rope = cpu_qk_norm_rope,
     .matmul_act_mul = cpu_matmul_act_mul,
     .matmul_act = cpu_matmul_act,
-    .moe_gate_route = cpu_moe_gate_route,
     .sum_sq = cpu_sum_sq,
     .conv1d_fwd = cpu_conv1d_fwd,
     .conv1d_update = cpu_conv1d_update,

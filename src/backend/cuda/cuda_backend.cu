@@ -52,7 +52,6 @@ static void cu_destroy(struct backend *be) {
     cudaStreamSynchronize(c->stream);
     cuda_comm_destroy(c->comm);
     if (c->scratch) cudaFree(c->scratch);
-    cudaFree(c->done);
     for (int i = 0; i < c->num_plans; i++) {
         struct lt_plan *p = &c->plans[i];
         if (p->op) cublasLtMatmulDescDestroy(p->op);
@@ -1178,7 +1177,6 @@ static void init_ops(void) {
     o->rope = cu_rope;
     o->head_rmsnorm = cu_head_rmsnorm;
     o->qk_norm_rope = cuda_qk_norm_rope;
-    o->moe_gate_route = cuda_moe_gate_route;
     o->matmul_act_mul = cu_matmul_act_mul;
     o->matmul_act = cu_matmul_act;
     o->sum_sq = cu_sum_sq;
@@ -1260,8 +1258,6 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
     CUBLAS_CHECK(cublasLtCreate(&c->lt));
-    CUDA_CHECK(cudaMalloc(&c->done, sizeof(unsigned) * CUDA_DONE_MAX));
-    CUDA_CHECK(cudaMemset(c->done, 0, sizeof(unsigned) * CUDA_DONE_MAX));
     init_ops();
     struct backend *be = (struct backend *)xcalloc(1, sizeof *be);
     be->ops = &cuda_ops;

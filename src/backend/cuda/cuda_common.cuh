@@ -49,11 +49,6 @@ struct cuda_impl {
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
     int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16 0 or 1; -1: by the weight's size)
     int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
-    // [CUDA_DONE_MAX] device, each 0 between launches: block counts of
-    // kernels whose last block to finish does a closing part (the fused
-    // router, cuda_route.cu; the decode MoE's down GEMV and its combine,
-    // cuda_moe.cu). Kernels run in stream order, so they share them.
-    unsigned *done;
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -294,7 +289,6 @@ static inline int cdiv(int64_t a, int64_t b) { return (int)((a + b - 1) / b); }
 #define CUDA_MAX_STATE 256
 #define CUDA_CONV_KMIN 2
 #define CUDA_CONV_KMAX 6
-#define CUDA_DONE_MAX 8192 // counters of cuda_backend.done
 #define CUDA_KDA_MAX_HEAD_DIM 128 // a head's state rows in registers: 16 a thread (cuda_kimi.cu)
 #define CUDA_MLA_MAX_RANK 512 // kv_lora_rank (Kimi-Linear, DeepSeek-V3: 512), a multiple of 4
 #define CUDA_MLA_MAX_W 640    // kv_lora_rank + qk_rope_head_dim (576), rope a multiple of 4
@@ -324,8 +318,6 @@ void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
                       const void *v_cache, const struct batch *b, const struct attn_dims *d);
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c);
-void cuda_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
-                         const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c);
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
                       const float *weights, int n, int top_k, const struct moe_shared *shared);
 size_t cuda_moe_scratch(const struct moe_experts *w, int n, int top_k);

@@ -477,31 +477,6 @@ __device__ __forceinline__ void moe_gemv_pass(const WT *w, const float *scale, c
     }
 }
 
-// The combine of k_moe_combine for columns [l0, l0 + nl) of the n tokens
-// (y rows: assignments t * k + j), in one block: each token's picks ranked
-// by expert first, so the sums run in the same order (the same values).
-__device__ void moe_combine_cols(float *out, const float *y, const int32_t *ids, const float *weights,
-                                 const float *add, int n, int k, int L, int l0, int nl) {
-    __shared__ int sr[MOE_GEMV_MAXA];
-    __shared__ float sw[MOE_GEMV_MAXA];
-    for (int a = threadIdx.x; a < n * k; a += blockDim.x) {
-        int t = a / k, j = a % k, e = ids[a], rank = 0; // ties (never in a top-k) keep pick order
-        for (int i = 0; i < k; i++) {
-            int ei = ids[t * k + i];
-            rank += ei < e || (ei == e && i < j);
-        }
-        sr[t * k + rank] = a, sw[t * k + rank] = weights[a];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n * nl; i += blockDim.x) {
-        int t = i / nl, l = l0 + i % nl;
-        if (l >= L) continue;
-        float acc = 0;
-        for (int q = 0; q < k; q++) acc += sw[t * k + q] * __ldcg(y + (int64_t)sr[t * k + q] * L + l);
-        out[(int64_t)t * L + l] = add ? acc + __ldcg(add + (int64_t)t * L + l) : acc; // add: maybe this launch's
-    }
-}
-
 // Decode MoE (n <= MOE_GEMV_MAXR tokens): block (x, a) = 32 weight rows (4
 // per warp) of the a-th expert used this step, applied to each of its
 // assignments, NB per pass (an expert with more reads its rows again, from
@@ -518,19 +493,14 @@ __device__ void moe_combine_cols(float *out, const float *y, const int32_t *ids,
 // else rows o..o+3 and h = act(W x). Down: rows l..l+3 of W_e, y[asg,
 // l..l+3]. Rows of h and y are assignments (t * k + j); x rows are the
 // tokens' (UP) or h's; K % WVEC<WT> == 0 (8, 16 or 32). scale, bscale: the
-// weight's (struct weight), NULL for 16-bit weights. Down with c.out: the
-// last of a column block's gridDim.y blocks to finish (c.done[blockIdx.x])
-// also combines those 32 columns (moe_combine_cols), so no combine kernel
-// follows. With sh.up (16-bit weights only), the last blockIdx.y (up) or
+// weight's (struct weight), NULL for 16-bit weights. k_moe_combine follows
+// (the combine in the down GEMV's last block per column block measured 2%
+// slower at one sequence in a graph with PDL: docs/BENCHMARKS.md, session
+// of Dec 6). With sh.up (16-bit weights only), the last blockIdx.y (up) or
 // sh.slices (down: moe_shared_down) are the shared expert's: every token
 // once (rows 0..n-1), its own weights, I_s and buffers (up writes sh.h [n,
 // I_s], down reads it and writes sh.y [n, L], which the combine adds), so
 // its GEMVs cost no launches of their own.
-struct moe_comb {
-    float *out;
-    const float *weights, *add;
-    unsigned *done;
-};
 struct moe_sh {
     const void *up, *down; // NULL: no shared expert in the launch
     float *h, *y;
@@ -573,13 +543,11 @@ __device__ void moe_shared_down(const moe_sh &sh, const int *rows, int n, int N,
 template <typename WT, bool UP, int NB>
 __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scale, const uint8_t *bscale,
                                                   const float *in, float *out, const int32_t *ids, int nk, int k, int E,
-                                                  int K, int I, int N, int gated, enum act kind, moe_comb c, moe_sh sh) {
+                                                  int K, int I, int N, int gated, enum act kind, moe_sh sh) {
     __shared__ int rows[MOE_GEMV_MAXA], cnt, pick;
     __shared__ uint32_t used[MAX_EXPERTS / 32];
-    __shared__ bool last;
     pdl_wait();
     pdl_trigger();
-    float *y = out; // the routed experts' rows (the combine's input)
     int e = 0, kr = k; // kr: assignments a token row of in holds (UP)
     if (sh.up && (int)blockIdx.y >= (int)gridDim.y - (UP ? 1 : sh.slices)) { // the shared expert, rows by token
         for (int i = threadIdx.x; i < nk / k; i += blockDim.x) rows[i] = i;
@@ -588,12 +556,12 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
         if (UP) w = (const WT *)sh.up, scale = NULL, bscale = NULL, out = sh.h, I = sh.inter, kr = 1;
         else if constexpr (sizeof(WT) == 2) // 16-bit only (shared_fused)
             moe_shared_down<WT, NB>(sh, rows, nk / k, N, blockIdx.y - (gridDim.y - sh.slices), kind);
-        e = UP ? 0 : -1; // down: counted below
+        e = UP ? 0 : -1; // down: done (moe_shared_down)
     } else
         e = moe_decode_expert(ids, nk, E, blockIdx.y, rows, &cnt, used, &pick);
     int warp = threadIdx.x >> 5, U = gated ? 2 * I : I;
     int o0 = (blockIdx.x * 8 + warp) * (UP && gated ? 2 : 4); // the warp's first output index
-    if (e >= 0 && o0 < (UP ? I : N)) { // else the warp has no rows (down: it still counts below)
+    if (e >= 0 && o0 < (UP ? I : N)) { // else the warp has no rows
         int64_t wrow[4];
         bool valid[4];
 #pragma unroll
@@ -607,15 +575,6 @@ __global__ void __launch_bounds__(256) k_moe_gemv(const WT *w, const float *scal
             moe_gemv_pass<WT, UP, NB>(w, scale, bscale, in, out, rows + r0, min(NB, cnt - r0), wrow, valid, o0, kr, K,
                                       I, N, gated, kind, 0, K / WVEC<WT>, NULL);
     }
-    if (UP || !c.out) return;
-    __threadfence(); // this block's y columns reach L2 before it counts itself
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(c.done + blockIdx.x, 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    moe_combine_cols(c.out, y, ids, c.weights, c.add, nk / k, k, N, blockIdx.x * 32, 32);
-    if (threadIdx.x == 0) c.done[blockIdx.x] = 0; // for the next layer (a replayed graph finds it 0)
 }
 
 // ---- quantized weights, decode sizes, 16-bit mode: the GEMV on tensor cores ----
@@ -1125,28 +1084,27 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
 
 // Accumulators for NB rows: the batch's n up to 8 (an expert gets at most
 // n), passes of 8 above. h and y rows are assignments.
-// The down GEMV combines into out (c) where its column blocks have counters;
 // sh.up: the shared expert's GEMVs join the launches (one more blockIdx.y
 // for up, sh.slices more for down).
 template <typename T, int NB>
 static void gemv_experts_nb(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
-                            const int32_t *ids, int n, int top_k, moe_comb c, moe_sh sh) {
+                            const int32_t *ids, int n, int top_k, moe_sh sh) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, ny = nk < E ? nk : E;
     dim3 gu(cdiv(MAX(I, sh.up ? sh.inter : 0), w->gated ? 16 : 32), ny + (sh.up ? 1 : 0));
     dim3 gd(cdiv(L, 32), ny + (sh.up ? sh.slices : 0));
     launch_pdl(k_moe_gemv<T, true, NB>, gu, 256, 0, st, (const T *)w->up.data, (const float *)w->up.scale,
-               (const uint8_t *)w->up.bscale, x, h, ids, nk, top_k, E, L, I, I, w->gated, w->act, moe_comb{}, sh);
+               (const uint8_t *)w->up.bscale, x, h, ids, nk, top_k, E, L, I, I, w->gated, w->act, sh);
     launch_pdl(k_moe_gemv<T, false, NB>, gd, 256, 0, st, (const T *)w->down.data, (const float *)w->down.scale,
-               (const uint8_t *)w->down.bscale, (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act, c, sh);
+               (const uint8_t *)w->down.bscale, (const float *)h, y, ids, nk, top_k, E, I, I, L, 0, w->act, sh);
 }
 
 template <typename T>
 static void gemv_experts(cudaStream_t st, const struct moe_experts *w, const float *x, float *h, float *y,
-                         const int32_t *ids, int n, int top_k, moe_comb c, moe_sh sh) {
-    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, ids, n, top_k, c, sh);
-    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, ids, n, top_k, c, sh);
-    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, ids, n, top_k, c, sh);
-    else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k, c, sh); // passes of 8 rows
+                         const int32_t *ids, int n, int top_k, moe_sh sh) {
+    if (n <= 1) gemv_experts_nb<T, 1>(st, w, x, h, y, ids, n, top_k, sh);
+    else if (n <= 2) gemv_experts_nb<T, 2>(st, w, x, h, y, ids, n, top_k, sh);
+    else if (n <= 4) gemv_experts_nb<T, 4>(st, w, x, h, y, ids, n, top_k, sh);
+    else gemv_experts_nb<T, 8>(st, w, x, h, y, ids, n, top_k, sh); // passes of 8 rows
 }
 
 // Quantized experts on tensor cores (k_moe_qmma), NT tiles of 8 tokens, 5 to
@@ -1267,18 +1225,14 @@ static void experts_run(struct backend *be, float *out, const float *x, const st
         case WF_F16: break; // not quantized
         }
     } else if (takes_gemv(be, w, n)) { // no sort
-        // the down GEMV combines (its column blocks' counters), no combine kernel
-        moe_comb c = {out, weights, add, cu(be)->done};
-        if (cdiv(L, 32) > CUDA_DONE_MAX) c = moe_comb{};
         switch (f) {
-        case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k, c, sh); break;
-        case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k, c, sh); break;
-        case WF_FP8: gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k, c, sh); break;
-        case WF_FP8_B128: gemv_experts<fp8b_t>(st, w, x, h, y, ids, n, top_k, c, sh); break;
-        case WF_NVFP4: gemv_experts<nvfp4_t>(st, w, x, h, y, ids, n, top_k, c, sh); break;
+        case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k, sh); break;
+        case WF_F16: gemv_experts<__half>(st, w, x, h, y, ids, n, top_k, sh); break;
+        case WF_FP8: gemv_experts<__nv_fp8_e4m3>(st, w, x, h, y, ids, n, top_k, sh); break;
+        case WF_FP8_B128: gemv_experts<fp8b_t>(st, w, x, h, y, ids, n, top_k, sh); break;
+        case WF_NVFP4: gemv_experts<nvfp4_t>(st, w, x, h, y, ids, n, top_k, sh); break;
         case WF_F32: break; // not here
         }
-        if (c.out) return;
     } else {
         int sort_threads = (int)MIN(1024, ((int64_t)MAX(E, nk) + 31) / 32 * 32); // a few warps at small nk
         bool tc = f != WF_F32 && f == w->down.fmt && k8, dec = tc && n <= MOE_DEC_MAXN;

@@ -1,7 +1,8 @@
 // cuda_route.cu - the MoE routers on the GPU: the fp32 router product's
 // softmax top-k or sigmoid + correction bias with grouped top-k
-// (moe_route), and the router product fused with either at decode sizes
-// (moe_gate_route).
+// (moe_route). The router product is a matmul before it: fused into one
+// kernel whose last block routes, it measured no faster in a graph with
+// PDL (nano30b, H100: docs/BENCHMARKS.md, session of Dec 6).
 #include "backend/cuda/cuda_common.cuh"
 
 #define MAX_EXPERTS CUDA_MAX_EXPERTS
@@ -90,16 +91,16 @@ __device__ __forceinline__ void route_topk(int t, float score, float w, bool ava
 
 // Sigmoid + correction bias; experts chosen among the topk_group groups
 // whose two best choice scores sum highest (each group scanned in order by
-// one thread, as the reference does). Token t by a block of at least E
-// threads (thread e = expert e); logits read from L2 (__ldcg: the fused
-// router's other blocks wrote them).
-__device__ __forceinline__ void route_sigmoid_tok(int t, int32_t *ids, float *weights, const float *logits,
-                                                  const float *bias, const moe_route_cfg &c) {
+// one thread, as the reference does). Token t by block t of at least E
+// threads (thread e = expert e).
+__global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, moe_route_cfg c) {
     __shared__ float s_ch[MAX_EXPERTS], gs[CUDA_MAX_GROUPS], s_w[CUDA_MAX_TOPK];
     __shared__ unsigned long long s_groups;
-    int e = threadIdx.x, E = c.num_experts;
+    pdl_wait();
+    pdl_trigger();
+    int t = blockIdx.x, e = threadIdx.x, E = c.num_experts;
     bool in = e < E, avail = in;
-    float sig = in ? 1.0f / (1.0f + expf(-__ldcg(logits + (int64_t)t * E + e))) : 0.0f;
+    float sig = in ? 1.0f / (1.0f + expf(-logits[(int64_t)t * E + e])) : 0.0f;
     float ch = in ? sig + (bias ? bias[e] : 0.0f) : -INFINITY;
     if (c.topk_group < c.n_group) {
         int per = E / c.n_group;
@@ -132,86 +133,22 @@ __device__ __forceinline__ void route_sigmoid_tok(int t, int32_t *ids, float *we
     route_topk(t, ch, sig, avail, 1e-20f, ids, weights, c, s_w);
 }
 
-__global__ void k_moe_route(int32_t *ids, float *weights, const float *logits, const float *bias, moe_route_cfg c) {
-    pdl_wait();
-    pdl_trigger();
-    route_sigmoid_tok(blockIdx.x, ids, weights, logits, bias, c);
-}
-
 // Softmax top-k: probabilities as the reference (max subtracted, expf,
 // divided by the sum), then the top-k of them.
-// Token t by a block of at least E threads (thread e = expert e); logits
-// read from L2 (__ldcg: the fused router's other blocks wrote them).
-__device__ __forceinline__ void route_softmax_tok(int t, int32_t *ids, float *weights, const float *logits,
-                                                  const moe_route_cfg &c) {
+// Token t by block t of at least E threads (thread e = expert e).
+__global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, moe_route_cfg c) {
     __shared__ float sv[33], red[32], s_w[CUDA_MAX_TOPK];
     __shared__ int si[33];
-    int e = threadIdx.x, E = c.num_experts;
+    pdl_wait();
+    pdl_trigger();
+    int t = blockIdx.x, e = threadIdx.x, E = c.num_experts;
     bool in = e < E, avail = in;
-    float lg = in ? __ldcg(logits + (int64_t)t * E + e) : -INFINITY, mx = lg;
+    float lg = in ? logits[(int64_t)t * E + e] : -INFINITY, mx = lg;
     int im = e;
     block_best(mx, im, sv, si);
     float p = in ? expf(lg - mx) : 0.0f;
     p /= block_sum(p, red);
     route_topk(t, p, p, avail, 0.0f, ids, weights, c, s_w);
-}
-
-__global__ void k_moe_route_softmax(int32_t *ids, float *weights, const float *logits, moe_route_cfg c) {
-    pdl_wait();
-    pdl_trigger();
-    route_softmax_tok(blockIdx.x, ids, weights, logits, c);
-}
-
-// moe_gate_route at decode sizes (NB = n <= 4 tokens, E <= 256 experts, an
-// fp32 gate; softmax top-k, or sigmoid + bias with grouped top-k): the
-// router GEMV (gemv32_row, a block per expert) whose last block to finish
-// routes the NB tokens, so the step has one router kernel, not two. Each block fences its logits and counts
-// itself in *done; the last one (count E - 1) reads them all and resets
-// *done to 0 for the next layer (kernels run in stream order, so no two
-// routers overlap; a replayed graph finds it 0).
-#define ROUTER_FUSED_MAX_E 256
-template <int NB>
-__global__ void __launch_bounds__(256) k_moe_gate_route(int32_t *ids, float *weights, float *logits, const float *x,
-                                                        const float *w, const float *bias, int K, moe_route_cfg c,
-                                                        unsigned *done) {
-    __shared__ bool last;
-    gemv32_row<NB>(logits, x, w, NULL, c.num_experts, K, blockIdx.x);
-    __threadfence(); // this block's logits reach L2 before it counts itself
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == (unsigned)c.num_experts - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int t = 0; t < NB; t++) {
-        if (c.kind == ROUTE_SOFTMAX_TOPK) route_softmax_tok(t, ids, weights, logits, c);
-        else route_sigmoid_tok(t, ids, weights, logits, bias, c);
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) *done = 0;
-}
-
-// The fused router where it fits (k_moe_gate_route), else matmul + moe_route.
-void cuda_moe_gate_route(struct backend *be, int32_t *ids, float *weights, float *logits, const float *x,
-                         const struct weight *gate, const float *bias, int n, const struct moe_route_cfg *c) {
-    if (n <= 0) return;
-    int E = (int)gate->rows, K = (int)gate->cols;
-    bool fuse = n <= 4 && E == c->num_experts && E <= ROUTER_FUSED_MAX_E &&
-                gate->fmt == WF_F32 && !gate->bias && K % 8 == 0 && !((uintptr_t)x & 15) &&
-                !((uintptr_t)gate->data & 15); // gemv32_row's float4 loads
-    if (!fuse) {
-        be->ops->matmul(be, logits, x, gate, n);
-        cuda_moe_route(be, ids, weights, logits, bias, n, c);
-        return;
-    }
-    cudaStream_t s = cu(be)->stream;
-    const float *w = (const float *)gate->data;
-    unsigned *done = cu(be)->done; // its first counter
-    switch (n) {
-    case 1: launch_pdl(k_moe_gate_route<1>, E, 256, 0, s, ids, weights, logits, x, w, bias, K, *c, done); break;
-    case 2: launch_pdl(k_moe_gate_route<2>, E, 256, 0, s, ids, weights, logits, x, w, bias, K, *c, done); break;
-    case 3: launch_pdl(k_moe_gate_route<3>, E, 256, 0, s, ids, weights, logits, x, w, bias, K, *c, done); break;
-    default: launch_pdl(k_moe_gate_route<4>, E, 256, 0, s, ids, weights, logits, x, w, bias, K, *c, done); break;
-    }
 }
 
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
