@@ -1241,6 +1241,12 @@ int main(int argc, char **argv) {
     test_mamba_decode(m2, 1, 2, 2, 0);
     test_mamba_decode(odd, 2, 5, 5, 1);
     test_mamba_decode(odd, 3, 5, 4, 0); // norm groups of 2 heads, SSM groups of 3
+    // ssd_decode's unsliced blocks (sequences x heads >= 2 x 132 SMs: 8 rows a
+    // warp) with checkpoints, and state 256 (two 128-wide pieces a lane)
+    struct mamba_dims h8 = {128, 64, 8, 128, 4, 128, 0, 0.0f, INFINITY}, s256 = {64, 64, 2, 256, 4, 128, 0, 0.0f, INFINITY};
+    test_mamba_decode(h8, 8, 6, 3, 1);
+    test_mamba_decode(s256, 2, 1, 1, 0);
+    test_mamba_decode(s256, 2, 6, 6, 1);
     static const struct attn_case attn[] = {{32, 2, 128, 0}, {32, 4, 128, 1}, {64, 2, 128, 0},
                                             {24, 8, 96, 1},  {16, 16, 64, 0}, {12, 3, 20, 0}};
     for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++) {

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+// A harness's one-time setup, where it has one (libFuzzer calls it first).
+__attribute__((weak)) int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 static int replay_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -44,6 +46,7 @@ static int replay(const char *path) {
 
 int main(int argc, char **argv) {
     int n = 0;
+    if (LLVMFuzzerInitialize) LLVMFuzzerInitialize(&argc, &argv);
     for (int i = 1; i < argc; i++) n += replay(argv[i]);
     printf("replayed %d inputs\n", n);
     return n > 0 ? 0 : 1;

@@ -1074,8 +1074,9 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         if (d->conv_kernel < CUDA_CONV_KMIN || d->conv_kernel > CUDA_CONV_KMAX)
             snprintf(buf, sizeof buf, "Mamba2: conv_kernel %d outside [%d, %d]", d->conv_kernel, CUDA_CONV_KMIN,
                      CUDA_CONV_KMAX), why = buf;
-        else if (d->state > CUDA_MAX_STATE)
-            snprintf(buf, sizeof buf, "Mamba2: ssm_state_size %d > %d", d->state, CUDA_MAX_STATE), why = buf;
+        else if (d->state > CUDA_MAX_STATE || d->state % 4) // ssd_decode's 16-byte state loads
+            snprintf(buf, sizeof buf, "Mamba2: ssm_state_size %d (at most %d, a multiple of 4)", d->state,
+                     CUDA_MAX_STATE), why = buf;
         need = cuda_ssd_scratch(be, d, (int)T, q->max_seqs);
         break;
     }

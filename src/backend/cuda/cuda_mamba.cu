@@ -527,59 +527,75 @@ void cuda_ssd_prefill(struct backend *be, float *y, const float *zxbcdt, int ld,
 
 // One block per (decode sequence, head, slice of SSD_SPLIT of the P rows):
 // the state [P, N] is read and written once, in place; the slices give a
-// step of few sequences 4x the blocks of its heads. A warp owns two rows at a
-// time; lanes cover n (coalesced 128-byte rows), and all of a row's loads
-// are issued before use; x, B and C are read convolved from the row
+// step of few sequences 4x the blocks of its heads. A warp takes R rows at a
+// time, a lane 4 consecutive n of each of NQ pieces of 128 (16-byte loads
+// and stores: N % 4 == 0, checked at load), every load of the R rows issued
+// before use: R = 8 where a block has 8 rows a warp (the slices of few
+// sequences leave it 2). x, B and C are read convolved from the row
 // (conv1d_update ran first).
-#define SSD_NMAX (CUDA_MAX_STATE / 32) // N <= 256, checked at load
 #define SSD_SPLIT 4
+template <int R, int NQ>
 __global__ void __launch_bounds__(256) k_ssd_decode(ssd_args a) {
     pdl_wait();
     pdl_trigger();
     int s = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int P = a.P, N = a.N, g = h / (a.H / a.G), nq = (N + 31) / 32;
+    int P = a.P, N = a.N, N4 = N / 4, g = h / (a.H / a.G);
     int t = a.qsl[s], rpb = (P + gridDim.z - 1) / gridDim.z, p_lo = blockIdx.z * rpb, p_hi = min(P, p_lo + rpb);
     const float *row = a.zx + (int64_t)t * a.ld;
     const float *X = row + a.I + h * P, *B = row + 2 * a.I + g * N, *C = row + 2 * a.I + a.G * N + g * N;
-    float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]);
-    float *st = a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N;
+    float dt = dt_of(a, row, h), dA = expf(dt * a.A[h]), Dh = a.D[h];
+    float4 *st = (float4 *)(a.ssm + ((int64_t)a.slots[s] * a.H + h) * P * N);
     int dst = a.ck_dst ? a.ck_dst[s] : -1;
-    float *ck = dst >= 0 ? a.ssm + ((int64_t)dst * a.H + h) * P * N : NULL; // the new state there too
-    float b[SSD_NMAX], c[SSD_NMAX];
+    float4 *ck = dst >= 0 ? (float4 *)(a.ssm + ((int64_t)dst * a.H + h) * P * N) : NULL; // the new state there too
+    float4 b[NQ], c[NQ]; // B and C rows may be unaligned (ld): scalar loads
 #pragma unroll
-    for (int q = 0; q < SSD_NMAX; q++) {
-        int n = lane + 32 * q;
-        b[q] = q < nq && n < N ? B[n] : 0.0f;
-        c[q] = q < nq && n < N ? C[n] : 0.0f;
+    for (int q = 0; q < NQ; q++) {
+        int n = 4 * (lane + 32 * q);
+        bool in = n < N;
+        b[q] = in ? make_float4(B[n], B[n + 1], B[n + 2], B[n + 3]) : make_float4(0, 0, 0, 0);
+        c[q] = in ? make_float4(C[n], C[n + 1], C[n + 2], C[n + 3]) : make_float4(0, 0, 0, 0);
     }
-    for (int p0 = p_lo + 2 * warp; p0 < p_hi; p0 += 2 * nw) {
-        float v[2][SSD_NMAX], xv[2];
+    for (int p0 = p_lo + R * warp; p0 < p_hi; p0 += R * nw) {
+        float4 v[R][NQ];
+        float xv[R], acc[R];
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < R; r++) {
             int p = min(p0 + r, p_hi - 1);
             xv[r] = X[p];
 #pragma unroll
-            for (int q = 0; q < SSD_NMAX; q++) {
-                int n = lane + 32 * q;
-                v[r][q] = q < nq && n < N ? st[(int64_t)p * N + n] : 0.0f;
+            for (int q = 0; q < NQ; q++) {
+                int n4 = lane + 32 * q;
+                v[r][q] = n4 < N4 ? st[(int64_t)p * N4 + n4] : make_float4(0, 0, 0, 0);
             }
         }
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < R; r++) {
             int p = p0 + r;
-            float dx = dt * xv[r], acc = 0;
+            float dx = dt * xv[r];
+            acc[r] = 0;
 #pragma unroll
-            for (int q = 0; q < SSD_NMAX; q++) {
-                int n = lane + 32 * q;
-                if (q < nq && n < N) {
-                    float nv = v[r][q] * dA + dx * b[q];
-                    if (p < p_hi) st[(int64_t)p * N + n] = nv;
-                    if (ck && p < p_hi) ck[(int64_t)p * N + n] = nv;
-                    acc += nv * c[q];
+            for (int q = 0; q < NQ; q++) {
+                int n4 = lane + 32 * q;
+                if (n4 < N4) {
+                    float4 o = v[r][q], nv;
+                    nv.x = o.x * dA + dx * b[q].x, nv.y = o.y * dA + dx * b[q].y;
+                    nv.z = o.z * dA + dx * b[q].z, nv.w = o.w * dA + dx * b[q].w;
+                    if (p < p_hi) {
+                        st[(int64_t)p * N4 + n4] = nv;
+                        if (ck) ck[(int64_t)p * N4 + n4] = nv;
+                    }
+                    acc[r] += nv.x * c[q].x + nv.y * c[q].y + nv.z * c[q].z + nv.w * c[q].w;
                 }
             }
-            acc = warp_sum(acc);
-            if (lane == 0 && p < p_hi) a.y[(int64_t)t * a.I + h * P + p] = acc + a.D[h] * xv[r];
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+        if (lane < R && p0 + lane < p_hi) {
+            float y = 0;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r == lane) y = acc[r] + Dh * xv[r];
+            a.y[(int64_t)t * a.I + h * P + p0 + lane] = y;
         }
     }
 }
@@ -600,7 +616,16 @@ void cuda_ssd_decode(struct backend *be, float *y, const float *zxbcdt, int ld, 
                      const float *D, float *ssm_state, const struct batch *b, const struct mamba_dims *d) {
     if (b->num_decodes <= 0) return;
     ssd_args a = ssd_decode_args(y, zxbcdt, ld, dt_bias, A, D, ssm_state, b, d);
-    launch_pdl(k_ssd_decode, dim3(b->num_decodes, d->heads, ssd_decode_split(be, b, d)), 256, 0, cu(be)->stream, a);
+    int split = ssd_decode_split(be, b, d), rows = cdiv(d->head_dim, split); // a block's rows: 8 a warp, or fewer
+    dim3 grid(b->num_decodes, d->heads, split);
+    cudaStream_t st = cu(be)->stream;
+    if (rows >= 64) {
+        if (d->state <= 128) launch_pdl(k_ssd_decode<8, 1>, grid, 256, 0, st, a);
+        else launch_pdl(k_ssd_decode<8, 2>, grid, 256, 0, st, a);
+    } else {
+        if (d->state <= 128) launch_pdl(k_ssd_decode<2, 1>, grid, 256, 0, st, a);
+        else launch_pdl(k_ssd_decode<2, 2>, grid, 256, 0, st, a);
+    }
 }
 
 // One block per (row, group): out = rmsnorm_group(y * silu(z)) * w.
