@@ -5,7 +5,8 @@
 # (tools/device_run.sh builds the tree), then runs each BENCH config on all
 # of them, baselines first in BASES' order: BENCH_ARGS for all; LONG="cfg..."
 # adds the tree's --input-len 1k / 8k / 32k sweep (1 sequence, output 32),
-# with LONG_ARGS.
+# with LONG_ARGS. ENVS="VAR=x ...": the tree's binary runs each config once
+# under each of these settings too, before its run as it is.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -25,8 +26,12 @@ args=${BENCH_ARGS:---batch-sizes 1,64 --input-len 1024 --output-len 128 --max-nu
 for cfg in $BENCH_SAVE; do
     for b in "${bins[@]}" build-cuda/vllm; do
         [ -x "$b" ] || continue
-        echo "== $cfg $b"
-        timeout 300 $b bench --model bench/configs/$cfg --load-format dummy --device cuda $args 2>&1 | tail -4
+        envs=("")
+        [ "$b" = build-cuda/vllm ] && envs=(${ENVS:-} "")
+        for e in "${envs[@]}"; do
+            echo "== $cfg $b $e"
+            env $e timeout 300 $b bench --model bench/configs/$cfg --load-format dummy --device cuda $args 2>&1 | tail -4
+        done
     done
 done 2>&1 | tee "$OUT/compare.log"
 for cfg in ${LONG:-}; do
