@@ -98,6 +98,12 @@ struct vllm_engine_params {
     // workspace and state slots leave of it. 0: kv_cache_bytes, or 2 GiB.
     // Ignored when kv_cache_bytes or num_kv_blocks is set.
     float gpu_memory_utilization;
+    // Async scheduling: step N+1 is launched before step N is waited for, so
+    // the host schedules and postprocesses while the device computes. -1 (the
+    // default): on with CUDA; off on the CPU, whose ops finish inside the
+    // launch, so each token would go out a step late. 1 on (the CPU too: the
+    // path CUDA runs, for tests), 0 off.
+    int async_scheduling;
 };
 void vllm_engine_params_default(struct vllm_engine_params *p);
 

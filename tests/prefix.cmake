@@ -11,7 +11,7 @@ set(VLLM_PREFIX_MODES
   "fresh|--fresh-prefill --require-hits"
   "chunk3|--max-num-batched-tokens 3 --require-hits"
   "chunk7_batch|--both-modes --max-num-batched-tokens 7 --batch"
-  "preempt_chunk|--both-modes --batch --num-blocks 34 --block-size 4 --max-num-batched-tokens 5 --require-preemption"
+  "preempt_chunk|--both-modes --batch --num-blocks 34 --block-size 4 --max-num-batched-tokens 5 --require-preemption --async-scheduling"
   "staggered|--staggered 3")
 set(VLLM_PREFIX_FIXTURES nh_dense nh_latent qwen3)
 foreach(fx ${VLLM_PREFIX_FIXTURES})

@@ -33,6 +33,8 @@ const char *const cli_engine_help =
     "                               cuda; with cpu, threads that test the split\n"
     "  --enable-prefix-caching      reuse the KV blocks and state checkpoints of shared prefixes\n"
     "  --no-enable-prefix-caching   (on by default for serve, off for generate and bench)\n"
+    "  --async-scheduling           launch step N+1 before waiting for step N (default: on with\n"
+    "  --no-async-scheduling        cuda; off on cpu, where it would send each token a step late)\n"
     "  --prefix-state-gb X          state checkpoint pool in GiB (default: a quarter of the KV budget)\n"
     "  --state-checkpoint-interval N  tokens between state checkpoints (default: the least common\n"
     "                               multiple of the block size and the SSD chunk size)\n";
@@ -141,6 +143,8 @@ int cli_engine_flag(int argc, char **argv, int *i, struct vllm_engine_params *p)
     else if (!strcmp(f, "--tensor-parallel-size")) { VAL(); if (cli_int(f, v, 1, 64, &p->tensor_parallel_size)) return -1; }
     else if (!strcmp(f, "--enable-prefix-caching")) p->enable_prefix_caching = 1;
     else if (!strcmp(f, "--no-enable-prefix-caching")) p->enable_prefix_caching = 0;
+    else if (!strcmp(f, "--async-scheduling")) p->async_scheduling = 1;
+    else if (!strcmp(f, "--no-async-scheduling")) p->async_scheduling = 0;
     else if (!strcmp(f, "--prefix-state-gb")) { VAL(); if (cli_number(f, v, 0.001, 65536, 0, &g)) return -1; p->prefix_state_bytes = (int64_t)(g * (1 << 30)); }
     else if (!strcmp(f, "--state-checkpoint-interval")) { VAL(); if (cli_int(f, v, 1, 1 << 24, &p->state_checkpoint_interval)) return -1; }
     else return 0;

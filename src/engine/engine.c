@@ -21,6 +21,7 @@ void vllm_engine_params_default(struct vllm_engine_params *p) {
     p->max_num_batched_tokens = 2048;
     p->tensor_parallel_size = 1;
     p->seed = 0;
+    p->async_scheduling = -1;
 }
 
 static int is_cuda(const char *device) { return device && !strcmp(device, "cuda"); }
@@ -71,6 +72,8 @@ static int check_params(const struct vllm_engine_params *p) {
                         p->load_format);
     enum quant_mode qm;
     TRY(quant_mode_parse(p->quantization, &qm));
+    if (p->async_scheduling < -1 || p->async_scheduling > 1)
+        return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "async_scheduling %d is not -1 (auto), 0 or 1", p->async_scheduling);
     if (p->scheduling_policy && strcmp(p->scheduling_policy, "fcfs") && strcmp(p->scheduling_policy, "priority"))
         return vllm_err(VLLM_ERR_INVALID_ARGUMENT, "unknown scheduling_policy '%s' (expected fcfs or priority)",
                         p->scheduling_policy);
@@ -237,6 +240,7 @@ static int engine_init(struct vllm_engine *e) {
     TRY(parse_dtype(p->dtype, p->device, &wfmt));
     TRY(parse_kv_dtype(p->kv_cache_dtype, p->device, wfmt, &kvdt));
     e->tp = p->tensor_parallel_size ? p->tensor_parallel_size : 1;
+    e->async = p->async_scheduling < 0 ? is_cuda(p->device) : p->async_scheduling;
     e->be = xcalloc(e->tp, sizeof *e->be);
     e->model = xcalloc(e->tp, sizeof *e->model);
     TRY(backend_create_group(p->device, e->tp, p->num_threads, kvdt, e->be));
@@ -529,26 +533,35 @@ static void handle_cancels(struct vllm_engine *e) {
     }
 }
 
-static void update_stats(struct vllm_engine *e, const struct sched_output *so, int launched) {
+// The step's counters, published before any of its tokens go out (so a
+// request's finish sees its own prompt tokens and cache hits counted).
+static void count_step(struct vllm_engine *e, const struct sched_output *so, int launched) {
     pthread_mutex_lock(&e->mu);
     struct vllm_stats *st = &e->stats;
     st->num_steps++;
-    for (int i = 0; so && i < so->num_entries; i++)
+    for (int i = 0; i < so->num_entries; i++)
         if (!so->entries[i].is_decode) st->prompt_tokens_total += so->entries[i].num_tokens;
-    if (so && launched && so->num_tokens > 0) {
+    if (launched && so->num_tokens > 0) {
         static const int bounds[VLLM_NUM_ITERATION_BOUNDS] = VLLM_ITERATION_TOKEN_BOUNDS;
         int k = 0;
         while (k < VLLM_NUM_ITERATION_BOUNDS && so->num_tokens > bounds[k]) k++;
         st->iteration_tokens[k]++;
         st->iteration_tokens_sum += (uint64_t)so->num_tokens;
     }
+    st->num_preemptions = e->sched.num_preemptions;
+    st->prefix_cache_queries = e->sched.prefix_queries;
+    st->prefix_cache_hits = e->sched.prefix_hits;
+    pthread_mutex_unlock(&e->mu);
+}
+
+// The pools' gauges, after the step's postprocessing has released what it could.
+static void update_gauges(struct vllm_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    struct vllm_stats *st = &e->stats;
     st->num_running = e->sched.num_running;
     st->num_waiting = e->sched.num_waiting;
     st->kv_blocks_used = kv_pool_used(&e->sched.blocks);
     st->state_slots_used = id_pool_used(&e->sched.slots);
-    st->num_preemptions = e->sched.num_preemptions;
-    st->prefix_cache_queries = e->sched.prefix_queries;
-    st->prefix_cache_hits = e->sched.prefix_hits;
     st->state_checkpoints_used = kv_pool_occupied(&e->sched.ckpts);
     pthread_mutex_unlock(&e->mu);
 }
@@ -602,6 +615,13 @@ static void postprocess(struct vllm_engine *e, const struct step_out *out) {
     }
 }
 
+// Waits for a launched step's results and postprocesses them.
+static void wait_step(struct vllm_engine *e, int handle) {
+    struct step_out out;
+    runner_wait(e->runner, handle, &out);
+    postprocess(e, &out);
+}
+
 // A step that failed on the device fails the requests it ran.
 static void fail_step(struct vllm_engine *e, const struct sched_output *so, int rc) {
     char msg[512];
@@ -624,8 +644,10 @@ static void fail_prompt_logprobs(struct vllm_engine *e, const struct sched_outpu
     }
 }
 
-// step() = schedule, run, postprocess. The step just launched runs on the
-// device while the host postprocesses the one before it.
+// step() = schedule, run, postprocess. With async scheduling the step just
+// launched runs on the device while the host postprocesses the one before
+// it; without, it is postprocessed here (its tokens go out before the next
+// step is scheduled).
 static void step(struct vllm_engine *e) {
     handle_cancels(e);
     const struct sched_output *so = sched_schedule(&e->sched);
@@ -636,14 +658,13 @@ static void step(struct vllm_engine *e) {
         else account_launch(e, so);
         if (!rc && runner_plp_failed(e->runner)) fail_prompt_logprobs(e, so);
     }
-    if (e->inflight_step >= 0) {
-        struct step_out out;
-        runner_wait(e->runner, e->inflight_step, &out);
-        postprocess(e, &out);
-    }
+    count_step(e, so, launched >= 0);
+    if (e->inflight_step >= 0) wait_step(e, e->inflight_step);
     // A constrained row's mask needs the tokens just postprocessed: its
     // step's sampler is queued now, behind the forward the device is running.
     if (launched >= 0 && runner_needs_sample(e->runner, launched)) runner_sample(e->runner, launched);
+    int done = launched >= 0 && !e->async;
+    if (done) wait_step(e, launched);
     if (e->inflight_step < 0 && launched < 0) { // nothing could run and nothing is in flight: do not spin
         pthread_mutex_lock(&e->mu);
         struct timespec ts;
@@ -653,17 +674,15 @@ static void step(struct vllm_engine *e) {
         pthread_cond_timedwait(&e->cv, &e->mu, &ts);
         pthread_mutex_unlock(&e->mu);
     }
-    e->inflight_step = launched;
-    update_stats(e, so, launched >= 0);
+    e->inflight_step = done ? -1 : launched;
+    update_gauges(e);
 }
 
 // Waits for the step in flight, if any (shutdown).
 static void drain(struct vllm_engine *e) {
     if (e->inflight_step < 0) return;
-    struct step_out out;
-    runner_wait(e->runner, e->inflight_step, &out);
+    wait_step(e, e->inflight_step);
     e->inflight_step = -1;
-    postprocess(e, &out);
 }
 
 // --------------------------------------------------------------- thread --

@@ -42,6 +42,7 @@ struct vllm_engine {
     int stop;
     int paused;        // vllm_engine_pause: no step starts until vllm_engine_resume
     int inflight_step; // runner handle of the step on the device, -1 when none
+    int async;         // launch step N+1 before waiting for step N (params.async_scheduling)
     uint64_t next_id;
     struct vllm_stats stats;
 };

@@ -387,6 +387,67 @@ static void test_sharded(void) {
     tu_rmdir(d), free(d);
 }
 
+// When a token goes out: with async scheduling off (the CPU's default) in
+// the step that sampled it, before the next step runs; on, one step later
+// (postprocessed while the next step runs). num_steps counts a step before
+// its tokens go out, so at token k it is k (off) or k + 1 (on) past the
+// count at submit.
+struct lag {
+    struct vllm_engine *e;
+    uint64_t steps0;
+    int tokens, bad, done, want;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void lag_cb(void *user, const struct vllm_output *o) {
+    struct lag *l = user;
+    struct vllm_stats st;
+    vllm_engine_stats(l->e, &st);
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; i < o->num_token_ids; i++) {
+        l->tokens++;
+        if (st.num_steps - l->steps0 != (uint64_t)(l->tokens + l->want)) l->bad++;
+    }
+    if (o->finish_reason) l->done = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void test_token_timing(const char *dir) {
+    for (int async = 0; async < 2; async++) {
+        struct vllm_engine_params ep;
+        vllm_engine_params_default(&ep);
+        ep.model = dir;
+        ep.num_threads = 1;
+        ep.async_scheduling = async ? 1 : -1; // -1: the default, off on the CPU
+        struct vllm_engine *e = NULL;
+        CHECKF(vllm_engine_load(&ep, &e) == 0, "%s", vllm_last_error());
+        if (!e) continue;
+        struct lag l = {e, 0, 0, 0, 0, async, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+        struct vllm_stats st;
+        vllm_engine_stats(e, &st);
+        l.steps0 = st.num_steps;
+        struct vllm_sampling_params sp;
+        vllm_sampling_params_default(&sp);
+        sp.temperature = 0;
+        sp.ignore_eos = 1;
+        sp.max_tokens = 8;
+        struct vllm_prompt p;
+        vllm_prompt_default(&p);
+        p.token_ids = gold[0].prompt;
+        p.num_token_ids = gold[0].np;
+        struct vllm_request *r;
+        CHECK(vllm_submit(e, &p, &sp, lag_cb, &l, &r) == 0);
+        pthread_mutex_lock(&l.mu);
+        while (!l.done) pthread_cond_wait(&l.cv, &l.mu);
+        pthread_mutex_unlock(&l.mu);
+        CHECKF(l.tokens == 8 && l.bad == 0, "async %d: %d tokens, %d out of their step", async, l.tokens, l.bad);
+        vllm_request_free(r);
+        vllm_engine_free(e);
+    }
+}
+
 int main(void) {
     load_golden();
     CHECK(gold[4].ng == 32);
@@ -410,6 +471,7 @@ int main(void) {
         test_threads(e);
         vllm_engine_free(e);
     }
+    test_token_timing(dir);
     test_eos();
     test_sharded();
     free(dir);

@@ -73,7 +73,7 @@ static void *run_one(void *arg) {
     return NULL;
 }
 
-static struct vllm_engine *load(int num_kv_blocks, int tp) {
+static struct vllm_engine *load(int num_kv_blocks, int tp, int async) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
     char *dir = tu_fixture("nh_dense");
@@ -82,14 +82,15 @@ static struct vllm_engine *load(int num_kv_blocks, int tp) {
     ep.num_kv_blocks = num_kv_blocks;
     ep.tensor_parallel_size = tp;
     ep.max_model_len = 64;
+    ep.async_scheduling = async;
     struct vllm_engine *e = NULL;
     if (vllm_engine_load(&ep, &e)) fprintf(stderr, "load: %s\n", vllm_last_error());
     free(dir);
     return e;
 }
 
-static void check_batch(int num_kv_blocks, int tp) {
-    struct vllm_engine *e = load(num_kv_blocks, tp);
+static void check_batch(int num_kv_blocks, int tp, int async) {
+    struct vllm_engine *e = load(num_kv_blocks, tp, async);
     CHECK(e != NULL);
     if (!e) return;
     struct vllm_model_info info;
@@ -173,8 +174,9 @@ static void check_batch(int num_kv_blocks, int tp) {
 }
 
 int main(void) {
-    check_batch(0, 1);
-    check_batch(7, 1); // 7 blocks of 16 for 6 requests of up to 38 tokens (3 blocks each): preemption
-    check_batch(0, 2); // two tensor-parallel ranks: each samples under the same masks
+    check_batch(0, 1, -1); // the CPU's default: each step postprocessed before the next is scheduled
+    check_batch(0, 1, 1);  // async scheduling (CUDA's default): a masked step's sampler waits for the one before
+    check_batch(7, 1, 1); // 7 blocks of 16 for 6 requests of up to 38 tokens (3 blocks each): preemption
+    check_batch(0, 2, 1); // two tensor-parallel ranks: each samples under the same masks
     return test_summary("constraint");
 }

@@ -53,6 +53,7 @@ int main(void) {
         ep.model = dir;
         ep.num_threads = 1;
         ep.max_num_seqs = 2;
+        ep.async_scheduling = 1; // the step in flight is the point (the CPU's default is off)
         struct vllm_engine *e = NULL;
         CHECKF(vllm_engine_load(&ep, &e) == 0, "%s", vllm_last_error());
         struct vllm_model_info info;
