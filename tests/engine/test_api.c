@@ -241,20 +241,26 @@ static int idle_pools(struct vllm_engine *e) {
     return 0;
 }
 
-static void test_cancel_and_logprobs(struct vllm_engine *e) {
-    struct watch w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0};
+// Golden prompt i, greedy, eos ignored, streamed to cb.
+static vllm_status submit_greedy(struct vllm_engine *e, int i, int max_tokens, int logprobs, vllm_stream_fn cb,
+                                 void *user, struct vllm_request **r) {
     struct vllm_sampling_params sp;
     vllm_sampling_params_default(&sp);
     sp.temperature = 0;
     sp.ignore_eos = 1;
-    sp.max_tokens = 4000; // far more than a cancel takes to land
-    sp.logprobs = 3;
+    sp.max_tokens = max_tokens;
+    sp.logprobs = logprobs;
     struct vllm_prompt p;
     vllm_prompt_default(&p);
-    p.token_ids = gold[0].prompt;
-    p.num_token_ids = gold[0].np;
+    p.token_ids = gold[i].prompt;
+    p.num_token_ids = gold[i].np;
+    return vllm_submit(e, &p, &sp, cb, user, r);
+}
+
+static void test_cancel_and_logprobs(struct vllm_engine *e) {
+    struct watch w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0};
     struct vllm_request *r;
-    CHECK(vllm_submit(e, &p, &sp, watch_cb, &w, &r) == 0);
+    CHECK(submit_greedy(e, 0, 4000, 3, watch_cb, &w, &r) == 0); // far more tokens than a cancel takes to land
     wait_for(&w, 3);
     CHECK(vllm_request_cancel(r) == 0);
     wait_for(&w, 1 << 30);
@@ -264,7 +270,7 @@ static void test_cancel_and_logprobs(struct vllm_engine *e) {
     CHECK(idle_pools(e));
     // dropping a running request aborts it and returns its resources
     struct watch w2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0};
-    CHECK(vllm_submit(e, &p, &sp, NULL, &w2, &r) == 0);
+    CHECK(submit_greedy(e, 0, 4000, 3, NULL, &w2, &r) == 0);
     vllm_request_free(r);
     CHECK(idle_pools(e));
 }
@@ -288,16 +294,6 @@ static void test_seeded(struct vllm_engine *e) {
 // Paused, the engine takes no step: requests submitted meanwhile wait, then
 // run together and exactly once it resumes.
 static void test_pause(struct vllm_engine *e) {
-    struct vllm_sampling_params sp;
-    vllm_sampling_params_default(&sp);
-    sp.temperature = 0;
-    sp.ignore_eos = 1;
-    sp.max_tokens = gold[1].ng;
-    sp.logprobs = 1; // so that the watch keeps the first token
-    struct vllm_prompt p;
-    vllm_prompt_default(&p);
-    p.token_ids = gold[1].prompt;
-    p.num_token_ids = gold[1].np;
     struct vllm_stats s0, s1;
     struct watch w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0};
     struct vllm_request *r = NULL;
@@ -305,7 +301,7 @@ static void test_pause(struct vllm_engine *e) {
     CHECK(vllm_engine_pause(e) == 0);
     usleep(20000); // a step under way when it paused (async scheduling) ends
     CHECK(vllm_engine_stats(e, &s0) == 0);
-    CHECK(vllm_submit(e, &p, &sp, watch_cb, &w, &r) == 0);
+    CHECK(submit_greedy(e, 1, gold[1].ng, 1, watch_cb, &w, &r) == 0); // logprobs: the watch keeps the first token
     usleep(50000);
     CHECK(vllm_engine_stats(e, &s1) == 0);
     pthread_mutex_lock(&w.mu);
@@ -393,25 +389,19 @@ static void test_sharded(void) {
 // its tokens go out, so at token k it is k (off) or k + 1 (on) past the
 // count at submit.
 struct lag {
+    struct watch w;
     struct vllm_engine *e;
     uint64_t steps0;
-    int tokens, bad, done, want;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    int want, bad;
 };
 
 static void lag_cb(void *user, const struct vllm_output *o) {
     struct lag *l = user;
     struct vllm_stats st;
     vllm_engine_stats(l->e, &st);
-    pthread_mutex_lock(&l->mu);
-    for (int i = 0; i < o->num_token_ids; i++) {
-        l->tokens++;
-        if (st.num_steps - l->steps0 != (uint64_t)(l->tokens + l->want)) l->bad++;
-    }
-    if (o->finish_reason) l->done = 1;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < o->num_token_ids; i++) // w.tokens: written on this (the engine's) thread alone
+        l->bad += st.num_steps - l->steps0 != (uint64_t)(l->w.tokens + i + 1 + l->want);
+    watch_cb(&l->w, o);
 }
 
 static void test_token_timing(const char *dir) {
@@ -424,25 +414,14 @@ static void test_token_timing(const char *dir) {
         struct vllm_engine *e = NULL;
         CHECKF(vllm_engine_load(&ep, &e) == 0, "%s", vllm_last_error());
         if (!e) continue;
-        struct lag l = {e, 0, 0, 0, 0, async, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+        struct lag l = {{PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0, 0, 0}, e, 0, async, 0};
         struct vllm_stats st;
         vllm_engine_stats(e, &st);
         l.steps0 = st.num_steps;
-        struct vllm_sampling_params sp;
-        vllm_sampling_params_default(&sp);
-        sp.temperature = 0;
-        sp.ignore_eos = 1;
-        sp.max_tokens = 8;
-        struct vllm_prompt p;
-        vllm_prompt_default(&p);
-        p.token_ids = gold[0].prompt;
-        p.num_token_ids = gold[0].np;
         struct vllm_request *r;
-        CHECK(vllm_submit(e, &p, &sp, lag_cb, &l, &r) == 0);
-        pthread_mutex_lock(&l.mu);
-        while (!l.done) pthread_cond_wait(&l.cv, &l.mu);
-        pthread_mutex_unlock(&l.mu);
-        CHECKF(l.tokens == 8 && l.bad == 0, "async %d: %d tokens, %d out of their step", async, l.tokens, l.bad);
+        CHECK(submit_greedy(e, 0, 8, -1, lag_cb, &l, &r) == 0);
+        wait_for(&l.w, 1 << 30);
+        CHECKF(l.w.tokens == 8 && l.bad == 0, "async %d: %d tokens, %d out of their step", async, l.w.tokens, l.bad);
         vllm_request_free(r);
         vllm_engine_free(e);
     }
