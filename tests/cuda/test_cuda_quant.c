@@ -5,19 +5,23 @@
 // then sgemm in fp32):
 // - matmul at Nemotron-3-Nano shapes (hidden 2688 <-> Mamba in_proj 10304,
 //   shared expert 3712, out_proj 4096; K 1856, a routed expert's, is not a
-//   multiple of 128; K 1000 takes the any-shape kernels), rows 1, 3 (the
-//   GEMV), 8, 16, 17, 40, 300, 2048 (dequantized, then the GEMM; in bf16
-//   mode up to 64 rows the tensor-core GEMV), bias off and
-//   on; fp32 mode (be->weight_dtype WF_F32: what the exactness gates run)
-//   within 1e-5 relative to the largest |y|, bf16 mode within 2e-2;
-// - matmul_act_mul (SwiGLU and relu2) the same way;
+//   multiple of 128; K 1000 takes the any-shape kernels; 101 x 16384: odd
+//   N, and 4 rows of x too wide to stage), rows 1, 3, 4 (the GEMV:
+//   k_gemv_q, or under VLLM_QGEMV_STREAM=1, as gpu_quant_stream runs this
+//   test, k_gemv_qw), 8, 16, 17, 40, 300, 2048 (dequantized, then the GEMM;
+//   in bf16 mode up to 64 rows the tensor-core GEMV), bias off and on; fp32
+//   mode (be->weight_dtype WF_F32: what the exactness gates run) within
+//   1e-5 relative to the largest |y|, bf16 mode within 2e-2;
+// - matmul_act_mul (SwiGLU and relu2) and matmul_act the same way (1-4
+//   rows under VLLM_QGEMV_STREAM=1: k_gemv_qw's epilogues);
 // - exactness: a weight holding every code (and NVFP4 block scale) times
 //   one-hot rows of x gives each value of wfmt_dequant, bit for bit (fp32
 //   mode and the bf16 mode's tensor-core GEMV; the bf16 GEMM: that value
 //   rounded to bf16), in the GEMV and the GEMM;
 // - the tensor-core GEMV of the bf16 mode (src/backend/cuda/cuda_qmma.cuh:
-//   up to 64 rows, K % 64 == 0) at the real shapes and 1, 2, 3, 5, 8, 9,
-//   16, 33, 64 rows, odd N, and K % 64 != 0 (the old paths) (test_qmma);
+//   up to 64 rows, K % 64 == 0; FP8 from 5) at the real shapes and 1, 2, 3,
+//   5, 8, 9, 16, 33, 64 rows, odd N, and K % 64 != 0 (the other paths)
+//   (test_qmma);
 // - W8A8 (the default; VLLM_FP8_W8A8=0 off) for WF_FP8 above 64 rows in bf16 mode (test_w8a8);
 // - refusals: an NVFP4 weight of 1000 columns (not a multiple of 16), the
 //   embedding of a quantized table, each naming it.
@@ -90,7 +94,7 @@ static void compare_mode(const char *what, enum wfmt f, int64_t N, int64_t K, in
     free(compare(gpu, what, f, N, K, n, f32 ? "fp32" : "bf16", f32 ? 1e-5 : 2e-2, yc, ydev, M));
 }
 
-static const int row_counts[] = {1, 3, 8, 16, 17, 40, 300, 2048};
+static const int row_counts[] = {1, 3, 4, 8, 16, 17, 40, 300, 2048};
 #define NROWS ((int)(sizeof row_counts / sizeof row_counts[0]))
 
 // matmul of one format and shape over every row count, in both modes; bias
@@ -133,12 +137,14 @@ static void test_matmul(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
     free(bias);
 }
 
-// matmul_act_mul: W [2I, K] gate | up; the reference op's out [n, I].
+// matmul_act_mul: W [2I, K] gate | up; the reference op's out [n, I]. 1-4
+// rows under VLLM_QGEMV_STREAM=1: k_gemv_qw's gated epilogue (4 x 16384
+// columns: x read in place, not staged).
 static void test_act_mul(enum wfmt f, int64_t I, int64_t K, enum act kind) {
     struct weight wc, wg;
     make_pair(f, 2 * I, K, 77 + kind, 300, &wc, &wg);
-    const int ns[] = {1, 8, 17, 300};
-    for (int i = 0; i < 4; i++) {
+    const int ns[] = {1, 3, 4, 8, 17, 300};
+    for (int i = 0; i < 6; i++) {
         int n = ns[i];
         float *x = test_rnd((size_t)(n * K), 1), *oc = xmalloc(sizeof(float) * (size_t)(n * I));
         float *guc = xmalloc(sizeof(float) * (size_t)(n * 2 * I));
@@ -152,6 +158,28 @@ static void test_act_mul(enum wfmt f, int64_t I, int64_t K, enum act kind) {
         }
         gpu->ops->free(gpu, xd), gpu->ops->free(gpu, od), gpu->ops->free(gpu, gud);
         free(x), free(oc), free(guc);
+    }
+    wfree(cpu, &wc), wfree(gpu, &wg);
+}
+
+// matmul_act: W [N, K], the reference op's out [n, N] = act(x W^T); 1-4
+// rows under VLLM_QGEMV_STREAM=1: k_gemv_qw's epilogue, else matmul then act.
+static void test_act(enum wfmt f, int64_t N, int64_t K, enum act kind) {
+    struct weight wc, wg;
+    make_pair(f, N, K, 91 + kind, 17, &wc, &wg);
+    const int ns[] = {1, 2, 4, 17};
+    for (int i = 0; i < 4; i++) {
+        int n = ns[i];
+        float *x = test_rnd((size_t)(n * K), 1), *oc = xmalloc(sizeof(float) * (size_t)(n * N));
+        float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *od = gpu->ops->alloc(gpu, sizeof(float) * n * N);
+        cpu->ops->matmul_act(cpu, kind, oc, x, &wc, n);
+        for (int mode = 0; mode < 2; mode++) {
+            gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
+            gpu->ops->matmul_act(gpu, kind, od, xd, &wg, n);
+            compare_mode(kind == ACT_SILU ? "act silu" : "act relu2", f, N, K, n, oc, od, N);
+        }
+        gpu->ops->free(gpu, xd), gpu->ops->free(gpu, od);
+        free(x), free(oc);
     }
     wfree(cpu, &wc), wfree(gpu, &wg);
 }
@@ -185,7 +213,7 @@ static void test_exact(enum wfmt f, int64_t K) {
     weight_upload_scales(gpu, &wg, 0, N, sc, bs);
     struct op_query q = {.op = OP_MATMUL, .max_tokens = 80, .max_seq_len = 1, .w = &wg};
     CHECK(gpu->ops->supports(gpu, &q) == 0);
-    const int ns[] = {1, 16, 40, 80}; // bf16 mode up to 64: the tensor-core GEMV (1: x staged in-block); else the GEMM
+    const int ns[] = {1, 16, 40, 80}; // bf16 mode up to 64: the tensor-core GEMV (FP8 at 1: the GEMV); else the GEMM
     for (int i = 0; i < 4; i++) {
         int n = ns[i];
         float *x = xcalloc((size_t)(n * K), sizeof(float)), *y = xmalloc(sizeof(float) * (size_t)(n * N));
@@ -319,9 +347,11 @@ int main(void) {
     int rc = backend_create("cuda", 0, DT_F32, &gpu);
     unsetenv("VLLM_FP8_W8A8");
     if (rc) TEST_SKIP("no CUDA device: %s", vllm_last_error());
-    const int64_t shapes[][2] = {{10304, 2688}, {2688, 4096}, {3712, 2688}, {2688, 3712}, {2688, 1856}, {1000, 1000}};
+    // nano30b's linears; odd N with K 16384 (4 rows of x: read in place by the streaming GEMV, not staged)
+    const int64_t shapes[][2] = {{10304, 2688}, {2688, 4096}, {3712, 2688}, {2688, 3712},
+                                 {2688, 1856},  {101, 16384}, {1000, 1000}};
     for (int i = 0; i < 3; i++)
-        for (int s = 0; s < 6; s++) {
+        for (int s = 0; s < 7; s++) {
             if (fmts[i] == WF_NVFP4 && shapes[s][1] % WF_NVFP4_GROUP) continue; // refused (test_refusals)
             test_matmul(fmts[i], shapes[s][0], shapes[s][1], 11 + 10 * i + s);
         }
@@ -337,6 +367,9 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
         test_act_mul(fmts[i], 1856, 2688, ACT_RELU2);
         test_act_mul(fmts[i], 768, 2048, ACT_SILU); // Qwen3-30B-A3B's experts' shape, SwiGLU
+        test_act_mul(fmts[i], 64, 16384, ACT_SILU);
+        test_act(fmts[i], 3712, 2688, ACT_RELU2); // nano30b's shared expert up
+        test_act(fmts[i], 515, 16384, ACT_SILU);
         test_exact(fmts[i], 4096);
         test_exact(fmts[i], 1856);
         if (fmts[i] != WF_NVFP4) test_exact(fmts[i], 1000);

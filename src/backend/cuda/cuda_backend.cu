@@ -426,13 +426,6 @@ __global__ void __launch_bounds__(256) k_gemv16(float *y, const float *x, const 
 template <bool XS> struct gemvw_shape {
     static constexpr int warps = XS ? 16 : 8, per_sm = XS ? 1 : 2;
 };
-__device__ __forceinline__ uint4 ld_weight(const uint4 *p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 
 // Weight row r of group g (clamped: a partial last group reads a real row, its output unwritten).
 template <bool GATED, int R> __device__ __forceinline__ int gemvw_row(int g, int r, int N) {
@@ -844,9 +837,9 @@ __global__ void k_rope(float *x, int ld, int heads, int hd, const float *table, 
     }
 }
 
-// A gated MLP's gate | up product: at decode sizes with 16-bit weights, one
-// GEMV whose epilogue adds the bias and writes act(gate) * up (gu
-// unwritten); else the product into gu, then act_mul.
+// A gated MLP's gate | up product: at decode sizes with 16-bit or quantized
+// weights, one GEMV whose epilogue adds the bias and writes act(gate) * up
+// (gu unwritten); else the product into gu, then act_mul.
 static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
                               int n, float *gu) {
     if (n <= 0) return;
@@ -856,14 +849,15 @@ static void cu_matmul_act_mul(struct backend *be, enum act kind, float *out, con
         gemv16_g<__nv_bfloat16, true>(be, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind, true);
     else if (fuse && w->fmt == WF_F16)
         gemv16_g<__half, true>(be, out, x, (const __half *)w->data, w->bias, N, K, n, kind, true);
-    else {
+    else if (!(wfmt_quantized(w->fmt) && cuda_gemv_quant_act(be, out, x, w, n, kind, 1))) {
         cu_matmul(be, gu, x, w, n);
         cu_act_mul(be, kind, out, gu, n, N / 2);
     }
 }
 
-// A plain MLP's up product: at decode sizes with 16-bit weights, one GEMV
-// whose epilogue adds the bias and applies act; else the product, then act.
+// A plain MLP's up product: at decode sizes with 16-bit or quantized
+// weights, one GEMV whose epilogue adds the bias and applies act; else the
+// product, then act.
 static void cu_matmul_act(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w,
                           int n) {
     if (n <= 0) return;
@@ -873,7 +867,7 @@ static void cu_matmul_act(struct backend *be, enum act kind, float *out, const f
         gemv16_g<__nv_bfloat16, false>(be, out, x, (const __nv_bfloat16 *)w->data, w->bias, N, K, n, kind, true);
     else if (fuse && w->fmt == WF_F16)
         gemv16_g<__half, false>(be, out, x, (const __half *)w->data, w->bias, N, K, n, kind, true);
-    else {
+    else if (!(wfmt_quantized(w->fmt) && cuda_gemv_quant_act(be, out, x, w, n, kind, 0))) {
         cu_matmul(be, out, x, w, n);
         cu_act(be, kind, out, (int64_t)n * N);
     }
@@ -1250,6 +1244,8 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     c->gemv16 = gemv16;
     const char *qmma = getenv("VLLM_QMMA");
     c->qmma = !(qmma && !strcmp(qmma, "0"));
+    const char *qs = getenv("VLLM_QGEMV_STREAM");
+    c->qstream = qs && !strcmp(qs, "1");
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

@@ -49,6 +49,7 @@ struct cuda_impl {
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
     int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16 0 or 1; -1: by the weight's size)
     int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
+    int qstream;     // quantized decode GEMVs streaming whole rows, k_gemv_qw (cuda_quant.cu; VLLM_QGEMV_STREAM=1: 1)
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -112,6 +113,15 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// A weight load of a decode GEMV: 16 bytes that pass L1 by (x stays
+// there), the L2 fetching 256-byte lines.
+__device__ __forceinline__ uint4 ld_weight(const uint4 *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
     return v;
 }
 // Block-wide sum (MAX: maximum); every thread gets the result. blockDim.x
@@ -350,8 +360,20 @@ void cuda_flash_mla(struct backend *be, float *out, const float *q, const __nv_b
 // cuda_matmul_w8a8: the same for WF_FP8 in 16-bit mode on FP8 tensor cores
 // (unless VLLM_FP8_W8A8=0; scratch: at least the dequantization's); 0
 // (nothing run) where it does not apply or cuBLASLt refuses the shape.
+// cuda_gemv_quant_act: matmul_act (gated 0: y [n, N] = act(x W^T + bias))
+// or matmul_act_mul's product (gated: y [n, N/2] = act(gate) * up) in one
+// GEMV at n <= CUDA_QGEMV_MAXB (VLLM_QGEMV_STREAM=1); 0 (nothing run) where
+// it does not apply.
 #define CUDA_QGEMV_MAXB 4
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
+int cuda_gemv_quant_act(struct backend *be, float *y, const float *x, const struct weight *w, int n, enum act kind,
+                        int gated);
+// One token's quantized routed experts on k_gemv_qw (VLLM_QGEMV_STREAM=1):
+// h [k, I] (the activation applied), y [k, L] (assignment j's row j); 0
+// (nothing run) where it is off or the formats, widths or alignment do not
+// fit it.
+int cuda_qgemv_experts1(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, float *h,
+                        float *y, const int32_t *ids, int top_k);
 int cuda_qgemv_rows(const struct backend *be, const struct weight *w);
 size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int n);
 size_t cuda_dequant_bytes(const struct backend *be, const struct weight *w);

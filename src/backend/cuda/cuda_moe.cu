@@ -1224,6 +1224,9 @@ static void experts_run(struct backend *be, float *out, const float *x, const st
         case WF_BF16:
         case WF_F16: break; // not quantized
         }
+    } else if (n == 1 && wfmt_quantized(f) && takes_gemv(be, w, n) &&
+               cuda_qgemv_experts1(be, st, w, x, h, y, ids, top_k)) {
+        // one token, quantized: up and down ran as the streaming GEMV (cuda_quant.cu)
     } else if (takes_gemv(be, w, n)) { // no sort
         switch (f) {
         case WF_BF16: gemv_experts<__nv_bfloat16>(st, w, x, h, y, ids, n, top_k, sh); break;

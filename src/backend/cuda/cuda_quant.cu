@@ -6,10 +6,14 @@
 // (tests/cuda/test_cuda_quant.c).
 // - 1..4 rows of x (decode): a GEMV that reads each code once (1 byte a
 //   weight; NVFP4 half a byte and an e4m3 scale per 16), x in fp32, fp32
-//   accumulation, the bias in its epilogue. Its dequantization is the cost
-//   (instructions, not bytes): on the H200, mamba in_proj FP8 at 1 row 13.7
-//   us, at 16 rows 124.7 us, where dequantizing and the GEMM take ~42 us
-//   (`cuda_ops ROWS 64 quant`), so more rows go the ways below.
+//   accumulation, the bias in its epilogue: a block per 4 rows (k_gemv_q),
+//   or with VLLM_QGEMV_STREAM=1 a resident grid streaming whole rows with
+//   matmul_act's activation and matmul_act_mul's gating in its epilogue too
+//   (k_gemv_qw; also one token's routed experts). k_gemv_q's dequantization
+//   is its cost (instructions and latency, not bytes): on the H200, mamba
+//   in_proj FP8 at 1 row 13.7 us (48% of the copy rate), at 16 rows 124.7
+//   us, where dequantizing and the GEMM take ~42 us (`cuda_ops ROWS 64
+//   quant`), so more rows go the ways below.
 // - 16-bit mode, K % 64 == 0: up to 64 rows on tensor cores (cuda_qmma.cuh:
 //   codes to fp16 in registers, x in fp16, fp32 sums), FP8 from 5 rows on,
 //   NVFP4 from 1 (cuda_gemv_quant says where each was measured faster).
@@ -25,7 +29,7 @@
 #include "backend/cuda/cuda_qmma.cuh"
 
 #define QCHUNK 16     // columns a lane loads per step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
-#define QGEMV_ROWS 4  // weight rows per block (each x value loaded serves 4)
+#define QGEMV_ROWS 4  // weight rows per block of k_gemv_q (each x value loaded serves 4)
 
 static qweight qweight_of(const struct weight *w) {
     return {(const uint8_t *)w->data, w->scale, w->bscale, (int)w->cols};
@@ -110,6 +114,264 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
             float2 f = fp8x2_f2(c2);
             v[2 * i] = f.x * q.s, v[2 * i + 1] = f.y * q.s;
         }
+    }
+}
+
+// ---- 1..CUDA_QGEMV_MAXB rows: a GEMV that streams the codes ----
+//
+// k_gemv_qw, the decode GEMV of quantized weights (k_gemv16w's schedule for
+// codes): y [NB, N] = x [NB, K] W^T (+ bias). The grid is resident (XS: 1
+// block of 16 warps an SM, else 2 of 8) and loops over groups of QW_R weight
+// rows, handed to warps block-first (group g: block g % blocks), so every SM
+// streams the same share. A warp streams its group's rows whole, U = QW_U
+// 16-byte loads per row per lane per step (lane l of step s reads load
+// s * 32 U + 32 j + l of each row: 16 e4m3 codes, or 32 e2m1 codes and
+// their two block-scale bytes), the next step's loads (the next group's
+// first) issued before this step's arithmetic, the first before pdl_wait:
+// 2 QW_R U loads a lane in flight. A load is one or two chunks of 16
+// values: each chunk's dot with x is an fp32 sum, times its block scale
+// (FP8 blocks: the 128-column block's; NVFP4: the e4m3 scale of its 16
+// columns, the values e2m1 * 2^-14), added to the row's sum; the row scale
+// (q_row_scale) goes on the row's sum once. With one-hot x each output is
+// wfmt_dequant's value to the bit. XS: x [NB, K] fp32 staged once a block
+// into shared memory, as P = V / 4 arrays of float4 a row (xq_at), so a
+// warp's reads of one part are 16 consecutive bytes a lane (conflict-free);
+// else the same float4 read from x (L1). Meant to replace k_gemv_q (nano30b's
+// in_proj at 48% of the copy rate, FP8, 1 row, H200); on VLLM_QGEMV_STREAM=1
+// until it has run on a GPU.
+#define QW_R 2 // weight rows a warp streams at once
+// 16-byte loads per row and lane a step: 4 for one row of x; for more, 2
+// (at 4 their registers spill under the 128 a thread of a 16-warp block)
+template <int NB>
+constexpr int QW_U = NB == 1 ? 4 : 2;
+
+template <bool XS> struct qw_shape {
+    static constexpr int warps = XS ? 16 : 8, per_sm = XS ? 1 : 2;
+};
+// Values a 16-byte load of format F holds
+template <enum wfmt F>
+constexpr int QV = F == WF_NVFP4 ? 32 : 16;
+
+// The block scales of load q (16-byte index within the row) of row r, raw:
+// FP8 blocks: its 128-column block's fp32 scale (a load never straddles
+// two); NVFP4: the e4m3 bytes of its two 16-column blocks; FP8: none.
+template <enum wfmt F>
+__device__ __forceinline__ uint32_t qw_bscale(const qweight &w, int64_t r, int q) {
+    if constexpr (F == WF_FP8_B128)
+        return __float_as_uint(__ldg(w.scale + r * ((w.K + WF_B128 - 1) / WF_B128) + q * 16 / WF_B128));
+    else if constexpr (F == WF_NVFP4) return __ldg((const unsigned short *)(w.bscale + r * (w.K / WF_NVFP4_GROUP)) + q);
+    else return 0;
+}
+
+// Where k_gemv_qw's groups of QW_R weight rows come from and go to (rows
+// clamped: a partial last group reads a real row, its output unwritten).
+// qw_dense: a weight [N, K] times x's NB rows; GATED (matmul_act_mul's [2I,
+// K] gate | up): group g is hidden unit g, its gate row g and up row I + g,
+// y [NB, I] = act(gate) * up; else y [NB, N] = x W^T + bias, act(kind) of
+// it if act. The rows are known before pdl_wait (early).
+template <bool GATED> struct qw_dense {
+    static_assert(!GATED || QW_R == 2, "a GATED group is one hidden unit");
+    static constexpr bool early = true;
+    int N;
+    const float *bias;
+    enum act kind;
+    bool act;
+    __device__ int groups() const { return GATED ? N / 2 : (N + QW_R - 1) / QW_R; }
+    __device__ int64_t row(int g, int r) const {
+        if (GATED) return min(g, N / 2 - 1) + (r ? N / 2 : 0);
+        return min(g * QW_R + r, N - 1);
+    }
+    __device__ int xrows(int nb) const { return nb; }
+    __device__ int xrow(int, int b) const { return b; }
+    __device__ float bias_of(int64_t o) const { return bias ? bias[o] : 0.0f; }
+    // v: the group's sums, scaled and biased; lane r * NB + b writes one
+    template <int NB>
+    __device__ void store(float *y, int g, const float (&v)[QW_R][NB], int lane) const {
+#pragma unroll
+        for (int r = 0; r < (GATED ? 1 : QW_R); r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                int o = g * QW_R + r;
+                if (GATED && lane == b) y[(int64_t)b * (N / 2) + g] = act_dev(kind, v[0][b]) * v[1][b];
+                else if (!GATED && lane == r * NB + b && o < N) y[(int64_t)b * N + o] = act ? act_dev(kind, v[r][b]) : v[r][b];
+            }
+    }
+};
+// qw_moe: one token's top_k routed experts (ids [k], each assignment j its
+// expert's rows; the weight [E * rows, K] as a whole). UP: x the token's
+// row [L]; gated: group g is hidden unit u of assignment j (rows U e + u and
+// U e + I + u), h [k, I] = act(gate) * up; else rows u, u + 1 of W_e, h =
+// act(W_e x). Down: rows o, o + 1 of W_e [L, I] times h's row j, y [k, L].
+// The rows follow ids (the router's output): read after pdl_wait.
+template <bool UP> struct qw_moe {
+    static constexpr bool early = false;
+    const int32_t *ids;
+    int k, I, L, gated;
+    enum act kind;
+    __device__ int per() const { return UP && gated ? I : UP ? (I + 1) / 2 : (L + 1) / 2; } // groups an assignment
+    __device__ int groups() const { return k * per(); }
+    __device__ int64_t row(int g, int r) const {
+        int j = g / per(), i = g % per();
+        if (UP && gated) return (int64_t)ids[j] * 2 * I + i + (r ? I : 0);
+        int M = UP ? I : L;
+        return (int64_t)ids[j] * M + min(2 * i + r, M - 1);
+    }
+    __device__ int xrows(int) const { return UP ? 1 : k; }
+    __device__ int xrow(int g, int) const { return UP ? 0 : g / per(); }
+    __device__ float bias_of(int64_t) const { return 0.0f; }
+    template <int NB>
+    __device__ void store(float *y, int g, const float (&v)[QW_R][NB], int lane) const {
+        int j = g / per(), i = g % per();
+        if (UP && gated) {
+            if (lane == 0) y[(int64_t)j * I + i] = act_dev(kind, v[0][0]) * v[1][0];
+            return;
+        }
+        int M = UP ? I : L, o = 2 * i + lane;
+        if (lane < QW_R && o < M) y[(int64_t)j * M + o] = UP ? act_dev(kind, v[lane][0]) : v[lane][0];
+    }
+};
+
+// Step s of group g: v[r][j], bs[r][j] = load s * 32 U + 32 j + lane of row r (those < KV).
+template <enum wfmt F, int U, class M>
+__device__ __forceinline__ void qw_load(uint4 (&v)[QW_R][U], uint32_t (&bs)[QW_R][U], const qweight &w, const M &m,
+                                        int g, int s, int KV, int lane) {
+    int q0 = s * 32 * U + lane;
+#pragma unroll
+    for (int r = 0; r < QW_R; r++) {
+        int64_t row = m.row(g, r);
+        const uint4 *p = (const uint4 *)w.codes + row * KV + q0;
+#pragma unroll
+        for (int j = 0; j < U; j++)
+            if (q0 + 32 * j < KV) v[r][j] = ld_weight(p + 32 * j), bs[r][j] = qw_bscale<F>(w, row, q0 + 32 * j);
+    }
+}
+
+// Chunk c (16 values) of load u as floats, in column order: FP8 the e4m3
+// values; NVFP4 e2m1 * 2^-14 (words 2c, 2c + 1; element j of a word at bits
+// 4j: its sign to bit 15 of a half, magnitude to bits 9..11, as q_dq8).
+template <enum wfmt F>
+__device__ __forceinline__ void qw_chunk(const uint4 &u, int c, float (&f)[16]) {
+    const uint32_t *wd = &u.x;
+    if constexpr (F == WF_NVFP4) {
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t t = wd[2 * c + i] << (12 - 4 * j);
+                uint32_t bits = (t & 0x80008000u) | ((t >> 3) & 0x0E000E00u);
+                __half2 e;
+                memcpy(&e, &bits, sizeof e);
+                float2 v = __half22float2(e);
+                f[8 * i + j] = v.x, f[8 * i + j + 4] = v.y;
+            }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 a = fp8x2_f2((__nv_fp8x2_storage_t)(wd[i] & 0xffffu)), b = fp8x2_f2((__nv_fp8x2_storage_t)(wd[i] >> 16));
+            f[4 * i] = a.x, f[4 * i + 1] = a.y, f[4 * i + 2] = b.x, f[4 * i + 3] = b.y;
+        }
+    }
+}
+
+// The factor on chunk c's sum: FP8 blocks the 128-column block's scale,
+// NVFP4 its 16 columns' e4m3 scale; FP8 1 (folded away).
+template <enum wfmt F>
+__device__ __forceinline__ float qw_chunk_scale(uint32_t bs, int c) {
+    if constexpr (F == WF_NVFP4) return e4m3_f(bs >> (8 * c));
+    else if constexpr (F == WF_FP8_B128) return __uint_as_float(bs);
+    else return 1.0f;
+}
+
+// Part h (4 values: columns V q + 4h ..) of load q of x's row b.
+template <enum wfmt F, bool XS>
+__device__ __forceinline__ float4 xq_at(const float4 *xsh, const float *x, int b, int q, int h, int K) {
+    constexpr int P = QV<F> / 4;
+    if (XS) return xsh[(b * P + h) * (K / QV<F>) + q];
+    return *(const float4 *)(x + (int64_t)b * K + QV<F> * q + 4 * h);
+}
+
+// The map M (qw_dense, qw_moe) gives the groups' rows, x's row for each and
+// the epilogue; bias on each row's sum before any activation.
+template <enum wfmt F, int NB, bool XS, class M>
+__global__ void __launch_bounds__(qw_shape<XS>::warps * 32, qw_shape<XS>::per_sm)
+    k_gemv_qw(float *y, const float *x, qweight w, M m) {
+    constexpr int V = QV<F>, P = V / 4, C = V / 16, U = QW_U<NB>; // P float4 of x a load, C chunks of 16
+    extern __shared__ float4 xsh[];                   // XS: [m.xrows(NB)][P][KV] float4 (xq_at)
+    int lane = threadIdx.x & 31, K = w.K, KV = K / V, groups = m.groups();
+    int steps = max(1, (KV + 32 * U - 1) / (32 * U));
+    int nw = gridDim.x * qw_shape<XS>::warps, g = (threadIdx.x >> 5) * gridDim.x + blockIdx.x, s = 0;
+    uint4 nxt[QW_R][U];
+    uint32_t nbs[QW_R][U];
+    if (M::early && g < groups) qw_load<F, U>(nxt, nbs, w, m, g, s, KV, lane);
+    pdl_wait(); // x (and qw_moe's ids) are earlier kernels' outputs
+    pdl_trigger();
+    if (!M::early && g < groups) qw_load<F, U>(nxt, nbs, w, m, g, s, KV, lane);
+    if (XS) { // x's float4 c of row b (columns 4c..) is part c % P of load c / P
+        for (int i = threadIdx.x; i < m.xrows(NB) * K / 4; i += blockDim.x) {
+            int b = i / (K / 4), c = i % (K / 4);
+            const float *xp = x + (int64_t)b * K + 4 * c; // any alignment
+            xsh[(b * P + c % P) * KV + c / P] = make_float4(xp[0], xp[1], xp[2], xp[3]);
+        }
+        __syncthreads();
+    }
+    float acc[QW_R][NB];
+#pragma unroll
+    for (int r = 0; r < QW_R; r++)
+#pragma unroll
+        for (int b = 0; b < NB; b++) acc[r][b] = 0;
+    while (g < groups) {
+        uint4 cur[QW_R][U];
+        uint32_t cbs[QW_R][U];
+#pragma unroll
+        for (int r = 0; r < QW_R; r++)
+#pragma unroll
+            for (int j = 0; j < U; j++) cur[r][j] = nxt[r][j], cbs[r][j] = nbs[r][j];
+        int cg = g, q0 = s * 32 * U + lane, xr[NB];
+#pragma unroll
+        for (int b = 0; b < NB; b++) xr[b] = m.xrow(cg, b);
+        if (++s == steps) s = 0, g += nw;
+        if (g < groups) qw_load<F, U>(nxt, nbs, w, m, g, s, KV, lane);
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+            int q = q0 + 32 * j;
+            if (q >= KV) break;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                float f[QW_R][16];
+#pragma unroll
+                for (int r = 0; r < QW_R; r++) qw_chunk<F>(cur[r][j], c, f[r]);
+#pragma unroll
+                for (int b = 0; b < NB; b++) {
+                    float xs[16];
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        float4 v = xq_at<F, XS>(xsh, x, xr[b], q, 4 * c + h, K);
+                        xs[4 * h] = v.x, xs[4 * h + 1] = v.y, xs[4 * h + 2] = v.z, xs[4 * h + 3] = v.w;
+                    }
+#pragma unroll
+                    for (int r = 0; r < QW_R; r++) {
+                        float p = 0;
+#pragma unroll
+                        for (int i = 0; i < 16; i++) p = fmaf(f[r][i], xs[i], p);
+                        if constexpr (F == WF_FP8) acc[r][b] += p;
+                        else acc[r][b] = fmaf(p, qw_chunk_scale<F>(cbs[r][j], c), acc[r][b]);
+                    }
+                }
+            }
+        }
+        if (s) continue; // group cg has steps left
+        // cg done: every lane holds every sum, scaled and biased per row
+#pragma unroll
+        for (int r = 0; r < QW_R; r++) {
+            int64_t o = m.row(cg, r);
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[r][b] = warp_sum(acc[r][b]) * q_row_scale<F>(w, o) + m.bias_of(o);
+        }
+        m.template store<NB>(y, cg, acc, lane);
+#pragma unroll
+        for (int r = 0; r < QW_R; r++)
+#pragma unroll
+            for (int b = 0; b < NB; b++) acc[r][b] = 0;
     }
 }
 
@@ -287,34 +549,145 @@ static bool q_chunked(const void *x, const struct weight *w) {
     return w->cols % QCHUNK == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
 }
 
-template <enum wfmt F>
-static void gemv_q(cudaStream_t s, float *y, const float *x, const struct weight *w, int n) {
-    qweight q = qweight_of(w);
-    int N = (int)w->rows;
-    dim3 g(cdiv(N, QGEMV_ROWS));
-    if (!q_chunked(x, w)) launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, s, y, x, q, w->bias, N, n);
-    else if (n == 1) launch_pdl(k_gemv_q<F, 1>, g, 256, 0, s, y, x, q, w->bias, N, n);
-    else if (n == 2) launch_pdl(k_gemv_q<F, 2>, g, 256, 0, s, y, x, q, w->bias, N, n);
-    else launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
+// k_gemv_qw's conditions: K a multiple of a load's values (16; NVFP4 32),
+// the codes 16-byte aligned (NVFP4's block scales 2), and x 16-byte aligned
+// where it is read in place (xs: not staged).
+static bool qw_fits(const float *x, const struct weight *w, bool xs) {
+    int v = w->fmt == WF_NVFP4 ? 32 : 16;
+    return w->cols % v == 0 && !((uintptr_t)w->data & 15) && !((uintptr_t)w->bscale & 1) && (xs || !((uintptr_t)x & 15));
 }
 
-// FP8 at 1-4 rows keeps the fp32 GEMV: on the H200 (`cuda_ops 1 64 quant`,
-// the tensor-core GEMV against it) nano30b's in_proj 17.55 against 13.83 us,
-// out_proj 10.05 against 5.80; NVFP4 14.56 against 20.16. From 5 rows on the
-// tensor cores win for every format (16 rows: in_proj FP8 18.4 against W8A8's
-// 19.2 us, FP8 blocks 17.8 against 43.6 dequantized, NVFP4 17.2 against 40.8).
+// The epilogue of k_gemv_qw: what matmul (none), matmul_act (act) and
+// matmul_act_mul (gated) write.
+struct qw_epi {
+    enum act kind;
+    bool act, gated;
+};
+
+// k_gemv_qw over map m: x staged (XS) where its rows fit a block's shared memory.
+template <enum wfmt F, int NB, class M>
+static void gemv_qw_launch(struct backend *be, cudaStream_t st, float *y, const float *x, const qweight &q, const M &m,
+                           int groups, int xrows) {
+    size_t sm = sizeof(float) * xrows * q.K;
+    int sms = cu(be)->num_sms;
+    if (sm <= cu(be)->smem_optin) {
+        auto k = k_gemv_qw<F, NB, true, M>;
+        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+        launch_pdl(k, MIN(groups, qw_shape<true>::per_sm * sms), qw_shape<true>::warps * 32, sm, st, y, x, q, m);
+    } else
+        launch_pdl(k_gemv_qw<F, NB, false, M>, MIN(groups, qw_shape<false>::per_sm * sms), qw_shape<false>::warps * 32,
+                   0, st, y, x, q, m);
+}
+template <enum wfmt F, bool GATED>
+static void gemv_qw(struct backend *be, float *y, const float *x, const qweight &q, const float *bias, int N, int n,
+                    qw_epi e) {
+    qw_dense<GATED> m = {N, bias, e.kind, e.act};
+    int groups = GATED ? N / 2 : cdiv(N, QW_R);
+    cudaStream_t st = cu(be)->stream;
+    switch (n) {
+    case 1: gemv_qw_launch<F, 1>(be, st, y, x, q, m, groups, n); break;
+    case 2: gemv_qw_launch<F, 2>(be, st, y, x, q, m, groups, n); break;
+    case 3: gemv_qw_launch<F, 3>(be, st, y, x, q, m, groups, n); break;
+    default: gemv_qw_launch<F, 4>(be, st, y, x, q, m, groups, n); break;
+    }
+}
+
+// n <= CUDA_QGEMV_MAXB rows: k_gemv_qw (x staged where n x K floats fit a
+// block's shared memory). Returns 0 where its conditions fail: a plain
+// product then takes the any-shape GEMV, the others matmul + act.
+template <enum wfmt F>
+static int gemv_q(struct backend *be, float *y, const float *x, const struct weight *w, int n, qw_epi e) {
+    qweight q = qweight_of(w);
+    int N = (int)w->rows;
+    bool xs = sizeof(float) * n * w->cols <= cu(be)->smem_optin;
+    if (!cu(be)->qstream) { // the block-per-4-rows GEMV (k_gemv_q); matmul + act for the others
+        if (e.act || e.gated) return 0;
+        cudaStream_t s = cu(be)->stream;
+        dim3 g(cdiv(N, QGEMV_ROWS));
+        if (!q_chunked(x, w)) launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, s, y, x, q, w->bias, N, n);
+        else if (n == 1) launch_pdl(k_gemv_q<F, 1>, g, 256, 0, s, y, x, q, w->bias, N, n);
+        else if (n == 2) launch_pdl(k_gemv_q<F, 2>, g, 256, 0, s, y, x, q, w->bias, N, n);
+        else launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
+        return 1;
+    }
+    if (!qw_fits(x, w, xs) || (e.gated && N % 2)) {
+        if (e.act || e.gated) return 0;
+        launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, cu(be)->stream, y, x, q, w->bias, N, n);
+    } else if (e.gated) gemv_qw<F, true>(be, y, x, q, w->bias, N, n, e);
+    else gemv_qw<F, false>(be, y, x, q, w->bias, N, n, e);
+    return 1;
+}
+
+// 1-4 rows: FP8 and FP8 blocks the fp32 GEMV (k_gemv_q), NVFP4 the tensor
+// cores; with VLLM_QGEMV_STREAM=1 every format the streaming GEMV
+// (k_gemv_qw, not yet run on a GPU: docs/BENCHMARKS.md, Dec 7). On the H200
+// (`cuda_ops 1 64 quant`) the tensor-core GEMV ran nano30b's in_proj FP8 at
+// 17.55 against the fp32 GEMV's 13.83 us, out_proj 10.05 against 5.80,
+// NVFP4 14.56 against 20.16. From 5 rows on the tensor cores win for every
+// format (16 rows: in_proj FP8 18.4 against W8A8's 19.2 us, FP8 blocks 17.8
+// against 43.6 dequantized, NVFP4 17.2 against 40.8).
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cudaStream_t s = cu(be)->stream;
-    bool mma = qmma_fits(be, w) && (w->fmt == WF_NVFP4 || n > CUDA_QGEMV_MAXB);
+    bool mma = qmma_fits(be, w) && (n > CUDA_QGEMV_MAXB || (w->fmt == WF_NVFP4 && !cu(be)->qstream));
     void *sc = mma ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
+    qw_epi e = {ACT_SILU, false, false};
     switch (w->fmt) {
-    case WF_FP8: mma ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : gemv_q<WF_FP8>(s, y, x, w, n); break;
-    case WF_FP8_B128: mma ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : gemv_q<WF_FP8_B128>(s, y, x, w, n); break;
-    case WF_NVFP4: mma ? gemv_qmma<WF_NVFP4>(s, y, x, w, n, sc) : gemv_q<WF_NVFP4>(s, y, x, w, n); break;
+    case WF_FP8: mma ? gemv_qmma<WF_FP8>(s, y, x, w, n, sc) : (void)gemv_q<WF_FP8>(be, y, x, w, n, e); break;
+    case WF_FP8_B128:
+        mma ? gemv_qmma<WF_FP8_B128>(s, y, x, w, n, sc) : (void)gemv_q<WF_FP8_B128>(be, y, x, w, n, e);
+        break;
+    case WF_NVFP4: mma ? gemv_qmma<WF_NVFP4>(s, y, x, w, n, sc) : (void)gemv_q<WF_NVFP4>(be, y, x, w, n, e); break;
     case WF_F32:
     case WF_BF16:
     case WF_F16: break; // dense: cuda_backend.cu's GEMVs
     }
+}
+
+int cuda_gemv_quant_act(struct backend *be, float *y, const float *x, const struct weight *w, int n, enum act kind,
+                        int gated) {
+    if (n > CUDA_QGEMV_MAXB || !cu(be)->qstream) return 0;
+    qw_epi e = {kind, !gated, gated != 0};
+    switch (w->fmt) {
+    case WF_FP8: return gemv_q<WF_FP8>(be, y, x, w, n, e);
+    case WF_FP8_B128: return gemv_q<WF_FP8_B128>(be, y, x, w, n, e);
+    case WF_NVFP4: return gemv_q<WF_NVFP4>(be, y, x, w, n, e);
+    case WF_F32:
+    case WF_BF16:
+    case WF_F16: break; // dense: cuda_backend.cu's GEMVs
+    }
+    return 0;
+}
+
+// One token's routed experts (cuda_moe.cu's GEMV path at n = 1): up then
+// down, each one k_gemv_qw launch over the k assignments' rows.
+template <enum wfmt F>
+static void experts1(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, float *h,
+                     float *y, const int32_t *ids, int k) {
+    int I = w->inter, L = w->dim;
+    qweight up = {(const uint8_t *)w->up.data, w->up.scale, w->up.bscale, L};
+    qweight down = {(const uint8_t *)w->down.data, w->down.scale, w->down.bscale, I};
+    qw_moe<true> mu = {ids, k, I, L, w->gated, w->act};
+    qw_moe<false> md = {ids, k, I, L, w->gated, w->act};
+    gemv_qw_launch<F, 1>(be, st, h, x, up, mu, k * (w->gated ? I : cdiv(I, 2)), 1);
+    gemv_qw_launch<F, 1>(be, st, y, h, down, md, k * cdiv(L, 2), k);
+}
+
+int cuda_qgemv_experts1(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, float *h,
+                        float *y, const int32_t *ids, int top_k) {
+    int v = w->up.fmt == WF_NVFP4 ? 32 : 16;
+    if (!cu(be)->qstream || w->up.fmt != w->down.fmt || w->up.bias || w->down.bias || w->dim % v || w->inter % v ||
+        ((uintptr_t)w->up.data | (uintptr_t)w->down.data) & 15 || ((uintptr_t)w->up.bscale | (uintptr_t)w->down.bscale) & 1 ||
+        ((uintptr_t)x | (uintptr_t)h) & 15)
+        return 0;
+    switch (w->up.fmt) {
+    case WF_FP8: experts1<WF_FP8>(be, st, w, x, h, y, ids, top_k); return 1;
+    case WF_FP8_B128: experts1<WF_FP8_B128>(be, st, w, x, h, y, ids, top_k); return 1;
+    case WF_NVFP4: experts1<WF_NVFP4>(be, st, w, x, h, y, ids, top_k); return 1;
+    case WF_F32:
+    case WF_BF16:
+    case WF_F16: break; // not quantized: k_moe_gemv
+    }
+    return 0;
 }
 
 // ---- prefill: the weight dequantized to a dense one ----
