@@ -147,12 +147,15 @@ static inline bool qmma_in_block(int n, int K) { return n <= QMMA_BLOCK_MAXB && 
 // 6 significant bits and is a multiple of 2^-10, so with the 2^-14 a
 // multiple of 2^-24 below 2^-2, which fp16 holds. The row's scale * 2^14
 // goes on the fp32 sums.
-__device__ __forceinline__ uint32_t qmma_e2m1(uint32_t u, int j, __half2 bs) {
+__device__ __forceinline__ __half2 e2m1x2_h2(uint32_t u, int j) { // the half2 before the scale
     uint32_t t = u << (12 - 4 * j);
     uint32_t bits = (t & 0x80008000u) | ((t >> 3) & 0x0E000E00u);
-    __half2 e, p;
+    __half2 e;
     memcpy(&e, &bits, sizeof e);
-    p = __hmul2(e, bs);
+    return e;
+}
+__device__ __forceinline__ uint32_t qmma_e2m1(uint32_t u, int j, __half2 bs) {
+    __half2 p = __hmul2(e2m1x2_h2(u, j), bs);
     uint32_t o;
     memcpy(&o, &p, sizeof o);
     return o;

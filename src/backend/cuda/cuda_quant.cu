@@ -248,7 +248,7 @@ __device__ __forceinline__ void qw_load(uint4 (&v)[QW_R][U], uint32_t (&bs)[QW_R
 
 // Chunk c (16 values) of load u as floats, in column order: FP8 the e4m3
 // values; NVFP4 e2m1 * 2^-14 (words 2c, 2c + 1; element j of a word at bits
-// 4j: its sign to bit 15 of a half, magnitude to bits 9..11, as q_dq8).
+// 4j: e2m1x2_h2).
 template <enum wfmt F>
 __device__ __forceinline__ void qw_chunk(const uint4 &u, int c, float (&f)[16]) {
     const uint32_t *wd = &u.x;
@@ -257,11 +257,7 @@ __device__ __forceinline__ void qw_chunk(const uint4 &u, int c, float (&f)[16]) 
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                uint32_t t = wd[2 * c + i] << (12 - 4 * j);
-                uint32_t bits = (t & 0x80008000u) | ((t >> 3) & 0x0E000E00u);
-                __half2 e;
-                memcpy(&e, &bits, sizeof e);
-                float2 v = __half22float2(e);
+                float2 v = __half22float2(e2m1x2_h2(wd[2 * c + i], j));
                 f[8 * i + j] = v.x, f[8 * i + j + 4] = v.y;
             }
     } else {
