@@ -97,12 +97,8 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
         uint32_t u = h ? q.c.y : q.c.x; // element j at bits 4j..4j+3
         __half2 bs = e4m3_bcast(q.b);
 #pragma unroll
-        for (int j = 0; j < 4; j++) { // elements j and j + 4: their nibbles to bits 12..15 of each half
-            uint32_t t = u << (12 - 4 * j);
-            uint32_t bits = (t & 0x80008000u) | ((t >> 3) & 0x0E000E00u);
-            __half2 e;
-            memcpy(&e, &bits, sizeof e);
-            float2 f = __half22float2(__hmul2(e, bs));
+        for (int j = 0; j < 4; j++) { // elements j and j + 4 (e2m1x2_h2)
+            float2 f = __half22float2(__hmul2(e2m1x2_h2(u, j), bs));
             v[j] = f.x * rs, v[j + 4] = f.y * rs;
         }
     } else {
