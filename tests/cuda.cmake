@@ -10,15 +10,12 @@ if(VLLM_CUDA)
   # quantized dense weights (FP8, FP8 blocks, NVFP4) against the CPU reference's matmul on the same weight
   vllm_test_exe(test_cuda_quant cuda/test_cuda_quant.c)
   add_test(NAME gpu_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_quant>)
-  # ... and with the streaming decode GEMV (VLLM_QGEMV_STREAM=1: k_gemv_qw at 1-4 rows, its act / gated epilogues)
-  add_test(NAME gpu_quant_stream COMMAND ${GPU} $<TARGET_FILE:test_cuda_quant>)
   # the quantized qwen3 checkpoints of every layout through the engine in fp32 on the device, against the CPU
   # reference on their dequantized fp32 checkpoints (logits within 1e-4)
   add_test(NAME gpu_quant_checkpoints COMMAND ${GPU} $<TARGET_FILE:test_quant_checkpoints>)
   # the routed experts with FP8, FP8-block and NVFP4 weights against the CPU reference op
   vllm_test_exe(test_cuda_moe_quant cuda/test_cuda_moe_quant.c)
   add_test(NAME gpu_moe_quant COMMAND ${GPU} $<TARGET_FILE:test_cuda_moe_quant>)
-  add_test(NAME gpu_moe_quant_stream COMMAND ${GPU} $<TARGET_FILE:test_cuda_moe_quant>) # one token: k_gemv_qw
   # decode attention at long contexts (up to 32k, 1 to 64 sequences, GQA 1 to 16) with fp32, bf16 and fp8
   # caches against the CPU reference on the same cache values (2e-5)
   vllm_test_exe(test_cuda_attn cuda/test_cuda_attn.c)
@@ -74,6 +71,4 @@ if(VLLM_CUDA)
   endforeach()
   set_tests_properties(gpu_prompt_logprobs gpu_quant_checkpoints gpu_kv_fp8_model PROPERTIES
                        ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_TEST_DEVICE=cuda")
-  set_tests_properties(gpu_quant_stream gpu_moe_quant_stream PROPERTIES
-                       ENVIRONMENT "VLLM_FIXTURES=${VLLM_FIXTURES};VLLM_QGEMV_STREAM=1")
 endif()

@@ -6,22 +6,21 @@
 // - matmul at Nemotron-3-Nano shapes (hidden 2688 <-> Mamba in_proj 10304,
 //   shared expert 3712, out_proj 4096; K 1856, a routed expert's, is not a
 //   multiple of 128; K 1000 takes the any-shape kernels; 101 x 16384: odd
-//   N, and 4 rows of x too wide to stage), rows 1, 3, 4 (the GEMV:
-//   k_gemv_q, or under VLLM_QGEMV_STREAM=1, as gpu_quant_stream runs this
-//   test, k_gemv_qw), 8, 16, 17, 40, 300, 2048 (dequantized, then the GEMM;
+//   N, and 4 rows of x too wide to stage), rows 1, 3, 4 (the streaming
+//   GEMV, k_gemv_qw), 8, 16, 17, 40, 300, 2048 (dequantized, then the GEMM;
 //   in bf16 mode up to 64 rows the tensor-core GEMV), bias off and on; fp32
 //   mode (be->weight_dtype WF_F32: what the exactness gates run) within
 //   1e-5 relative to the largest |y|, bf16 mode within 2e-2;
 // - matmul_act_mul (SwiGLU and relu2) and matmul_act the same way (1-4
-//   rows under VLLM_QGEMV_STREAM=1: k_gemv_qw's epilogues);
+//   rows: k_gemv_qw's epilogues);
 // - exactness: a weight holding every code (and NVFP4 block scale) times
 //   one-hot rows of x gives each value of wfmt_dequant, bit for bit (fp32
 //   mode and the bf16 mode's tensor-core GEMV; the bf16 GEMM: that value
 //   rounded to bf16), in the GEMV and the GEMM;
 // - the tensor-core GEMV of the bf16 mode (src/backend/cuda/cuda_qmma.cuh:
-//   up to 64 rows, K % 64 == 0; FP8 from 5) at the real shapes and 1, 2, 3,
-//   5, 8, 9, 16, 33, 64 rows, odd N, and K % 64 != 0 (the other paths)
-//   (test_qmma);
+//   5 to 64 rows, K % 64 == 0) at the real shapes and 1, 2, 3 (there the
+//   GEMV, held to fp32's 1e-5), 5, 8, 9, 16, 33, 64 rows, odd N, and K %
+//   64 != 0 (the other paths) (test_qmma);
 // - W8A8 (the default; VLLM_FP8_W8A8=0 off) for WF_FP8 above 64 rows in bf16 mode (test_w8a8);
 // - refusals: an NVFP4 weight of 1000 columns (not a multiple of 16), the
 //   embedding of a quantized table, each naming it.
@@ -138,8 +137,8 @@ static void test_matmul(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
 }
 
 // matmul_act_mul: W [2I, K] gate | up; the reference op's out [n, I]. 1-4
-// rows under VLLM_QGEMV_STREAM=1: k_gemv_qw's gated epilogue (4 x 16384
-// columns: x read in place, not staged).
+// rows: k_gemv_qw's gated epilogue (4 x 16384 columns: x read in place, not
+// staged).
 static void test_act_mul(enum wfmt f, int64_t I, int64_t K, enum act kind) {
     struct weight wc, wg;
     make_pair(f, 2 * I, K, 77 + kind, 300, &wc, &wg);
@@ -163,7 +162,7 @@ static void test_act_mul(enum wfmt f, int64_t I, int64_t K, enum act kind) {
 }
 
 // matmul_act: W [N, K], the reference op's out [n, N] = act(x W^T); 1-4
-// rows under VLLM_QGEMV_STREAM=1: k_gemv_qw's epilogue, else matmul then act.
+// rows: k_gemv_qw's epilogue, else matmul then act.
 static void test_act(enum wfmt f, int64_t N, int64_t K, enum act kind) {
     struct weight wc, wg;
     make_pair(f, N, K, 91 + kind, 17, &wc, &wg);
@@ -222,7 +221,7 @@ static void test_exact(enum wfmt f, int64_t K) {
         float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *yd = gpu->ops->alloc(gpu, sizeof(float) * n * N);
         for (int mode = 0; mode < 2; mode++) {
             gpu->weight_dtype = mode ? WF_BF16 : WF_F32;
-            int qmma = mode && K % 64 == 0 && n <= 64; // exact too: x 2^sh in fp16, the sums scaled back
+            int qmma = mode && K % 64 == 0 && n > 4 && n <= 64; // exact too: x 2^sh in fp16, the sums scaled back
             gpu->ops->matmul(gpu, yd, xd, &wg, n);
             gpu->ops->download(gpu, y, yd, sizeof(float) * (size_t)(n * N));
             int64_t wrong = 0, first = -1;
@@ -254,9 +253,10 @@ static void test_exact(enum wfmt f, int64_t K) {
 // weights and x (signs random) the error is ~2^-11 / sqrt(3) of the root of
 // sum_k w_k^2 x_k^2, about 1e-4 of the largest |y| at K 2688; the bound
 // checked is QMMA_TOL, 10x the bf16 GEMM's 2e-3 measured error below the 2e-2
-// allowed the bf16 mode. Rows 1..64 (a pass of up to 8 tiles of 8), bias on
-// at every other row count; K % 64 != 0 runs the old paths (the fp32 GEMV up
-// to 4 rows, else dequantized to bf16: 2e-2).
+// allowed the bf16 mode. Rows 5..64 (a pass of up to 8 tiles of 8), bias on
+// at every other row count; 1-3 rows and K % 64 != 0 run the other paths
+// (the streaming fp32 GEMV up to 4 rows: 1e-5; else dequantized to bf16:
+// 2e-2).
 #define QMMA_TOL 2e-3
 static void test_qmma(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
     static const int ns[] = {1, 2, 3, 5, 8, 9, 16, 33, 64};
@@ -265,7 +265,7 @@ static void test_qmma(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
     make_pair(f, N, K, seed, 64, &wc, &wg);
     float *bias = test_rnd((size_t)N, 0.5f), *bias_d = dev_copy(bias, sizeof(float) * N);
     for (int i = 0; i < (int)(sizeof ns / sizeof ns[0]); i++) {
-        int n = ns[i], with_bias = i % 2, qmma = K % 64 == 0;
+        int n = ns[i], with_bias = i % 2, qmma = K % 64 == 0 && n > 4;
         float *x = test_rnd((size_t)(n * K), 1), *yc = xmalloc(sizeof(float) * (size_t)(n * N));
         float *xd = dev_copy(x, sizeof(float) * (size_t)(n * K)), *yd = gpu->ops->alloc(gpu, sizeof(float) * n * N);
         cpu->ops->matmul(cpu, yc, x, &wc, n);
@@ -273,7 +273,7 @@ static void test_qmma(enum wfmt f, int64_t N, int64_t K, uint64_t seed) {
             for (int64_t r = 0; r < N; r++) yc[t * N + r] += bias[r];
         wg.bias = with_bias ? bias_d : NULL;
         gpu->ops->matmul(gpu, yd, xd, &wg, n);
-        free(compare(gpu, with_bias ? "qmma+bias" : "qmma", f, N, K, n, qmma ? "bf16 mma" : "bf16 old",
+        free(compare(gpu, with_bias ? "qmma+bias" : "qmma", f, N, K, n, qmma ? "bf16 mma" : n <= 4 ? "bf16 gemv" : "bf16 old",
                      qmma ? QMMA_TOL : n <= 4 ? 1e-5 : 2e-2, yc, yd, N));
         gpu->ops->free(gpu, xd), gpu->ops->free(gpu, yd);
         free(x), free(yc);

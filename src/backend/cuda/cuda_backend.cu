@@ -1244,8 +1244,6 @@ extern "C" int backend_cuda_create(enum dtype kv_dtype, struct backend **out) {
     c->gemv16 = gemv16;
     const char *qmma = getenv("VLLM_QMMA");
     c->qmma = !(qmma && !strcmp(qmma, "0"));
-    const char *qs = getenv("VLLM_QGEMV_STREAM");
-    c->qstream = qs && !strcmp(qs, "1");
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

@@ -49,7 +49,6 @@ struct cuda_impl {
     int w8a8;        // WF_FP8 above the GEMV's rows as W8A8 (cuda_quant.cu; VLLM_FP8_W8A8=0: 0); 2 once a refusal was reported
     int gemv16;      // the 16-bit decode GEMV's kernel (cuda_backend.cu; VLLM_GEMV16 0 or 1; -1: by the weight's size)
     int qmma;        // quantized GEMVs of up to 64 rows on tensor cores in 16-bit mode (cuda_quant.cu; VLLM_QMMA=0: 0)
-    int qstream;     // quantized decode GEMVs streaming whole rows, k_gemv_qw (cuda_quant.cu; VLLM_QGEMV_STREAM=1: 1)
 };
 
 static inline cuda_impl *cu(struct backend *be) { return (cuda_impl *)be->impl; }
@@ -362,16 +361,15 @@ void cuda_flash_mla(struct backend *be, float *out, const float *q, const __nv_b
 // (nothing run) where it does not apply or cuBLASLt refuses the shape.
 // cuda_gemv_quant_act: matmul_act (gated 0: y [n, N] = act(x W^T + bias))
 // or matmul_act_mul's product (gated: y [n, N/2] = act(gate) * up) in one
-// GEMV at n <= CUDA_QGEMV_MAXB (VLLM_QGEMV_STREAM=1); 0 (nothing run) where
+// GEMV at n <= CUDA_QGEMV_MAXB; 0 (nothing run) where
 // it does not apply.
 #define CUDA_QGEMV_MAXB 4
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n);
 int cuda_gemv_quant_act(struct backend *be, float *y, const float *x, const struct weight *w, int n, enum act kind,
                         int gated);
-// One token's quantized routed experts on k_gemv_qw (VLLM_QGEMV_STREAM=1):
-// h [k, I] (the activation applied), y [k, L] (assignment j's row j); 0
-// (nothing run) where it is off or the formats, widths or alignment do not
-// fit it.
+// One token's quantized routed experts on k_gemv_qw: h [k, I] (the
+// activation applied), y [k, L] (assignment j's row j); 0 (nothing run)
+// where the formats, widths or alignment do not fit it.
 int cuda_qgemv_experts1(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, float *h,
                         float *y, const int32_t *ids, int top_k);
 int cuda_qgemv_rows(const struct backend *be, const struct weight *w);

@@ -621,7 +621,7 @@ __global__ void __launch_bounds__(256) k_moe_qmma(qweight w, const uint4 *xs, co
         src[i] = UP ? r / k : r;
     }
     float acc[NA][NT][4];
-    qmma_run<F, NA, NT, 8>(w, row, cur, xs, src, acc);
+    qmma_run<F, NA, NT>(w, row, cur, xs, src, acc);
     qmma_reduce<NA, NT>(red, acc);
     for (int i = threadIdx.x; i < NT * 128; i += 256) {
         qmma_out q = qmma_at(i);

@@ -80,15 +80,14 @@ static inline size_t qmma_x_bytes(int rows, int K) {
     return (4 * r8 + 255) / 256 * 256 + r8 / 8 * qmma_steps(K) * 4 * 32 * sizeof(uint4);
 }
 
-// The staged fp16 x: row r of a group of R rows (R 8: every row of a tile
-// of B columns, k_qmma_x into scratch; R 1, 2: the rows a GEMV block stages
-// itself into shared memory, qmma_stage_rows) as uint4 [rows / R, steps, 4,
-// R, 4]: group r / R, step s, load v of lane 4 (r % R) + t holds row r's
+// The staged fp16 x (k_qmma_x, into scratch): row r of a group of 8 rows
+// (a tile of B columns) as uint4 [rows / 8, steps, 4, 8, 4]: group r / 8,
+// step s, load v of lane 4 (r % 8) + t holds row r's
 // halves of sub-steps 2v, 2v + 1 in the order b[0] lo, hi, b[1] lo, hi
 // (qmma_col); columns K.. zero. Each row scaled by 2^sh (max |x| 2^sh in
 // [2^13, 2^14)), inv[r] = 2^-sh. All of the block's threads stage row r of
 // x (xr; zeros when !live); red: 32 floats of shared memory.
-template <bool FP4, int R>
+template <bool FP4>
 __device__ __forceinline__ void qmma_stage_row(uint4 *xs, float *inv, const float *xr, bool live, int K, int r,
                                                float *red) {
     int steps = qmma_steps(K);
@@ -108,11 +107,11 @@ __device__ __forceinline__ void qmma_stage_row(uint4 *xs, float *inv, const floa
             int c = st * QMMA_STEP + qmma_col(FP4, t, 2 * v + j / 4, (j / 2) % 2, j % 2);
             h[j] = __float2half_rn(live && c < K ? xr[c] * s : 0.0f);
         }
-        xs[((int64_t)((r / R) * steps + st) * 4 + v) * 4 * R + 4 * (r % R) + t] = *(const uint4 *)h;
+        xs[((int64_t)((r / 8) * steps + st) * 4 + v) * 32 + 4 * (r % 8) + t] = *(const uint4 *)h;
     }
 }
 
-// x [n, K] fp32 staged (R 8) into xs, inv: a block a row (grid: the staged
+// x [n, K] fp32 staged into xs, inv: a block a row (grid: the staged
 // rows, a multiple of 8; rows n.. zero).
 template <bool FP4>
 __global__ void __launch_bounds__(256) k_qmma_x(uint4 *xs, float *inv, const float *x, int n, int K) {
@@ -120,25 +119,8 @@ __global__ void __launch_bounds__(256) k_qmma_x(uint4 *xs, float *inv, const flo
     pdl_wait(); // x is the previous kernel's output
     pdl_trigger();
     int r = blockIdx.x;
-    qmma_stage_row<FP4, 8>(xs, inv, x + (int64_t)r * K, r < n, K, r, red);
+    qmma_stage_row<FP4>(xs, inv, x + (int64_t)r * K, r < n, K, r, red);
 }
-
-// A block's own staging (R 1, 2) of rows src(0..R-1) of x [*, K] into
-// shared memory (xs: R * qmma_steps(K) * 256 bytes, inv [R]); rows past
-// cnt zero. src(r): the row of x.
-template <bool FP4, int R, typename S>
-__device__ __forceinline__ void qmma_stage_rows(uint4 *xs, float *inv, const float *x, int K, int cnt, S src) {
-    __shared__ float red[32];
-#pragma unroll
-    for (int r = 0; r < R; r++) qmma_stage_row<FP4, R>(xs, inv, x + (int64_t)src(r < cnt ? r : 0) * K, r < cnt, K, r, red);
-    __syncthreads();
-}
-// ... the shared memory it takes (bytes) and whether a block may
-static inline size_t qmma_smem(int R, int K) { return (size_t)R * qmma_steps(K) * 256; }
-#ifndef QMMA_BLOCK_MAXB
-#define QMMA_BLOCK_MAXB 2 // rows of x a GEMV block stages itself (above: k_qmma_x, a kernel before it)
-#endif
-static inline bool qmma_in_block(int n, int K) { return n <= QMMA_BLOCK_MAXB && qmma_smem(n, K) <= 48 * 1024; }
 
 // e2m1 codes j and j + 4 of word u (code i at bits 4i) as half2 of e2m1 *
 // 2^-14 (sign to bit 15, exponent and mantissa to bits 9..11: e2m1's
@@ -184,13 +166,12 @@ static inline qmma_x qmma_stage(cudaStream_t s, void *scratch, const float *x, i
     return q;
 }
 
-// A lane's B of one step (the staged x, groups of R rows): 4 uint4 loads of
-// staged row src's (the B column of lane t's group), as qmma_stage_row put them
-template <int R>
+// A lane's B of one step (the staged x): 4 uint4 loads of staged row src's
+// (the B column of lane t's group), as qmma_stage_row put them
 __device__ __forceinline__ void qmma_b(uint4 b[4], const uint4 *xs, int src, int steps, int step, int t) {
-    const uint4 *p = xs + ((int64_t)((src / R) * steps + step) * 4) * 4 * R + 4 * (src % R) + t;
+    const uint4 *p = xs + ((int64_t)((src / 8) * steps + step) * 4) * 32 + 4 * (src % 8) + t;
 #pragma unroll
-    for (int v = 0; v < 4; v++) b[v] = p[4 * R * v];
+    for (int v = 0; v < 4; v++) b[v] = p[32 * v];
 }
 // ... and sub-step m's two registers of it
 __device__ __forceinline__ void qmma_b_regs(uint32_t r[2], const uint4 b[4], int m) {
@@ -248,9 +229,8 @@ __device__ __forceinline__ void qmma_frag(uint32_t f[4], const qmma_a<F> &a, int
 // after its PDL wait) times NT B tiles (src[nt]: the staged row of x lane
 // group g's B column reads), into acc [NA][NT] C fragments. The next step's
 // codes are loaded while this one computes; FP8 blocks sum each step (one
-// 128-column block) into a fresh C, then acc += scale * C. R: the staged
-// x's rows a group (qmma_stage_row).
-template <enum wfmt F, int NA, int NT, int R>
+// 128-column block) into a fresh C, then acc += scale * C.
+template <enum wfmt F, int NA, int NT>
 __device__ __forceinline__ void qmma_run(const qweight &w, const int64_t (&row)[NA][2], qmma_a<F> (&cur)[NA],
                                          const uint4 *xs, const int (&src)[NT], float (&acc)[NA][NT][4]) {
     int t = threadIdx.x & 3, steps = qmma_steps(w.K);
@@ -273,7 +253,7 @@ __device__ __forceinline__ void qmma_run(const qweight &w, const int64_t (&row)[
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 uint4 b[4];
-                qmma_b<R>(b, xs, src[nt], steps, st, t);
+                qmma_b(b, xs, src[nt], steps, st, t);
                 uint32_t br[8][2];
 #pragma unroll
                 for (int m = 0; m < 8; m++) qmma_b_regs(br[m], b, m);

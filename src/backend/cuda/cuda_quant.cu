@@ -6,17 +6,13 @@
 // (tests/cuda/test_cuda_quant.c).
 // - 1..4 rows of x (decode): a GEMV that reads each code once (1 byte a
 //   weight; NVFP4 half a byte and an e4m3 scale per 16), x in fp32, fp32
-//   accumulation, the bias in its epilogue: a block per 4 rows (k_gemv_q),
-//   or with VLLM_QGEMV_STREAM=1 a resident grid streaming whole rows with
-//   matmul_act's activation and matmul_act_mul's gating in its epilogue too
-//   (k_gemv_qw; also one token's routed experts). k_gemv_q's dequantization
-//   is its cost (instructions and latency, not bytes): on the H200, mamba
-//   in_proj FP8 at 1 row 13.7 us (48% of the copy rate), at 16 rows 124.7
-//   us, where dequantizing and the GEMM take ~42 us (`cuda_ops ROWS 64
-//   quant`), so more rows go the ways below.
-// - 16-bit mode, K % 64 == 0: up to 64 rows on tensor cores (cuda_qmma.cuh:
-//   codes to fp16 in registers, x in fp16, fp32 sums), FP8 from 5 rows on,
-//   NVFP4 from 1 (cuda_gemv_quant says where each was measured faster).
+//   accumulation: a resident grid streaming whole rows (k_gemv_qw), with
+//   the bias, matmul_act's activation and matmul_act_mul's gating in its
+//   epilogue; also one token's routed experts. Its dequantization bounds it
+//   at more rows (instructions, not bytes), so more rows go the ways below
+//   (cuda_gemv_quant says where each was measured faster).
+// - 16-bit mode, K % 64 == 0: 5 to 64 rows on tensor cores (cuda_qmma.cuh:
+//   codes to fp16 in registers, x in fp16, fp32 sums).
 // - More rows, WF_FP8 in 16-bit mode: W8A8 on FP8 tensor cores (x quantized
 //   per token, cuBLASLt's e4m3 GEMM; VLLM_FP8_W8A8=0 turns it off): 1 byte a
 //   weight, as vLLM runs FP8 checkpoints.
@@ -28,8 +24,7 @@
 
 #include "backend/cuda/cuda_qmma.cuh"
 
-#define QCHUNK 16     // columns a lane loads per step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
-#define QGEMV_ROWS 4  // weight rows per block of k_gemv_q (each x value loaded serves 4)
+#define QCHUNK 16 // columns a dequantizing thread loads a step: 16 e4m3 codes (16 bytes), or one NVFP4 block (8 bytes)
 
 static qweight qweight_of(const struct weight *w) {
     return {(const uint8_t *)w->data, w->scale, w->bscale, (int)w->cols};
@@ -132,9 +127,11 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 // wfmt_dequant's value to the bit. XS: x [NB, K] fp32 staged once a block
 // into shared memory, as P = V / 4 arrays of float4 a row (xq_at), so a
 // warp's reads of one part are 16 consecutive bytes a lane (conflict-free);
-// else the same float4 read from x (L1). Meant to replace k_gemv_q (nano30b's
-// in_proj at 48% of the copy rate, FP8, 1 row, H200); on VLLM_QGEMV_STREAM=1
-// until it has run on a GPU.
+// else the same float4 read from x (L1). Against the block-per-4-rows GEMV
+// it replaced (H100, `cuda_ops 1 64 quant`): nano30b's in_proj FP8 at 1 row
+// 14.20 -> 11.55 us (64.6 -> 80.2% of the copy rate), NVFP4 19.93 -> 10.00
+// us (26 -> 52%; there the tensor-core GEMV's 15.2 on the H200); 4 rows
+// 31.4 -> 15.7 us.
 #define QW_R 2 // weight rows a warp streams at once
 // 16-byte loads per row and lane a step: 4 for one row of x; for more, 2
 // (at 4 their registers spill under the 128 a thread of a 16-warp block)
@@ -367,73 +364,6 @@ __global__ void __launch_bounds__(qw_shape<XS>::warps * 32, qw_shape<XS>::per_sm
     }
 }
 
-// y [nb, N] = x [nb, K] W^T (+ bias), nb <= NB. A block owns QGEMV_ROWS
-// weight rows; its 8 warps split K a chunk a lane a step, the next step's
-// chunks in flight while this one computes, and reduce through shared memory
-// in a fixed order (deterministic). K % 16 == 0, codes and x 16-byte aligned.
-template <enum wfmt F, int NB>
-__global__ void __launch_bounds__(256) k_gemv_q(float *y, const float *x, qweight w, const float *bias, int N,
-                                                int nb) {
-    __shared__ float red[8][QGEMV_ROWS][NB];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row0 = blockIdx.x * QGEMV_ROWS, K = w.K, nk = K / QCHUNK;
-    int64_t row[QGEMV_ROWS];
-    float rs[QGEMV_ROWS];
-#pragma unroll
-    for (int r = 0; r < QGEMV_ROWS; r++) row[r] = min(row0 + r, N - 1), rs[r] = q_row_scale<F>(w, row[r]);
-    float acc[QGEMV_ROWS][NB];
-#pragma unroll
-    for (int r = 0; r < QGEMV_ROWS; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) acc[r][b] = 0;
-    int k = warp * 32 + lane;
-    qchunk<F> nxt[QGEMV_ROWS];
-    if (k < nk)
-#pragma unroll
-        for (int r = 0; r < QGEMV_ROWS; r++) nxt[r] = q_load<F>(w, row[r], k, rs[r]);
-    pdl_wait(); // x is the previous kernel's output
-    pdl_trigger();
-    for (; k < nk; k += 256) {
-        qchunk<F> cur[QGEMV_ROWS];
-#pragma unroll
-        for (int r = 0; r < QGEMV_ROWS; r++) cur[r] = nxt[r];
-        if (k + 256 < nk)
-#pragma unroll
-            for (int r = 0; r < QGEMV_ROWS; r++) nxt[r] = q_load<F>(w, row[r], k + 256, rs[r]);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float v[QGEMV_ROWS][8];
-#pragma unroll
-            for (int r = 0; r < QGEMV_ROWS; r++) q_dq8<F>(cur[r], h, rs[r], v[r]);
-#pragma unroll
-            for (int b = 0; b < NB; b++) {
-                if (b >= nb) break;
-                const float4 *xp = (const float4 *)(x + (int64_t)b * K + k * QCHUNK + h * 8);
-                float4 x0 = xp[0], x1 = xp[1];
-                float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-                for (int r = 0; r < QGEMV_ROWS; r++)
-#pragma unroll
-                    for (int i = 0; i < 8; i++) acc[r][b] = fmaf(v[r][i], xs[i], acc[r][b]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < QGEMV_ROWS; r++)
-#pragma unroll
-        for (int b = 0; b < NB; b++) {
-            float s = warp_sum(acc[r][b]);
-            if (lane == 0) red[warp][r][b] = s;
-        }
-    __syncthreads();
-    if (threadIdx.x < QGEMV_ROWS * NB) {
-        int r = threadIdx.x / NB, b = threadIdx.x % NB;
-        float s = 0;
-        for (int q = 0; q < 8; q++) s += red[q][r][b];
-        if (bias && row0 + r < N) s += bias[row0 + r];
-        if (row0 + r < N && b < nb) y[(int64_t)b * N + row0 + r] = s;
-    }
-}
-
 // Any K and alignment: a warp per weight row, one value a lane a step.
 template <enum wfmt F>
 __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qweight w, const float *bias, int N,
@@ -462,33 +392,25 @@ __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qw
 
 // y [n, N] = x [n, K] W^T (+ bias), n <= 8 NT: a block a 16-row tile of W,
 // its 8 warps taking its steps in turn (qmma_run; the first step's codes
-// loaded before pdl_wait, under the previous kernel's tail) over the staged
-// x: R 8, k_qmma_x's (xs, inv); R = n (1, 2: qmma_in_block), staged by the
-// block itself into shared memory (dynamic: qmma_smem) from x [n, K]. A C
-// per token tile; the warps' sums reduce through shared memory in a fixed
+// loaded before pdl_wait, under the previous kernel's tail) over x staged
+// by k_qmma_x (xs, inv). A C per token tile; the warps' sums reduce through shared memory in a fixed
 // order (deterministic); the epilogue applies the row scale (FP8; NVFP4's
 // times 2^14), the row of x's 2^-sh and the bias.
-template <enum wfmt F, int NT, int R>
-__global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, const float *x,
-                                                   qweight w, const float *bias, int N, int n) {
-    extern __shared__ uint4 xsm[];
-    __shared__ float red[8][1][NT][4][32], invs[R];
-    static_assert(R == 8 || NT == 1, "a block stages one tile at most");
+template <enum wfmt F, int NT>
+__global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, qweight w,
+                                                   const float *bias, int N, int n) {
+    __shared__ float red[8][1][NT][4][32];
     int g = (threadIdx.x & 31) >> 2, row0 = blockIdx.x * 16;
     int64_t row[1][2] = {{min(row0 + g, N - 1), min(row0 + g + 8, N - 1)}};
     int src[NT];
 #pragma unroll
-    for (int i = 0; i < NT; i++) src[i] = R == 8 ? 8 * i + g : min(g, n - 1); // past n: not written
+    for (int i = 0; i < NT; i++) src[i] = 8 * i + g; // past n: zero rows, not written
     qmma_a<F> cur[1] = {};
     if ((int)(threadIdx.x >> 5) < qmma_steps(w.K)) cur[0] = qmma_load<F>(w, row[0], threadIdx.x >> 5, threadIdx.x & 3);
     pdl_wait(); // x, xs: the previous kernel's
     pdl_trigger();
-    if constexpr (R < 8) {
-        qmma_stage_rows<F == WF_NVFP4, R>(xsm, invs, x, w.K, n, [](int r) { return r; });
-        xs = xsm, inv = invs;
-    }
     float acc[1][NT][4];
-    qmma_run<F, 1, NT, R>(w, row, cur, xs, src, acc);
+    qmma_run<F, 1, NT>(w, row, cur, xs, src, acc);
     qmma_reduce<1, NT>(red, acc);
     for (int i = threadIdx.x; i < NT * 128; i += 256) {
         qmma_out o = qmma_at(i);
@@ -504,18 +426,12 @@ static void gemv_qmma(cudaStream_t s, float *y, const float *x, const struct wei
     qweight q = qweight_of(w);
     int N = (int)w->rows, K = (int)w->cols, nt = qmma_tiles(n);
     dim3 g(cdiv(N, 16));
-    if (qmma_in_block(n, K)) { // n 1, 2: no staging kernel
-        size_t sm = qmma_smem(n, K);
-        if (n == 1) launch_pdl(k_gemv_qmma<F, 1, 1>, g, 256, sm, s, y, (const uint4 *)0, (const float *)0, x, q, w->bias, N, n);
-        else launch_pdl(k_gemv_qmma<F, 1, 2>, g, 256, sm, s, y, (const uint4 *)0, (const float *)0, x, q, w->bias, N, n);
-        return;
-    }
     qmma_x sx = qmma_stage<F == WF_NVFP4>(s, scratch, x, n, 8 * nt, K);
     switch (nt) {
-    case 1: launch_pdl(k_gemv_qmma<F, 1, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
-    case 2: launch_pdl(k_gemv_qmma<F, 2, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
-    case 4: launch_pdl(k_gemv_qmma<F, 4, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
-    default: launch_pdl(k_gemv_qmma<F, 8, 8>, g, 256, 0, s, y, sx.xs, sx.inv, x, q, w->bias, N, n); break;
+    case 1: launch_pdl(k_gemv_qmma<F, 1>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    case 2: launch_pdl(k_gemv_qmma<F, 2>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    case 4: launch_pdl(k_gemv_qmma<F, 4>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
+    default: launch_pdl(k_gemv_qmma<F, 8>, g, 256, 0, s, y, sx.xs, sx.inv, q, w->bias, N, n); break;
     }
 }
 
@@ -535,10 +451,10 @@ size_t cuda_qgemv_scratch(const struct backend *be, const struct weight *w, int 
     return qmma_fits(be, w) ? qmma_x_bytes(8 * qmma_tiles(MIN(n, QMMA_MAXB)), (int)w->cols) : 0;
 }
 
-// The chunked kernels' conditions: K a multiple of 16, the codes and x (the
-// GEMV's input, the dequantization's output) 16-byte aligned.
-static bool q_chunked(const void *x, const struct weight *w) {
-    return w->cols % QCHUNK == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w->data & 15);
+// The chunked dequantization's conditions: K a multiple of 16, the codes
+// and out 16-byte aligned.
+static bool q_chunked(const void *out, const struct weight *w) {
+    return w->cols % QCHUNK == 0 && !((uintptr_t)out & 15) && !((uintptr_t)w->data & 15);
 }
 
 // k_gemv_qw's conditions: K a multiple of a load's values (16; NVFP4 32),
@@ -592,16 +508,6 @@ static int gemv_q(struct backend *be, float *y, const float *x, const struct wei
     qweight q = qweight_of(w);
     int N = (int)w->rows;
     bool xs = sizeof(float) * n * w->cols <= cu(be)->smem_optin;
-    if (!cu(be)->qstream) { // the block-per-4-rows GEMV (k_gemv_q); matmul + act for the others
-        if (e.act || e.gated) return 0;
-        cudaStream_t s = cu(be)->stream;
-        dim3 g(cdiv(N, QGEMV_ROWS));
-        if (!q_chunked(x, w)) launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, s, y, x, q, w->bias, N, n);
-        else if (n == 1) launch_pdl(k_gemv_q<F, 1>, g, 256, 0, s, y, x, q, w->bias, N, n);
-        else if (n == 2) launch_pdl(k_gemv_q<F, 2>, g, 256, 0, s, y, x, q, w->bias, N, n);
-        else launch_pdl(k_gemv_q<F, 4>, g, 256, 0, s, y, x, q, w->bias, N, n);
-        return 1;
-    }
     if (!qw_fits(x, w, xs) || (e.gated && N % 2)) {
         if (e.act || e.gated) return 0;
         launch_pdl(k_gemv_q_any<F>, cdiv(N, 8), 256, 0, cu(be)->stream, y, x, q, w->bias, N, n);
@@ -610,17 +516,16 @@ static int gemv_q(struct backend *be, float *y, const float *x, const struct wei
     return 1;
 }
 
-// 1-4 rows: FP8 and FP8 blocks the fp32 GEMV (k_gemv_q), NVFP4 the tensor
-// cores; with VLLM_QGEMV_STREAM=1 every format the streaming GEMV
-// (k_gemv_qw, not yet run on a GPU: docs/BENCHMARKS.md, Dec 7). On the H200
+// 1-4 rows: the streaming GEMV (k_gemv_qw), every format. On the H200
 // (`cuda_ops 1 64 quant`) the tensor-core GEMV ran nano30b's in_proj FP8 at
-// 17.55 against the fp32 GEMV's 13.83 us, out_proj 10.05 against 5.80,
-// NVFP4 14.56 against 20.16. From 5 rows on the tensor cores win for every
-// format (16 rows: in_proj FP8 18.4 against W8A8's 19.2 us, FP8 blocks 17.8
-// against 43.6 dequantized, NVFP4 17.2 against 40.8).
+// 17.55 us and NVFP4 at 14.56, the block-per-4-rows fp32 GEMV before
+// k_gemv_qw 13.83 and 20.16 (and k_gemv_qw 11.55 and 10.00 on an H100,
+// where that GEMV took 14.20 and 19.93). From 5 rows on the tensor cores win
+// for every format (16 rows: in_proj FP8 18.4 against W8A8's 19.2 us, FP8
+// blocks 17.8 against 43.6 dequantized, NVFP4 17.2 against 40.8).
 void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct weight *w, int n) {
     cudaStream_t s = cu(be)->stream;
-    bool mma = qmma_fits(be, w) && (n > CUDA_QGEMV_MAXB || (w->fmt == WF_NVFP4 && !cu(be)->qstream));
+    bool mma = qmma_fits(be, w) && n > CUDA_QGEMV_MAXB;
     void *sc = mma ? cuda_scratch(be, cuda_qgemv_scratch(be, w, n)) : NULL;
     qw_epi e = {ACT_SILU, false, false};
     switch (w->fmt) {
@@ -637,7 +542,7 @@ void cuda_gemv_quant(struct backend *be, float *y, const float *x, const struct 
 
 int cuda_gemv_quant_act(struct backend *be, float *y, const float *x, const struct weight *w, int n, enum act kind,
                         int gated) {
-    if (n > CUDA_QGEMV_MAXB || !cu(be)->qstream) return 0;
+    if (n > CUDA_QGEMV_MAXB) return 0;
     qw_epi e = {kind, !gated, gated != 0};
     switch (w->fmt) {
     case WF_FP8: return gemv_q<WF_FP8>(be, y, x, w, n, e);
@@ -667,7 +572,7 @@ static void experts1(struct backend *be, cudaStream_t st, const struct moe_exper
 int cuda_qgemv_experts1(struct backend *be, cudaStream_t st, const struct moe_experts *w, const float *x, float *h,
                         float *y, const int32_t *ids, int top_k) {
     int v = w->up.fmt == WF_NVFP4 ? 32 : 16;
-    if (!cu(be)->qstream || w->up.fmt != w->down.fmt || w->up.bias || w->down.bias || w->dim % v || w->inter % v ||
+    if (w->up.fmt != w->down.fmt || w->up.bias || w->down.bias || w->dim % v || w->inter % v ||
         ((uintptr_t)w->up.data | (uintptr_t)w->down.data) & 15 || ((uintptr_t)w->up.bscale | (uintptr_t)w->down.bscale) & 1 ||
         ((uintptr_t)x | (uintptr_t)h) & 15)
         return 0;
