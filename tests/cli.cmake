@@ -33,3 +33,15 @@ add_test(NAME cli_gpu_mem_util COMMAND vllm_cli generate --model ${VLLM_FIXTURES
   --gpu-memory-utilization 0.98 --prompt-ids 1,2 --max-tokens 1)
 add_test(NAME cli_serve_unknown_flag COMMAND vllm_cli serve ${VLLM_FIXTURES}/tiny_chat --frobnicate=1)
 set_tests_properties(cli_serve_unknown_flag PROPERTIES PASS_REGULAR_EXPRESSION "unknown option '--frobnicate'")
+# `vllm bench --quantization A,B`: each format in turn, then the figures side
+# by side as multiples of the first's; a list with an empty entry, or with a
+# workload other than the batch one, is refused by name
+add_test(NAME bench_quant_list COMMAND vllm_cli bench --model ${VLLM_FIXTURES}/nh_dense --load-format dummy --threads 1
+         --quantization none,fp8 --batch-sizes 1,2 --input-len 8 --output-len 3 --warmup 0)
+set_tests_properties(bench_quant_list PROPERTIES PASS_REGULAR_EXPRESSION
+  "quantization none, .*quantization fp8, .*decode tok/s by --quantization \\(x none\\):\n batch +none +fp8\n +1 +[0-9.]+  1\\.00x +[0-9.]+ +[0-9.]+x\n +2 .*prefill tok/s by --quantization")
+add_test(NAME bench_quant_list_empty COMMAND vllm_cli bench --model ${VLLM_FIXTURES}/nh_dense --quantization none,,fp8)
+set_tests_properties(bench_quant_list_empty PROPERTIES PASS_REGULAR_EXPRESSION "'none,,fp8' has an empty entry")
+add_test(NAME bench_quant_list_workload COMMAND vllm_cli bench --model ${VLLM_FIXTURES}/nh_dense --quantization none,fp8
+         --workload throughput)
+set_tests_properties(bench_quant_list_workload PROPERTIES PASS_REGULAR_EXPRESSION "goes with the batch workload")

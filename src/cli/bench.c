@@ -6,6 +6,9 @@
 // first token; decode tok/s counts the remaining tokens over the time after
 // that; TTFT and TPOT are means over requests.
 //
+// --quantization A,B,... runs the batch workload once per format, one engine
+// at a time, and adds each figure as a multiple of the first format's.
+//
 // --workload throughput (vLLM's offline throughput benchmark): --num-prompts
 // requests submitted at once, --max-num-seqs of them running at a time;
 // output and total tok/s over the whole run, TTFT and TPOT percentiles.
@@ -27,7 +30,9 @@ static void usage(FILE *f) {
             "  --input-len N        prompt tokens per request (default 512)\n"
             "  --output-len N       generated tokens per request (default 128)\n"
             "  --warmup N           warm-up requests before the runs (default 1)\n"
-            "  --json               print one JSON object instead of a table\n"
+            "  --json               print one JSON object instead of a table (a line per format)\n"
+            "  --quantization A,B   (a list) each format loaded in turn, then decode and prefill tok/s\n"
+            "                       side by side as multiples of the first's: none,fp8,nvfp4\n"
             "  --workload chat      multi-turn chat instead (bench_chat.c), prefix caching off then on:\n"
             "    --conversations N  (default 8)   --turns T (default 4)   --system-len N (default 2000)\n"
             "    --user-len N (default 100)       --reply-len N (default 100)\n"
@@ -197,6 +202,130 @@ static int chat_flag(int argc, char **argv, int *i, const struct int_flag *o, in
     return 0;
 }
 
+// The loaded engine's table: a JSON object, or the text table.
+static void bench_print(const struct vllm_engine_params *ep, const struct vllm_model_info *info, double tl, int in_len,
+                        int out_len, double bw, double fl, const struct result *res, int nb, int json) {
+    const char *quant = ep->quantization ? ep->quantization : "auto";
+    if (json) {
+        printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"quantization\": \"%s\", "
+               "\"threads\": %d, \"tensor_parallel_size\": %d, \"load_format\": \"%s\", \"weight_bytes\": %lld, "
+               "\"load_s\": %.3f, \"kv_cache_dtype\": \"%s\", \"num_kv_blocks\": %d, \"kv_cache_bytes\": %lld, "
+               "\"input_len\": %d, \"output_len\": %d, \"device_bytes_per_s\": %.4g, \"device_flops_per_s\": %.4g, "
+               "\"results\": [",
+               info->model_name, info->architecture, ep->device, ep->dtype, quant, ep->num_threads,
+               MAX(ep->tensor_parallel_size, 1), ep->load_format, (long long)info->weight_bytes, tl,
+               info->kv_cache_dtype, info->num_kv_blocks, (long long)info->kv_cache_bytes, in_len, out_len, bw, fl);
+        for (int i = 0; i < nb; i++)
+            printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
+                   "\"tpot_ms\": %.3f, \"wall_s\": %.3f, \"decode_bytes_per_step\": %.0f, \"decode_roofline_frac\": %.4f, "
+                   "\"prefill_flops_per_token\": %.0f, \"prefill_peak_frac\": %.4f}",
+                   i ? ", " : "", res[i].batch, res[i].prefill_tps, res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms,
+                   res[i].wall_s, res[i].decode_bytes, res[i].decode_frac, res[i].prefill_flops, res[i].prefill_frac);
+        printf("]}\n");
+        return;
+    }
+    printf("model %s (%s), device %s x %d, dtype %s, quantization %s, weights %.1f MB, loaded in %.2f s\n",
+           info->model_name, info->architecture, ep->device, MAX(ep->tensor_parallel_size, 1), ep->dtype, quant,
+           info->weight_bytes / 1e6, tl);
+    printf("KV cache %s: %d blocks x %d tokens (%lld tokens, %.1f MB)\n", info->kv_cache_dtype, info->num_kv_blocks,
+           info->block_size, (long long)info->num_kv_blocks * info->block_size, info->kv_cache_bytes / 1e6);
+    printf("input %d, output %d tokens per request; device limits measured now: %.3g GB/s copy, %.3g TFLOP/s "
+           "16-bit GEMM\n", in_len, out_len, bw / 1e9, fl / 1e12);
+    printf("%6s %14s %14s %10s %10s %10s %8s %12s %8s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms",
+           "TPOT ms", "MB/step", "of BW", "GFLOP/tok", "of peak");
+    for (int i = 0; i < nb; i++)
+        printf("%6d %14.1f %14.1f %10.1f %10.2f %10.1f %7.1f%% %12.2f %7.1f%%\n", res[i].batch, res[i].prefill_tps,
+               res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms, res[i].decode_bytes / 1e6, 100 * res[i].decode_frac,
+               res[i].prefill_flops / 1e9, 100 * res[i].prefill_frac);
+}
+
+struct bench_run {
+    const int32_t *bs; // batch sizes
+    int nb, in_len, out_len, warmup, nprompts, json;
+};
+
+// One engine, loaded from ep: the warm-up, then the throughput workload, or
+// each batch size and its roofline (res [nb]); prints its table. 0, or with
+// the error said 2 (the load failed) or 1.
+static int bench_engine(const struct vllm_engine_params *ep, const struct bench_run *b, struct result *res) {
+    struct vllm_engine *e;
+    double tl = now_s();
+    if (vllm_engine_load(ep, &e)) {
+        fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
+        return 2;
+    }
+    tl = now_s() - tl;
+    struct vllm_model_info info;
+    vllm_engine_info(e, &info);
+    int rc = 0;
+    if (b->warmup) {
+        struct result w;
+        rc = run_batch(e, b->warmup, MIN(b->in_len, 64), MIN(b->out_len, 4), info.vocab_size, 7, &w, NULL);
+    }
+    if (!rc && b->nprompts) {
+        rc = run_throughput(e, b->nprompts, b->in_len, b->out_len, info.vocab_size, b->json);
+        vllm_engine_free(e);
+        return rc;
+    }
+    for (int i = 0; i < b->nb && !rc; i++)
+        rc = run_batch(e, b->bs[i], b->in_len, b->out_len, info.vocab_size, 1000 + i, &res[i], NULL);
+    double bw = 0, fl = 0; // measured in this run, after the timed ones
+    if (!rc && engine_peaks(e, &bw, &fl)) bw = fl = 0;
+    struct model_cost cost;
+    int kv_es;
+    engine_cost(e, &cost, &kv_es);
+    for (int i = 0; i < b->nb && !rc; i++) roofline(&res[i], &cost, kv_es, b->in_len, b->out_len, bw, fl);
+    if (rc) fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
+    else bench_print(ep, &info, tl, b->in_len, b->out_len, bw, fl, res, b->nb, b->json);
+    vllm_engine_free(e);
+    return rc ? 1 : 0;
+}
+
+// The entries of a comma-separated list (n of them; NULL where one is empty)
+static char **split_list(const char *s, int *n) {
+    *n = 1;
+    for (const char *c = s; *c; c++) *n += *c == ',';
+    char **v = xcalloc(*n, sizeof *v);
+    for (int i = 0; i < *n; i++) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        if (len) {
+            v[i] = xmalloc(len + 1);
+            memcpy(v[i], s, len);
+            v[i][len] = 0;
+        }
+        s += len + 1;
+    }
+    return v;
+}
+
+static void free_list(char **v, int n) {
+    for (int i = 0; v && i < n; i++) free(v[i]);
+    free(v);
+}
+
+// --quantization A,B,...: each format's engine in turn (one at a time: the
+// last is freed before the next loads), then decode and prefill tok/s of
+// every format side by side, each as a multiple of the first's: the ratios
+// taken in one run.
+static void bench_compare(char **quants, int nq, const struct bench_run *b, const struct result *res) {
+    const char *what[2] = {"decode", "prefill"};
+    for (int m = 0; m < 2; m++) {
+        printf("\n%s tok/s by --quantization (x %s):\n%6s", what[m], quants[0], "batch");
+        for (int q = 0; q < nq; q++) printf(" %19s", quants[q]);
+        printf("\n");
+        for (int i = 0; i < b->nb; i++) {
+            printf("%6d", b->bs[i]);
+            for (int q = 0; q < nq; q++) {
+                const struct result *r = &res[q * b->nb + i], *r0 = &res[i];
+                double v = m ? r->prefill_tps : r->decode_tps, v0 = m ? r0->prefill_tps : r0->decode_tps;
+                printf(" %12.1f %5.2fx", v, v0 > 0 ? v / v0 : 0.0);
+            }
+            printf("\n");
+        }
+    }
+}
+
 int cli_bench(int argc, char **argv) {
     struct vllm_engine_params ep;
     vllm_engine_params_default(&ep);
@@ -232,8 +361,21 @@ int cli_bench(int argc, char **argv) {
             return 2;
         }
     }
+    if (!ep.model) return usage(stderr), 2;
+    char **quants = NULL;
+    int nq = 1;
+    if (ep.quantization && strchr(ep.quantization, ',')) {
+        if (chat || throughput)
+            return fprintf(stderr, "vllm bench: a list of --quantization goes with the batch workload\n"), 2;
+        quants = split_list(ep.quantization, &nq);
+        for (int q = 0; q < nq; q++)
+            if (!quants[q]) {
+                fprintf(stderr, "vllm bench: --quantization: '%s' has an empty entry\n", ep.quantization);
+                free_list(quants, nq);
+                return 2;
+            }
+    }
     if (chat) {
-        if (!ep.model) return usage(stderr), 2;
         cli_device_memory_default(&ep);
         if (ep.max_num_seqs < co.conversations) ep.max_num_seqs = co.conversations;
         if (!ep.max_model_len) ep.max_model_len = co.system_len + co.turns * (co.user_len + co.reply_len) + 1;
@@ -246,11 +388,8 @@ int cli_bench(int argc, char **argv) {
     for (int i = 0; i < nb; i++) bad |= bs[i] < 1 || bs[i] > 4096;
     if (bad) {
         fprintf(stderr, "vllm bench: --batch-sizes: '%s' is not a comma-separated list of sizes in [1, 4096]\n", sizes);
+        free_list(quants, nq);
         free(bs);
-        return 2;
-    }
-    if (!ep.model) {
-        usage(stderr);
         return 2;
     }
     int maxb = 0;
@@ -258,68 +397,17 @@ int cli_bench(int argc, char **argv) {
     if (ep.max_num_seqs < maxb && !nprompts) ep.max_num_seqs = maxb; // throughput: --max-num-seqs as given
     if (!ep.max_model_len) ep.max_model_len = in_len + out_len;
     cli_device_memory_default(&ep);
-    struct vllm_engine *e;
-    double tl = now_s();
-    if (vllm_engine_load(&ep, &e)) {
-        fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
-        free(bs);
-        return 2;
-    }
-    tl = now_s() - tl;
-    struct vllm_model_info info;
-    vllm_engine_info(e, &info);
-    struct result *res = xcalloc(nb, sizeof *res);
+    struct bench_run b = {bs, nb, in_len, out_len, warmup, nprompts, json};
+    struct result *res = xcalloc((size_t)nq * nb, sizeof *res);
     int rc = 0;
-    if (warmup) {
-        struct result w;
-        rc = run_batch(e, warmup, MIN(in_len, 64), MIN(out_len, 4), info.vocab_size, 7, &w, NULL);
+    for (int q = 0; q < nq && !rc; q++) {
+        if (quants) ep.quantization = quants[q];
+        if (q && !json) printf("\n");
+        rc = bench_engine(&ep, &b, res + (size_t)q * nb);
     }
-    if (!rc && nprompts) {
-        rc = run_throughput(e, nprompts, in_len, out_len, info.vocab_size, json);
-        vllm_engine_free(e);
-        free(res), free(bs);
-        return rc;
-    }
-    for (int i = 0; i < nb && !rc; i++) rc = run_batch(e, bs[i], in_len, out_len, info.vocab_size, 1000 + i, &res[i], NULL);
-    double bw = 0, fl = 0; // measured in this run, after the timed ones
-    if (!rc && engine_peaks(e, &bw, &fl)) bw = fl = 0;
-    struct model_cost cost;
-    int kv_es;
-    engine_cost(e, &cost, &kv_es);
-    for (int i = 0; i < nb && !rc; i++) roofline(&res[i], &cost, kv_es, in_len, out_len, bw, fl);
-    if (rc) fprintf(stderr, "vllm bench: %s\n", vllm_last_error());
-    else if (json) {
-        printf("{\"model\": \"%s\", \"architecture\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, "
-               "\"tensor_parallel_size\": %d, \"load_format\": \"%s\", \"weight_bytes\": %lld, \"load_s\": %.3f, "
-               "\"kv_cache_dtype\": \"%s\", \"num_kv_blocks\": %d, \"kv_cache_bytes\": %lld, "
-               "\"input_len\": %d, \"output_len\": %d, \"device_bytes_per_s\": %.4g, \"device_flops_per_s\": %.4g, "
-               "\"results\": [",
-               info.model_name, info.architecture, ep.device, ep.dtype, ep.num_threads, MAX(ep.tensor_parallel_size, 1),
-               ep.load_format, (long long)info.weight_bytes, tl, info.kv_cache_dtype, info.num_kv_blocks,
-               (long long)info.kv_cache_bytes, in_len, out_len, bw, fl);
-        for (int i = 0; i < nb; i++)
-            printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
-                   "\"tpot_ms\": %.3f, \"wall_s\": %.3f, \"decode_bytes_per_step\": %.0f, \"decode_roofline_frac\": %.4f, "
-                   "\"prefill_flops_per_token\": %.0f, \"prefill_peak_frac\": %.4f}",
-                   i ? ", " : "", res[i].batch, res[i].prefill_tps, res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms,
-                   res[i].wall_s, res[i].decode_bytes, res[i].decode_frac, res[i].prefill_flops, res[i].prefill_frac);
-        printf("]}\n");
-    } else {
-        printf("model %s (%s), device %s x %d, dtype %s, weights %.1f MB, loaded in %.2f s\n", info.model_name,
-               info.architecture, ep.device, MAX(ep.tensor_parallel_size, 1), ep.dtype, info.weight_bytes / 1e6, tl);
-        printf("KV cache %s: %d blocks x %d tokens (%lld tokens, %.1f MB)\n", info.kv_cache_dtype, info.num_kv_blocks,
-               info.block_size, (long long)info.num_kv_blocks * info.block_size, info.kv_cache_bytes / 1e6);
-        printf("input %d, output %d tokens per request; device limits measured now: %.3g GB/s copy, %.3g TFLOP/s "
-               "16-bit GEMM\n", in_len, out_len, bw / 1e9, fl / 1e12);
-        printf("%6s %14s %14s %10s %10s %10s %8s %12s %8s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms",
-               "TPOT ms", "MB/step", "of BW", "GFLOP/tok", "of peak");
-        for (int i = 0; i < nb; i++)
-            printf("%6d %14.1f %14.1f %10.1f %10.2f %10.1f %7.1f%% %12.2f %7.1f%%\n", res[i].batch, res[i].prefill_tps,
-                   res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms, res[i].decode_bytes / 1e6, 100 * res[i].decode_frac,
-                   res[i].prefill_flops / 1e9, 100 * res[i].prefill_frac);
-    }
-    vllm_engine_free(e);
+    if (!rc && nq > 1 && !json) bench_compare(quants, nq, &b, res);
+    free_list(quants, nq);
     free(res);
     free(bs);
-    return rc ? 1 : 0;
+    return rc;
 }
