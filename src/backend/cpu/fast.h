@@ -124,11 +124,42 @@ extern const struct fast_kern fast_kern_avx2, fast_kern_avx512;
 void fast_mm_pk_dot_avx512bf16(float *y, int64_t ldy, const uint16_t *xb, int64_t ldxb, int m,
                                const struct weight *w, int64_t c0, int64_t c1);
 void fast_to_bf16_avx512bf16(uint16_t *y, const float *x, int64_t n);
-// quantized weights (fast_quant_avx512.c)
+// A kernel set's few-row quantized product (fast_mm_q_<set>) from its row
+// kernels, static inline fp8_rows / nvfp4_rows (y, ldy, x, ldx, w, c0, c1,
+// MI): 4 activation rows at a time, MI a constant in each call so the
+// kernels unroll over it (fast_quant_avx2.c, fast_quant_avx512.c).
+#define FAST_Q_ROWS(fn, mi, ...)                                                                                       \
+    switch (mi) {                                                                                                      \
+    case 1: fn(__VA_ARGS__, 1); break;                                                                                 \
+    case 2: fn(__VA_ARGS__, 2); break;                                                                                 \
+    case 3: fn(__VA_ARGS__, 3); break;                                                                                 \
+    default: fn(__VA_ARGS__, 4); break;                                                                                \
+    }
+#define FAST_MM_Q_DEFINE(name, fp8_rows, nvfp4_rows)                                                                   \
+    void name(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,          \
+              int64_t c1) {                                                                                            \
+        for (int i0 = 0; i0 < m; i0 += 4) {                                                                            \
+            int mi = MIN(4, m - i0);                                                                                   \
+            float *yy = y + (int64_t)i0 * ldy;                                                                         \
+            const float *xx = x + (int64_t)i0 * ldx;                                                                   \
+            switch (w->fmt) {                                                                                          \
+            case WF_FP8:                                                                                               \
+            case WF_FP8_B128: FAST_Q_ROWS(fp8_rows, mi, yy, ldy, xx, ldx, w, c0, c1); break;                           \
+            case WF_NVFP4: FAST_Q_ROWS(nvfp4_rows, mi, yy, ldy, xx, ldx, w, c0, c1); break;                            \
+            case WF_F32:                                                                                               \
+            case WF_BF16:                                                                                              \
+            case WF_F16: return; /* not quantized: fast_mm_serial's other kernels */                                   \
+            }                                                                                                          \
+        }                                                                                                              \
+    }
+// quantized weights (fast_quant_avx2.c: the AVX2 set, where the CPU has F16C)
+void fast_mm_q_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
+                    int64_t c1);
+void fast_deq_q_avx2(float *dst, const struct weight *w, int64_t r0, int64_t nr);
+// ... (fast_quant_avx512.c)
 void fast_mm_q_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                       int64_t c1);
 void fast_deq_q_avx512(float *dst, const struct weight *w, int64_t r0, int64_t nr);
-void fast_quant_avx512_init(void);
 // FP8 with AVX512_VBMI (fast_quant_vbmi.c)
 void fast_mm_fp8_vbmi(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xp, int64_t ldxp, int m,
                       const struct weight *w, int64_t c0, int64_t c1);
@@ -136,6 +167,10 @@ void fast_perm_x64(float *xp, const float *x, int64_t K);
 void fast_quant_vbmi_init(void);
 #endif
 // quantized weights, portable (fast_quant.c)
+// Every e4m3 code's fp32 value, for the kernel sets' tails and NVFP4 block
+// scales (filled by fast_kern_for, before any kernel runs)
+extern float fast_fp8_lut[256];
+void fast_fp8_lut_init(void);
 void fast_mm_q_scalar(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                       int64_t c1);
 void fast_deq_q_scalar(float *dst, const struct weight *w, int64_t r0, int64_t nr);

@@ -56,15 +56,18 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
 #endif
     if (!k->to_bf16) k->to_bf16 = fast_kern_scalar.to_bf16;
     k->mm_q = fast_mm_q_scalar, k->deq_q = fast_deq_q_scalar;
+    fast_fp8_lut_init();
 #if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (isa == FAST_AVX2 && __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1)) { // F16C: vcvtph2ps
+        k->mm_q = fast_mm_q_avx2, k->deq_q = fast_deq_q_avx2;
+    }
     if (isa >= FAST_AVX512) {
-        fast_quant_avx512_init();
         k->mm_q = fast_mm_q_avx512, k->deq_q = fast_deq_q_avx512;
     }
     // The FP8 table kernel needs AVX512_VBMI, which some AVX512_BF16 CPUs
     // (Cooper Lake) lack; the plain avx512 set keeps the other kernel, so a
     // VBMI machine tests both (tests/cpu/test_quant_kernels.c).
-    unsigned a, b, c, d;
     if (isa == FAST_AVX512_BF16 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 1) & 1)) {
         fast_quant_vbmi_init();
         k->mm_fp8p = fast_mm_fp8_vbmi, k->perm_x64 = fast_perm_x64;

@@ -9,6 +9,12 @@
 #include "core/common.h"
 #include "io/dtype.h"
 
+float fast_fp8_lut[256];
+
+void fast_fp8_lut_init(void) {
+    for (int i = 0; i < 256; i++) fast_fp8_lut[i] = fp8e4m3_to_f32((uint8_t)i);
+}
+
 // Row r of w, columns [0, K), as fp32 into dst: the products the kernels
 // form are of these values (the scale applied per row or block after the
 // sum in the fast kernels; before it here and in the reference).

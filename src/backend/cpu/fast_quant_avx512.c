@@ -32,11 +32,7 @@ static inline __m512 e2m1_cvt(const uint8_t *p, __m512 table) {
     return _mm512_permutexvar_ps(code, table);
 }
 
-// e4m3 block scales of NVFP4 as fp32 (filled once, by fast_kern_for)
-static float fp8_lut[256];
-void fast_quant_avx512_init(void) {
-    for (int i = 0; i < 256; i++) fp8_lut[i] = fp8e4m3_to_f32((uint8_t)i);
-}
+#define fp8_lut fast_fp8_lut // e4m3 values: NVFP4's block scales, the tails
 
 // FP8 rows [c0, c1), MI activation rows; scale groups of g columns.
 static inline __attribute__((always_inline)) void mm_fp8_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
@@ -114,30 +110,7 @@ static inline __attribute__((always_inline)) void mm_nvfp4_rows(float *y, int64_
     }
 }
 
-#define DISPATCH(fn)                                                                                                   \
-    switch (mi) {                                                                                                      \
-    case 1: fn(yy, ldy, xx, ldx, w, c0, c1, 1); break;                                                                 \
-    case 2: fn(yy, ldy, xx, ldx, w, c0, c1, 2); break;                                                                 \
-    case 3: fn(yy, ldy, xx, ldx, w, c0, c1, 3); break;                                                                 \
-    default: fn(yy, ldy, xx, ldx, w, c0, c1, 4); break;                                                                \
-    }
-
-void fast_mm_q_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
-                      int64_t c1) {
-    for (int i0 = 0; i0 < m; i0 += 4) {
-        int mi = MIN(4, m - i0);
-        float *yy = y + (int64_t)i0 * ldy;
-        const float *xx = x + (int64_t)i0 * ldx;
-        switch (w->fmt) {
-        case WF_FP8:
-        case WF_FP8_B128: DISPATCH(mm_fp8_rows); break;
-        case WF_NVFP4: DISPATCH(mm_nvfp4_rows); break;
-        case WF_F32:
-        case WF_BF16:
-        case WF_F16: return; // not quantized: fast_mm_serial's other kernels
-        }
-    }
-}
+FAST_MM_Q_DEFINE(fast_mm_q_avx512, mm_fp8_rows, mm_nvfp4_rows)
 
 // Rows [r0, r0 + nr) dequantized to fp32 (the many-row products), the
 // reference's values: code * scale (NVFP4: (code * block scale) * scale).
