@@ -281,26 +281,24 @@ static int bench_engine(const struct vllm_engine_params *ep, const struct bench_
     return rc ? 1 : 0;
 }
 
-// The entries of a comma-separated list (n of them; NULL where one is empty)
+// The entries of a comma-separated list, n of them, in one copy of s
+// (v[0] owns it: free(v[0]), free(v)); an empty entry is "".
 static char **split_list(const char *s, int *n) {
+    char *c = xstrdup(s);
     *n = 1;
-    for (const char *c = s; *c; c++) *n += *c == ',';
+    for (const char *p = c; *p; p++) *n += *p == ',';
     char **v = xcalloc(*n, sizeof *v);
-    for (int i = 0; i < *n; i++) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        if (len) {
-            v[i] = xmalloc(len + 1);
-            memcpy(v[i], s, len);
-            v[i][len] = 0;
-        }
-        s += len + 1;
+    v[0] = c;
+    for (int i = 1; i < *n; i++) {
+        c = strchr(c, ',');
+        *c++ = 0;
+        v[i] = c;
     }
     return v;
 }
 
-static void free_list(char **v, int n) {
-    for (int i = 0; v && i < n; i++) free(v[i]);
+static void free_list(char **v) {
+    if (v) free(v[0]);
     free(v);
 }
 
@@ -369,9 +367,9 @@ int cli_bench(int argc, char **argv) {
             return fprintf(stderr, "vllm bench: a list of --quantization goes with the batch workload\n"), 2;
         quants = split_list(ep.quantization, &nq);
         for (int q = 0; q < nq; q++)
-            if (!quants[q]) {
+            if (!*quants[q]) {
                 fprintf(stderr, "vllm bench: --quantization: '%s' has an empty entry\n", ep.quantization);
-                free_list(quants, nq);
+                free_list(quants);
                 return 2;
             }
     }
@@ -388,7 +386,7 @@ int cli_bench(int argc, char **argv) {
     for (int i = 0; i < nb; i++) bad |= bs[i] < 1 || bs[i] > 4096;
     if (bad) {
         fprintf(stderr, "vllm bench: --batch-sizes: '%s' is not a comma-separated list of sizes in [1, 4096]\n", sizes);
-        free_list(quants, nq);
+        free_list(quants);
         free(bs);
         return 2;
     }
@@ -406,7 +404,7 @@ int cli_bench(int argc, char **argv) {
         rc = bench_engine(&ep, &b, res + (size_t)q * nb);
     }
     if (!rc && nq > 1 && !json) bench_compare(quants, nq, &b, res);
-    free_list(quants, nq);
+    free_list(quants);
     free(res);
     free(bs);
     return rc;
