@@ -6,7 +6,8 @@
 // between minutes): median time of each, its bytes per second, its fraction
 // of the read's, and its speed-up over bf16 (docs/BENCHMARKS_CPU.md).
 //
-// Usage: build/quant_gemv [THREADS (2)] [ROUNDS (15)] [ROWS (32768)] [COLS (1024)]
+// Usage: build/quant_gemv [THREADS (2)] [ROUNDS (15)] [ROWS (32768)] [COLS (1024)] [M (1)]
+// (M: rows of x, as a decode step of M sequences)
 // (a few hundred rows keep the weights in L2: the kernels' own speed)
 #include <stdio.h>
 
@@ -49,6 +50,8 @@ static void read_task(void *ctx, int i, int thread) {
 int main(int argc, char **argv) {
     int nt = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 15;
     int64_t N = argc > 3 ? atoll(argv[3]) : 32768, K = argc > 4 ? atoll(argv[4]) : 1024;
+    int M = argc > 5 ? atoi(argv[5]) : 1;
+    M = MAX(1, MIN(M, 64));
     rounds = MAX(1, MIN(rounds, 256));
     nt = MAX(1, MIN(nt, 256));
     struct backend *be = NULL;
@@ -69,22 +72,22 @@ int main(int argc, char **argv) {
     struct read_ctx rc = {xmalloc(sizeof(float) * (size_t)(per * tasks)), per, {0}};
     for (int64_t i = 0; i < per * tasks; i++) ((float *)rc.buf)[i] = (float)(i & 1023);
     double read_bytes = 4.0 * (double)(per * tasks);
-    float *x = xcalloc((size_t)K, sizeof(float)), *y = xcalloc((size_t)N, sizeof(float));
-    for (int64_t i = 0; i < K; i++) x[i] = 0.01f * (float)(i % 7);
+    float *x = xcalloc((size_t)(M * K), sizeof(float)), *y = xcalloc((size_t)(M * N), sizeof(float));
+    for (int64_t i = 0; i < M * K; i++) x[i] = 0.01f * (float)(i % 7);
     double *t = xcalloc((size_t)(NF + 1) * rounds, sizeof(double));
     for (int r = 0; r < rounds; r++)
         for (int f = 0; f <= NF; f++) {
             double t0 = now_s();
             for (int i = 0; i < 5; i++) {
                 if (f == NF) cpu_parallel(be, tasks, read_task, &rc);
-                else fast_matmul(be, y, x, &w[f], 1);
+                else fast_matmul(be, y, x, &w[f], M);
             }
             t[f * rounds + r] = (now_s() - t0) / 5;
         }
     for (int f = 0; f <= NF; f++) qsort(t + f * rounds, rounds, sizeof(double), cmp_double);
     double base = t[rounds / 2], read_gbs = read_bytes / t[NF * rounds + rounds / 2] / 1e9;
-    printf("[%lld, %lld] x 1 row, %d threads, kernels %s, median of %d rounds\n", (long long)N, (long long)K, nt,
-           fast_k(be)->name, rounds);
+    printf("[%lld, %lld] x %d row%s, %d threads, kernels %s, median of %d rounds\n", (long long)N, (long long)K, M,
+           M > 1 ? "s" : "", nt, fast_k(be)->name, rounds);
     printf("%-40s %8.2f ms %7.2f GB/s  (the roofline)\n", "streaming read", t[NF * rounds + rounds / 2] * 1e3, read_gbs);
     for (int f = 0; f < NF; f++) {
         double med = t[f * rounds + rounds / 2], gbs = (double)wfmt_weight_bytes(fmts[f], N, K) / med / 1e9;

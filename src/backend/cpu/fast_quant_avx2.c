@@ -7,6 +7,7 @@
 // a time (fast_mm_q_scalar): rand_moe's FP8 decode ran slower than its bf16.
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <stdbool.h>
 
 #include "backend/cpu/fast.h"
 #include "core/common.h"
@@ -48,73 +49,134 @@ static inline float hsum8(__m256 v) {
 
 #define fp8_lut fast_fp8_lut // e4m3 values: the tails and NVFP4's block scales
 
-// FP8 rows [c0, c1), MI activation rows; scale groups of g columns. Two
-// independent sums per activation row (16 of the 16 ymm registers at MI 4
-// with the weights and x: more spill).
-static inline __attribute__((always_inline)) void mm_fp8_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
-                                                              const struct weight *w, int64_t c0, int64_t c1,
-                                                              const int MI) {
-    int64_t K = w->cols, g = w->fmt == WF_FP8_B128 ? WF_B128 : K, G = wfmt_scale_cols(w->fmt, K);
-    for (int64_t r = c0; r < c1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + r * K;
-        const float *sc = w->scale + r * G;
-        __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-        float tail[4] = {0, 0, 0, 0};
-        for (int64_t b0 = 0, bi = 0; b0 < K; b0 += g, bi++) {
-            int64_t e = MIN(K, b0 + g), k = b0;
-            __m256 p0[4], p1[4];
-            for (int i = 0; i < 4; i++) p0[i] = p1[i] = _mm256_setzero_ps();
-            for (; k + 16 <= e; k += 16) {
-                if (k % 64 == 0) _mm_prefetch((const char *)(row + k + FAST_Q_PF), _MM_HINT_T0);
-                __m256 w0 = fp8_cvt8(row + k), w1 = fp8_cvt8(row + k + 8);
-                for (int i = 0; i < MI; i++) {
-                    const float *xi = x + i * ldx + k;
-                    p0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xi), p0[i]);
-                    p1[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), p1[i]);
-                }
-            }
-            for (; k + 8 <= e; k += 8) {
-                __m256 wv = fp8_cvt8(row + k);
-                for (int i = 0; i < MI; i++) p0[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ldx + k), p0[i]);
-            }
-            float t[4] = {0, 0, 0, 0}; // columns past the last 8: the values themselves (not / 256)
-            for (; k < e; k++)
-                for (int i = 0; i < MI; i++) t[i] += fp8_lut[row[k]] * x[i * ldx + k];
-            __m256 s = _mm256_set1_ps(sc[bi] * FP8_UNIT);
-            for (int i = 0; i < MI; i++) {
-                tot[i] = _mm256_fmadd_ps(_mm256_add_ps(p0[i], p1[i]), s, tot[i]);
-                tail[i] += t[i] * sc[bi];
+// The FMAs of one step of 16 columns: weight rows j < RB (w[j][0] columns
+// 0..7, w[j][1] 8..15) against x's rows i < MI at column k. Sums a[j][.]:
+// one row of x keeps the two halves apart (4 chains at RB 2); more rows
+// take one sum each (2 MI chains). At MI 4: 8 sums, 4 weights and x, 13 of
+// the 16 ymm registers (the single-row-of-weights kernel before ran out of
+// them and spilled: 4 rows of x took 3.9x one row's time).
+static inline __attribute__((always_inline)) void q_fma16(__m256 (*a)[4], __m256 (*w)[2], const float *x, int64_t ldx,
+                                                         int64_t k, const int MI, const int RB) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < MI; i++) {
+        __m256 x0 = _mm256_loadu_ps(x + i * ldx + k), x1 = _mm256_loadu_ps(x + i * ldx + k + 8);
+        #pragma GCC unroll 4
+        for (int j = 0; j < RB; j++) {
+            if (MI == 1) {
+                a[j][0] = _mm256_fmadd_ps(w[j][0], x0, a[j][0]);
+                a[j][1] = _mm256_fmadd_ps(w[j][1], x1, a[j][1]);
+            } else {
+                a[j][i] = _mm256_fmadd_ps(w[j][0], x0, a[j][i]);
+                a[j][i] = _mm256_fmadd_ps(w[j][1], x1, a[j][i]);
             }
         }
-        for (int i = 0; i < MI; i++) y[i * ldy + r - c0] = hsum8(tot[i]) + tail[i];
     }
 }
 
-// NVFP4 rows [c0, c1): each block's 16 values (e2m1 * its e4m3 scale, exact:
-// at most 6 significant bits; the 2^14 folded into the scale, a power of two)
-// into the row's sums, weight_scale_2 on the row's total.
+// Row sum of weight row j and x row i from q_fma16's sums.
+static inline float q_sum(__m256 (*a)[4], int j, int i, const int MI) {
+    return hsum8(MI == 1 ? _mm256_add_ps(a[j][0], a[j][1]) : a[j][i]);
+}
+
+// FP8 weight rows r .. r + RB - 1, MI activation rows, the codes / 256
+// summed. Per-row scales: the scale * 256 on the row's sum. 128-column
+// blocks: at one row of x, each block's sums times its scale * 256 into a
+// total (registers to spare); at more, the scale * 256 on the codes as they
+// widen (the reference's code * scale, exactly), where a second set of sums
+// would spill.
+static inline __attribute__((always_inline)) void fp8_tile(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                                           const struct weight *w, int64_t r, int64_t yo, const int MI,
+                                                           const int RB) {
+    int64_t K = w->cols, G = wfmt_scale_cols(w->fmt, K), K16 = K / 16 * 16;
+    bool blocks = w->fmt == WF_FP8_B128, fold = blocks && MI == 1;
+    int64_t g = blocks ? WF_B128 : K16;
+    const uint8_t *row[2];
+    __m256 a[2][4], wv[2][2], s[2], tot[2];
+#pragma GCC unroll 4
+    for (int j = 0; j < RB; j++) {
+        row[j] = (const uint8_t *)w->data + (r + j) * K, tot[j] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[j][i] = _mm256_setzero_ps();
+    }
+    for (int64_t b0 = 0; b0 < K16; b0 += g) {
+#pragma GCC unroll 4
+        for (int j = 0; j < RB; j++) s[j] = _mm256_set1_ps(blocks ? w->scale[(r + j) * G + b0 / WF_B128] * FP8_UNIT : 1);
+        for (int64_t k = b0; k < MIN(K16, b0 + g); k += 16) {
+#pragma GCC unroll 4
+            for (int j = 0; j < RB; j++) {
+                if (k % 64 == 0) _mm_prefetch((const char *)(row[j] + k + FAST_Q_PF), _MM_HINT_T0);
+                wv[j][0] = fp8_cvt8(row[j] + k), wv[j][1] = fp8_cvt8(row[j] + k + 8);
+                if (blocks && !fold) wv[j][0] = _mm256_mul_ps(wv[j][0], s[j]), wv[j][1] = _mm256_mul_ps(wv[j][1], s[j]);
+            }
+            q_fma16(a, wv, x, ldx, k, MI, RB);
+        }
+        if (fold)
+#pragma GCC unroll 4
+            for (int j = 0; j < RB; j++) {
+                tot[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j][0], a[j][1]), s[j], tot[j]);
+                a[j][0] = a[j][1] = _mm256_setzero_ps();
+            }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < RB; j++) {
+        const float *sc = w->scale + (r + j) * G;
+        for (int i = 0; i < MI; i++) {
+            float t = 0; // columns past the last 16: the values themselves (not / 256)
+            for (int64_t c = K16; c < K; c++) t += fp8_lut[row[j][c]] * (blocks ? sc[c / WF_B128] : 1) * x[i * ldx + c];
+            float sum = fold ? hsum8(tot[j]) : q_sum(a, j, i, MI);
+            y[i * ldy + yo + j] = blocks ? sum + t : (sum * FP8_UNIT + t) * sc[0];
+        }
+    }
+}
+
+// FP8 rows [c0, c1), MI activation rows: two weight rows at a time.
+static inline __attribute__((always_inline)) void mm_fp8_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                                              const struct weight *w, int64_t c0, int64_t c1,
+                                                              const int MI) {
+    int64_t r = c0;
+    for (; r + 2 <= c1; r += 2) fp8_tile(y, ldy, x, ldx, w, r, r - c0, MI, 2);
+    if (r < c1) fp8_tile(y, ldy, x, ldx, w, r, r - c0, MI, 1);
+}
+
+// NVFP4 weight rows r .. r + RB - 1: each block's 16 values (e2m1 * its e4m3
+// scale, exact: at most 6 significant bits; the 2^14 folded into the scale,
+// a power of two) into the row's sums, weight_scale_2 on the row's total.
+static inline __attribute__((always_inline)) void nvfp4_tile(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                                             const struct weight *w, int64_t r, int64_t yo,
+                                                             const int MI, const int RB) {
+    int64_t K = w->cols, nb = K / WF_NVFP4_GROUP;
+    const uint8_t *row[2], *bs[2];
+    __m256 a[2][4], wv[2][2];
+    #pragma GCC unroll 4
+    for (int j = 0; j < RB; j++) {
+        row[j] = (const uint8_t *)w->data + (r + j) * (K / 2), bs[j] = w->bscale + (r + j) * nb;
+        #pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[j][i] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; b++) {
+        #pragma GCC unroll 4
+        for (int j = 0; j < RB; j++) {
+            if (b % 8 == 0) _mm_prefetch((const char *)(row[j] + b * 8 + FAST_Q_PF), _MM_HINT_T0); // a line: 8 blocks
+            if (b % 64 == 0) _mm_prefetch((const char *)(bs[j] + b + FAST_Q_PF / 8), _MM_HINT_T0); // 64 scales
+            __m256 s = _mm256_set1_ps(fp8_lut[bs[j][b]] * E2M1_UNIT);
+            e2m1_cvt16(row[j] + b * 8, &wv[j][0], &wv[j][1]);
+            wv[j][0] = _mm256_mul_ps(wv[j][0], s), wv[j][1] = _mm256_mul_ps(wv[j][1], s);
+        }
+        q_fma16(a, wv, x, ldx, b * 16, MI, RB);
+    }
+    #pragma GCC unroll 4
+    for (int j = 0; j < RB; j++)
+        #pragma GCC unroll 4
+        for (int i = 0; i < MI; i++) y[i * ldy + yo + j] = q_sum(a, j, i, MI) * w->scale[r + j];
+}
+
+// NVFP4 rows [c0, c1): two weight rows at a time.
 static inline __attribute__((always_inline)) void mm_nvfp4_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
                                                                 const struct weight *w, int64_t c0, int64_t c1,
                                                                 const int MI) {
-    int64_t K = w->cols, nb = K / WF_NVFP4_GROUP;
-    for (int64_t r = c0; r < c1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + r * (K / 2), *bs = w->bscale + r * nb;
-        __m256 a0[4], a1[4];
-        for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) { // a block: two independent sums per row
-            if (b % 8 == 0) _mm_prefetch((const char *)(row + b * 8 + FAST_Q_PF), _MM_HINT_T0); // a line: 8 blocks
-            if (b % 64 == 0) _mm_prefetch((const char *)(bs + b + FAST_Q_PF / 8), _MM_HINT_T0); // a line: 64 scales
-            __m256 s = _mm256_set1_ps(fp8_lut[bs[b]] * E2M1_UNIT), w0, w1;
-            e2m1_cvt16(row + b * 8, &w0, &w1);
-            w0 = _mm256_mul_ps(w0, s), w1 = _mm256_mul_ps(w1, s);
-            for (int i = 0; i < MI; i++) {
-                const float *xi = x + i * ldx + b * 16;
-                a0[i] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xi), a0[i]);
-                a1[i] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xi + 8), a1[i]);
-            }
-        }
-        for (int i = 0; i < MI; i++) y[i * ldy + r - c0] = hsum8(_mm256_add_ps(a0[i], a1[i])) * w->scale[r];
-    }
+    int64_t r = c0;
+    for (; r + 2 <= c1; r += 2) nvfp4_tile(y, ldy, x, ldx, w, r, r - c0, MI, 2);
+    if (r < c1) nvfp4_tile(y, ldy, x, ldx, w, r, r - c0, MI, 1);
 }
 
 FAST_MM_Q_DEFINE(fast_mm_q_avx2, mm_fp8_rows, mm_nvfp4_rows)
