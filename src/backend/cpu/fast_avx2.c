@@ -289,6 +289,91 @@ static void ssd_step(float *S, int P, int N, const float *x, const float *B, con
     }
 }
 
+// ---- small fp32 GEMM (fast.h's sgemm_pack_b / sgemm_packed) ----
+// op(B) packed into panels of 16 columns ([K][16] each); a 6 x 16 tile of C
+// in 12 accumulators (with the two B vectors and a broadcast of A: 15 of the
+// 16 ymm registers; 12 FMA chains cover the FMA latency of two pipes). Rows
+// of A are read through a pointer each, so a tile may straddle the [K][8]
+// panels a transposed A is copied into.
+#define SG2_MR 6
+#define SG2_NR 16
+INL void sg_tile(int K, const float *const *ar, int64_t sk, const float *bp, float *C, int ldc, float alpha,
+                 float beta, int mr, int nr) {
+    __m256 acc[SG2_MR][2];
+#pragma GCC unroll 6
+    for (int i = 0; i < SG2_MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m256 b0 = _mm256_loadu_ps(bp + k * SG2_NR), b1 = _mm256_loadu_ps(bp + k * SG2_NR + 8);
+#pragma GCC unroll 6
+        for (int i = 0; i < SG2_MR; i++) {
+            __m256 av = _mm256_broadcast_ss(ar[i] + k * sk);
+            acc[i][0] = _mm256_fmadd_ps(av, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(av, b1, acc[i][1]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < SG2_MR; i++) { // a constant count: the sums stay registers (a loop to mr spilled them)
+        if (i >= mr) break;
+        float *c = C + (int64_t)i * ldc, t[SG2_NR];
+        _mm256_storeu_ps(t, _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i][0]));
+        _mm256_storeu_ps(t + 8, _mm256_mul_ps(_mm256_set1_ps(alpha), acc[i][1]));
+        for (int j = 0; j < nr; j++) c[j] = beta != 0.0f ? t[j] + beta * c[j] : t[j];
+    }
+}
+
+// r[0..7] (rows) -> their transpose, in registers.
+INL void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 8; i += 4)
+        for (int j = 0; j < 2; j++) {
+            u[i + j] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0x44);
+            u[i + j + 2] = _mm256_shuffle_ps(t[i + j], t[i + j + 2], 0xee);
+        }
+    for (int i = 0; i < 4; i++) {
+        int a = (i & 1) * 2 + (i >> 1); // u's order: rows 0 2 1 3 of each half
+        r[i] = _mm256_permute2f128_ps(u[a], u[a + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[a], u[a + 4], 0x31);
+    }
+}
+
+static void sgemm_pack_b(float *bp, int N, int K, const float *B, int ldb, int tb) {
+    for (int jp = 0; jp < (N + SG2_NR - 1) / SG2_NR; jp++) {
+        float *d = bp + (size_t)jp * SG2_NR * K;
+        int n0 = jp * SG2_NR, nc = MIN(SG2_NR, N - n0), k = 0;
+        if (tb && nc == SG2_NR) // B [N, K]: 8 x 8 blocks transposed in registers
+            for (; k + 8 <= K; k += 8)
+                for (int h = 0; h < SG2_NR; h += 8) {
+                    __m256 r[8];
+                    for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(B + (int64_t)(n0 + h + j) * ldb + k);
+                    transpose8(r);
+                    for (int j = 0; j < 8; j++) _mm256_storeu_ps(d + (k + j) * SG2_NR + h, r[j]);
+                }
+        for (; k < K; k++)
+            for (int j = 0; j < SG2_NR; j++) // tb: a column of B a row of the panel
+                d[k * SG2_NR + j] = j >= nc ? 0.0f : tb ? B[(int64_t)(n0 + j) * ldb + k] : B[(int64_t)k * ldb + n0 + j];
+    }
+}
+
+static void sgemm_packed(int M, int N, int K, float alpha, const float *A, int lda, int ta, const float *bp, float beta,
+                         float *C, int ldc, float *ap) {
+    int np = (N + SG2_NR - 1) / SG2_NR;
+    if (ta) // A [K, M]: copied into [K][8] panels (fast_sgemm_a_floats), row i at panel i / 8, lane i % 8
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++) ap[(size_t)(i / 8) * 8 * K + (size_t)k * 8 + i % 8] = A[(int64_t)k * lda + i];
+    int64_t sk = ta ? 8 : 1;
+    for (int jp = 0; jp < np; jp++)
+        for (int i0 = 0; i0 < M; i0 += SG2_MR) {
+            const float *ar[SG2_MR];
+            for (int i = 0; i < SG2_MR; i++) { // rows past M repeat row i0 (not stored)
+                int r = i0 + i < M ? i0 + i : i0;
+                ar[i] = ta ? ap + (size_t)(r / 8) * 8 * K + r % 8 : A + (int64_t)r * lda;
+            }
+            sg_tile(K, ar, sk, bp + (size_t)jp * SG2_NR * K, C + (int64_t)i0 * ldc + jp * SG2_NR, ldc, alpha, beta,
+                    MIN(SG2_MR, M - i0), MIN(SG2_NR, N - jp * SG2_NR));
+        }
+}
+
 const struct fast_kern fast_kern_avx2 = {
     .name = "avx2",
     .mm_pk = mm_pk,
@@ -307,5 +392,7 @@ const struct fast_kern fast_kern_avx2 = {
     .ssd_decay = ssd_decay,
     .ssd_out = ssd_out,
     .ssd_step = ssd_step,
+    .sgemm_pack_b = sgemm_pack_b,
+    .sgemm_packed = sgemm_packed,
 };
 #endif

@@ -59,27 +59,47 @@ int fast_quant_alloc(struct weight *w) {
     return VLLM_OK;
 }
 
-// Weight rows per chunk of a many-row product: dequantized to fp32, then the
-// fp32 GEMM on them.
-#define Q_CHUNK 32
+// A many-row product y [n, c1 - c0] = x W^T, with the kernel set's sgemm:
+// per pass of QX_ROWS rows of x, x^T packed once as the GEMM's B; per
+// chunk of Q_CHUNK weight rows, the rows dequantized to fp32 as its A
+// (read in place, unpacked), C = W_chunk x^T [Q_CHUNK, rows] into y
+// transposed. (Packing each dequantized chunk as B instead, a transpose
+// of Q_CHUNK x K floats a chunk, cost as much as the chunk's GEMM at 64
+// rows of x on an AVX2 core.) Q_CHUNK is a multiple of the tiles' rows (6
+// on AVX2, 8 on AVX-512), QX_ROWS of their columns (16, 32).
+#define Q_CHUNK 48
+#define QX_ROWS 128
 
-size_t fast_quant_pack_floats(int64_t K) { return fast_sgemm_b_floats(Q_CHUNK, (int)K) + (size_t)Q_CHUNK * K + 32; }
+size_t fast_quant_pack_floats(int64_t K) {
+    return fast_sgemm_b_floats(QX_ROWS, (int)K) + (size_t)Q_CHUNK * (K + QX_ROWS) + 32;
+}
 
 void fast_mm_q_many(struct backend *be, int thread, float *y, int64_t ldy, const float *x, int64_t ldx, int n,
                     const struct weight *w, int64_t c0, int64_t c1) {
     const struct fast_kern *k = fast_k(be);
     int K = (int)w->cols;
-    float *bp = fast_pack_scratch(be, thread, fast_quant_pack_floats(K));
-    float *deq = bp + ((fast_sgemm_b_floats(Q_CHUNK, K) + 15) & ~(size_t)15);
-    for (int64_t a = c0; a < c1; a += Q_CHUNK) {
-        int nc = (int)MIN(Q_CHUNK, c1 - a);
-        k->deq_q(deq, w, a, nc);
-        if (k->sgemm_pack_b) {
-            k->sgemm_pack_b(bp, nc, K, deq, K, 1);
-            k->sgemm_packed(n, nc, K, 1.0f, x, (int)ldx, 0, bp, 0.0f, y + (a - c0), (int)ldy, NULL);
-        } else {
+    float *xp = fast_pack_scratch(be, thread, fast_quant_pack_floats(K));
+    float *deq = xp + ((fast_sgemm_b_floats(QX_ROWS, K) + 15) & ~(size_t)15), *ct = deq + (size_t)Q_CHUNK * K;
+    if (!k->sgemm_pack_b) { // OpenBLAS: each chunk against all of x
+        for (int64_t a = c0; a < c1; a += Q_CHUNK) {
+            int nc = (int)MIN(Q_CHUNK, c1 - a);
+            k->deq_q(deq, w, a, nc);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nc, K, 1.0f, x, (int)ldx, deq, K, 0.0f, y + (a - c0),
                         (int)ldy);
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < n; i0 += QX_ROWS) {
+        int ni = MIN(QX_ROWS, n - i0);
+        k->sgemm_pack_b(xp, ni, K, x + (int64_t)i0 * ldx, (int)ldx, 1); // op(B) = x^T [K, ni]
+        for (int64_t a = c0; a < c1; a += Q_CHUNK) {
+            int nc = (int)MIN(Q_CHUNK, c1 - a);
+            k->deq_q(deq, w, a, nc);
+            k->sgemm_packed(nc, ni, K, 1.0f, deq, K, 0, xp, 0.0f, ct, ni, NULL); // ct [nc, ni]
+            for (int i = 0; i < ni; i++) {
+                float *yr = y + (int64_t)(i0 + i) * ldy + (a - c0);
+                for (int c = 0; c < nc; c++) yr[c] = ct[c * ni + i];
+            }
         }
     }
 }
