@@ -45,3 +45,9 @@ set_tests_properties(bench_quant_list_empty PROPERTIES PASS_REGULAR_EXPRESSION "
 add_test(NAME bench_quant_list_workload COMMAND vllm_cli bench --model ${VLLM_FIXTURES}/nh_dense --quantization none,fp8
          --workload throughput)
 set_tests_properties(bench_quant_list_workload PROPERTIES PASS_REGULAR_EXPRESSION "goes with the batch workload")
+# With --output-len 1 no decode step runs: the decode fraction prints "-",
+# not a negative percentage
+add_test(NAME bench_no_decode_frac COMMAND vllm_cli bench --model ${VLLM_FIXTURES}/nh_dense --threads 1
+         --batch-sizes 1 --input-len 8 --output-len 1)
+set_tests_properties(bench_no_decode_frac PROPERTIES PASS_REGULAR_EXPRESSION "\n +1 +[0-9.]+ +0\\.0 +[0-9.]+ +0\\.00 +[0-9.]+ +- "
+                     FAIL_REGULAR_EXPRESSION "-[0-9.]+%")

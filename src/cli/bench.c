@@ -233,10 +233,14 @@ static void bench_print(const struct vllm_engine_params *ep, const struct vllm_m
            "16-bit GEMM\n", in_len, out_len, bw / 1e9, fl / 1e12);
     printf("%6s %14s %14s %10s %10s %10s %8s %12s %8s\n", "batch", "prefill tok/s", "decode tok/s", "TTFT ms",
            "TPOT ms", "MB/step", "of BW", "GFLOP/tok", "of peak");
-    for (int i = 0; i < nb; i++)
-        printf("%6d %14.1f %14.1f %10.1f %10.2f %10.1f %7.1f%% %12.2f %7.1f%%\n", res[i].batch, res[i].prefill_tps,
-               res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms, res[i].decode_bytes / 1e6, 100 * res[i].decode_frac,
-               res[i].prefill_flops / 1e9, 100 * res[i].prefill_frac);
+    for (int i = 0; i < nb; i++) {
+        char df[16] = "-", pf[16] = "-"; // no fraction: no decode step (output 1), or limits not measured
+        if (res[i].decode_frac >= 0) snprintf(df, sizeof df, "%.1f%%", 100 * res[i].decode_frac);
+        if (res[i].prefill_frac >= 0) snprintf(pf, sizeof pf, "%.1f%%", 100 * res[i].prefill_frac);
+        printf("%6d %14.1f %14.1f %10.1f %10.2f %10.1f %8s %12.2f %8s\n", res[i].batch, res[i].prefill_tps,
+               res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms, res[i].decode_bytes / 1e6, df,
+               res[i].prefill_flops / 1e9, pf);
+    }
 }
 
 struct bench_run {
