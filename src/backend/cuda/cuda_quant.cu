@@ -114,8 +114,8 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 // codes): y [NB, N] = x [NB, K] W^T (+ bias). The grid is resident (XS: 1
 // block of 16 warps an SM, else 2 of 8) and loops over groups of QW_R weight
 // rows, handed to warps block-first (group g: block g % blocks), so every SM
-// streams the same share. A warp streams its group's rows whole, U = QW_U
-// 16-byte loads per row per lane per step (lane l of step s reads load
+// streams the same share. A warp streams its group's rows whole, U
+// (qw_pick_u) 16-byte loads per row per lane per step (lane l of step s reads load
 // s * 32 U + 32 j + l of each row: 16 e4m3 codes, or 32 e2m1 codes and
 // their two block-scale bytes), the next step's loads (the next group's
 // first) issued before this step's arithmetic, the first before pdl_wait:
@@ -133,10 +133,24 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 // us (26 -> 52%; there the tensor-core GEMV's 15.2 on the H200); 4 rows
 // 31.4 -> 15.7 us.
 #define QW_R 2 // weight rows a warp streams at once
-// 16-byte loads per row and lane a step: 4 for one row of x; for more, 2
-// (at 4 their registers spill under the 128 a thread of a 16-warp block)
-template <int NB>
-constexpr int QW_U = NB == 1 ? 4 : 2;
+// 16-byte loads per row and lane a step (U): for more than one row of x, 2
+// (at 4 their registers spill under the 128 a thread of a 16-warp block);
+// for one, 2 to 4, whichever fills most of the last step's load slots (a
+// row of KV loads takes ceil(KV / 32 U) steps; ties to the larger U): at K
+// = 2,688 FP8 (KV 168) U = 4 fills 168 of 256 slots, U = 3 168 of 192. On
+// an H100 (`cuda_ops 1 64 quant`, nano30b) against U = 4 everywhere: in_proj
+// FP8 11.70 -> 11.21 us, NVFP4 10.01 -> 9.24; one token's routed experts FP8
+// 32.64 -> 31.64, NVFP4 (U = 2 for down's K = 1,856) 29.33 -> 26.72.
+static int qw_pick_u(int nb, int kv) {
+    if (nb > 1) return 2;
+    int best = 4;
+    long best_slots = (long)cdiv(kv, 32 * 4) * 32 * 4;
+    for (int u = 3; u >= 2; u--) {
+        long slots = (long)cdiv(kv, 32 * u) * 32 * u;
+        if (slots < best_slots) best = u, best_slots = slots;
+    }
+    return best;
+}
 
 template <bool XS> struct qw_shape {
     static constexpr int warps = XS ? 16 : 8, per_sm = XS ? 1 : 2;
@@ -281,10 +295,10 @@ __device__ __forceinline__ float4 xq_at(const float4 *xsh, const float *x, int b
 
 // The map M (qw_dense, qw_moe) gives the groups' rows, x's row for each and
 // the epilogue; bias on each row's sum before any activation.
-template <enum wfmt F, int NB, bool XS, class M>
+template <enum wfmt F, int NB, int U, bool XS, class M>
 __global__ void __launch_bounds__(qw_shape<XS>::warps * 32, qw_shape<XS>::per_sm)
     k_gemv_qw(float *y, const float *x, qweight w, M m) {
-    constexpr int V = QV<F>, P = V / 4, C = V / 16, U = QW_U<NB>; // P float4 of x a load, C chunks of 16
+    constexpr int V = QV<F>, P = V / 4, C = V / 16; // P float4 of x a load, C chunks of 16
     extern __shared__ float4 xsh[];                   // XS: [m.xrows(NB)][P][KV] float4 (xq_at)
     int lane = threadIdx.x & 31, K = w.K, KV = K / V, groups = m.groups();
     int steps = max(1, (KV + 32 * U - 1) / (32 * U));
@@ -473,18 +487,28 @@ struct qw_epi {
 };
 
 // k_gemv_qw over map m: x staged (XS) where its rows fit a block's shared memory.
-template <enum wfmt F, int NB, class M>
-static void gemv_qw_launch(struct backend *be, cudaStream_t st, float *y, const float *x, const qweight &q, const M &m,
-                           int groups, int xrows) {
+template <enum wfmt F, int NB, int U, class M>
+static void gemv_qw_launch_u(struct backend *be, cudaStream_t st, float *y, const float *x, const qweight &q,
+                             const M &m, int groups, int xrows) {
     size_t sm = sizeof(float) * xrows * q.K;
     int sms = cu(be)->num_sms;
     if (sm <= cu(be)->smem_optin) {
-        auto k = k_gemv_qw<F, NB, true, M>;
+        auto k = k_gemv_qw<F, NB, U, true, M>;
         CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
         launch_pdl(k, MIN(groups, qw_shape<true>::per_sm * sms), qw_shape<true>::warps * 32, sm, st, y, x, q, m);
     } else
-        launch_pdl(k_gemv_qw<F, NB, false, M>, MIN(groups, qw_shape<false>::per_sm * sms), qw_shape<false>::warps * 32,
-                   0, st, y, x, q, m);
+        launch_pdl(k_gemv_qw<F, NB, U, false, M>, MIN(groups, qw_shape<false>::per_sm * sms),
+                   qw_shape<false>::warps * 32, 0, st, y, x, q, m);
+}
+template <enum wfmt F, int NB, class M>
+static void gemv_qw_launch(struct backend *be, cudaStream_t st, float *y, const float *x, const qweight &q, const M &m,
+                           int groups, int xrows) {
+    if constexpr (NB > 1) return gemv_qw_launch_u<F, NB, 2>(be, st, y, x, q, m, groups, xrows);
+    else switch (qw_pick_u(NB, q.K / QV<F>)) {
+    case 2: gemv_qw_launch_u<F, NB, 2>(be, st, y, x, q, m, groups, xrows); break;
+    case 3: gemv_qw_launch_u<F, NB, 3>(be, st, y, x, q, m, groups, xrows); break;
+    default: gemv_qw_launch_u<F, NB, 4>(be, st, y, x, q, m, groups, xrows); break;
+    }
 }
 template <enum wfmt F, bool GATED>
 static void gemv_qw(struct backend *be, float *y, const float *x, const qweight &q, const float *bias, int N, int n,
