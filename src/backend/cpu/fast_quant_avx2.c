@@ -129,14 +129,17 @@ static inline __attribute__((always_inline)) void fp8_tile(float *y, int64_t ldy
     }
 }
 
-// FP8 rows [c0, c1), MI activation rows: two weight rows at a time.
-static inline __attribute__((always_inline)) void mm_fp8_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
-                                                              const struct weight *w, int64_t c0, int64_t c1,
-                                                              const int MI) {
-    int64_t r = c0;
-    for (; r + 2 <= c1; r += 2) fp8_tile(y, ldy, x, ldx, w, r, r - c0, MI, 2);
-    if (r < c1) fp8_tile(y, ldy, x, ldx, w, r, r - c0, MI, 1);
-}
+// Weight rows [c0, c1) against MI activation rows, two weight rows a tile
+// (the last alone where the count is odd).
+#define Q_ROWS_OF(name, tile)                                                                                          \
+    static inline __attribute__((always_inline)) void name(float *y, int64_t ldy, const float *x, int64_t ldx,        \
+                                                           const struct weight *w, int64_t c0, int64_t c1,             \
+                                                           const int MI) {                                             \
+        int64_t r = c0;                                                                                                \
+        for (; r + 2 <= c1; r += 2) tile(y, ldy, x, ldx, w, r, r - c0, MI, 2);                                         \
+        if (r < c1) tile(y, ldy, x, ldx, w, r, r - c0, MI, 1);                                                         \
+    }
+Q_ROWS_OF(mm_fp8_rows, fp8_tile)
 
 // NVFP4 weight rows r .. r + RB - 1: each block's 16 values (e2m1 * its e4m3
 // scale, exact: at most 6 significant bits; the 2^14 folded into the scale,
@@ -170,14 +173,7 @@ static inline __attribute__((always_inline)) void nvfp4_tile(float *y, int64_t l
         for (int i = 0; i < MI; i++) y[i * ldy + yo + j] = q_sum(a, j, i, MI) * w->scale[r + j];
 }
 
-// NVFP4 rows [c0, c1): two weight rows at a time.
-static inline __attribute__((always_inline)) void mm_nvfp4_rows(float *y, int64_t ldy, const float *x, int64_t ldx,
-                                                                const struct weight *w, int64_t c0, int64_t c1,
-                                                                const int MI) {
-    int64_t r = c0;
-    for (; r + 2 <= c1; r += 2) nvfp4_tile(y, ldy, x, ldx, w, r, r - c0, MI, 2);
-    if (r < c1) nvfp4_tile(y, ldy, x, ldx, w, r, r - c0, MI, 1);
-}
+Q_ROWS_OF(mm_nvfp4_rows, nvfp4_tile)
 
 FAST_MM_Q_DEFINE(fast_mm_q_avx2, mm_fp8_rows, mm_nvfp4_rows)
 
