@@ -171,6 +171,11 @@ void fast_quant_vbmi_init(void);
 // scales (filled by fast_kern_for, before any kernel runs)
 extern float fast_fp8_lut[256];
 void fast_fp8_lut_init(void);
+// The scale of column k of FP8 row r: the row's, or its 128-column block's
+// (G: wfmt_scale_cols of the weight).
+static inline float fast_fp8_scale(const struct weight *w, int64_t G, int64_t r, int64_t k) {
+    return w->scale[r * G + (w->fmt == WF_FP8_B128 ? k / WF_B128 : 0)];
+}
 void fast_mm_q_scalar(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                       int64_t c1);
 void fast_deq_q_scalar(float *dst, const struct weight *w, int64_t r0, int64_t nr);

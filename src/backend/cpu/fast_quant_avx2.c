@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) void fp8_tile(float *y, int64_t ldy
     }
     for (int64_t b0 = 0; b0 < K16; b0 += g) {
 #pragma GCC unroll 4
-        for (int j = 0; j < RB; j++) s[j] = _mm256_set1_ps(blocks ? w->scale[(r + j) * G + b0 / WF_B128] * FP8_UNIT : 1);
+        for (int j = 0; j < RB; j++) s[j] = _mm256_set1_ps(blocks ? fast_fp8_scale(w, G, r + j, b0) * FP8_UNIT : 1);
         for (int64_t k = b0; k < MIN(K16, b0 + g); k += 16) {
 #pragma GCC unroll 4
             for (int j = 0; j < RB; j++) {
@@ -189,10 +189,10 @@ void fast_deq_q_avx2(float *dst, const struct weight *w, int64_t r0, int64_t nr)
             const uint8_t *row = (const uint8_t *)w->data + r * K;
             int64_t k = 0;
             for (; k + 8 <= K; k += 8) { // (code / 256) * (256 * scale): the reference's code * scale exactly
-                __m256 s = _mm256_set1_ps(FP8_UNIT * (w->fmt == WF_FP8 ? w->scale[r] : w->scale[r * G + k / WF_B128]));
+                __m256 s = _mm256_set1_ps(FP8_UNIT * fast_fp8_scale(w, G, r, k));
                 _mm256_storeu_ps(d + k, _mm256_mul_ps(fp8_cvt8(row + k), s));
             }
-            for (; k < K; k++) d[k] = fp8_lut[row[k]] * w->scale[r * G + (w->fmt == WF_FP8 ? 0 : k / WF_B128)];
+            for (; k < K; k++) d[k] = fp8_lut[row[k]] * fast_fp8_scale(w, G, r, k);
             break;
         }
         case WF_NVFP4: {

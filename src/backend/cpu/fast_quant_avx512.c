@@ -127,10 +127,10 @@ void fast_deq_q_avx512(float *dst, const struct weight *w, int64_t r0, int64_t n
             int64_t k = 0;
             for (; k + 16 <= K; k += 16) {
                 // (code / 256) * (256 * scale): the reference's code * scale exactly
-                __m512 s = _mm512_set1_ps(FP8_UNIT * (w->fmt == WF_FP8 ? w->scale[r] : w->scale[r * G + k / WF_B128]));
+                __m512 s = _mm512_set1_ps(FP8_UNIT * fast_fp8_scale(w, G, r, k));
                 _mm512_storeu_ps(d + k, _mm512_mul_ps(fp8_cvt(_mm_loadu_si128((const __m128i *)(row + k))), s));
             }
-            for (; k < K; k++) d[k] = fp8_lut[row[k]] * w->scale[r * G + (w->fmt == WF_FP8 ? 0 : k / WF_B128)];
+            for (; k < K; k++) d[k] = fp8_lut[row[k]] * fast_fp8_scale(w, G, r, k);
             break;
         }
         case WF_NVFP4: {

@@ -115,9 +115,9 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 // block of 16 warps an SM, else 2 of 8) and loops over groups of QW_R weight
 // rows, handed to warps block-first (group g: block g % blocks), so every SM
 // streams the same share. A warp streams its group's rows whole, U
-// (qw_pick_u) 16-byte loads per row per lane per step (lane l of step s reads load
-// s * 32 U + 32 j + l of each row: 16 e4m3 codes, or 32 e2m1 codes and
-// their two block-scale bytes), the next step's loads (the next group's
+// (qw_pick_u) 16-byte loads per row per lane per step (lane l of step s
+// reads load s * 32 U + 32 j + l of each row: 16 e4m3 codes, or 32 e2m1
+// codes and their two block-scale bytes), the next step's loads (the next group's
 // first) issued before this step's arithmetic, the first before pdl_wait:
 // 2 QW_R U loads a lane in flight. A load is one or two chunks of 16
 // values: each chunk's dot with x is an fp32 sum, times its block scale
@@ -141,8 +141,7 @@ __device__ __forceinline__ void q_dq8(const qchunk<F> &q, int h, float rs, float
 // an H100 (`cuda_ops 1 64 quant`, nano30b) against U = 4 everywhere: in_proj
 // FP8 11.70 -> 11.21 us, NVFP4 10.01 -> 9.24; one token's routed experts FP8
 // 32.64 -> 31.64, NVFP4 (U = 2 for down's K = 1,856) 29.33 -> 26.72.
-static int qw_pick_u(int nb, int kv) {
-    if (nb > 1) return 2;
+static int qw_pick_u(int kv) {
     int best = 4;
     long best_slots = (long)cdiv(kv, 32 * 4) * 32 * 4;
     for (int u = 3; u >= 2; u--) {
@@ -407,9 +406,10 @@ __global__ void __launch_bounds__(256) k_gemv_q_any(float *y, const float *x, qw
 // y [n, N] = x [n, K] W^T (+ bias), n <= 8 NT: a block a 16-row tile of W,
 // its 8 warps taking its steps in turn (qmma_run; the first step's codes
 // loaded before pdl_wait, under the previous kernel's tail) over x staged
-// by k_qmma_x (xs, inv). A C per token tile; the warps' sums reduce through shared memory in a fixed
-// order (deterministic); the epilogue applies the row scale (FP8; NVFP4's
-// times 2^14), the row of x's 2^-sh and the bias.
+// by k_qmma_x (xs, inv). A C per token tile; the warps' sums reduce
+// through shared memory in a fixed order (deterministic); the epilogue
+// applies the row scale (FP8; NVFP4's times 2^14), the row of x's 2^-sh
+// and the bias.
 template <enum wfmt F, int NT>
 __global__ void __launch_bounds__(256) k_gemv_qmma(float *y, const uint4 *xs, const float *inv, qweight w,
                                                    const float *bias, int N, int n) {
@@ -504,7 +504,7 @@ template <enum wfmt F, int NB, class M>
 static void gemv_qw_launch(struct backend *be, cudaStream_t st, float *y, const float *x, const qweight &q, const M &m,
                            int groups, int xrows) {
     if constexpr (NB > 1) return gemv_qw_launch_u<F, NB, 2>(be, st, y, x, q, m, groups, xrows);
-    else switch (qw_pick_u(NB, q.K / QV<F>)) {
+    else switch (qw_pick_u(q.K / QV<F>)) {
     case 2: gemv_qw_launch_u<F, NB, 2>(be, st, y, x, q, m, groups, xrows); break;
     case 3: gemv_qw_launch_u<F, NB, 3>(be, st, y, x, q, m, groups, xrows); break;
     default: gemv_qw_launch_u<F, NB, 4>(be, st, y, x, q, m, groups, xrows); break;
