@@ -57,21 +57,23 @@ void lm_tick(struct lm *m, int k) {
     if (!m->tdiag) return;
     m->be->ops->sync(m->be);
     double t = now_s();
-    if (k >= 0) m->tsum[k] += t - m->tlast;
+    if (k >= 0) m->tsum[m->tkind][k] += t - m->tlast;
     m->tlast = t;
 }
 
 static void tick_report(struct lm *m, int T) {
-    if (!m->tdiag || ++m->tsteps % 20) return;
+    int pk = m->tkind;
+    double *sum = m->tsum[pk];
+    if (!m->tdiag || ++m->tsteps[pk] % 20) return;
     double tot = 0;
-    for (int k = 0; k < T_N; k++) tot += m->tsum[k];
+    for (int k = 0; k < T_N; k++) tot += sum[k];
     if (!m->rank) { // one report, rank 0's
-        diag_printf("time over 20 steps (last had %d tokens): %.3f ms per step\n", T, 1e3 * tot / 20);
+        diag_printf("time over 20 %s steps (last had %d tokens): %.3f ms per step\n", pk ? "prefill" : "decode", T,
+                    1e3 * tot / 20);
         for (int k = 0; k < T_N; k++)
-            if (m->tsum[k] > 0)
-                diag_printf("  %-22s %8.3f ms %5.1f%%\n", t_names[k], 1e3 * m->tsum[k] / 20, 100 * m->tsum[k] / tot);
+            if (sum[k] > 0) diag_printf("  %-22s %8.3f ms %5.1f%%\n", t_names[k], 1e3 * sum[k] / 20, 100 * sum[k] / tot);
     }
-    memset(m->tsum, 0, sizeof m->tsum);
+    memset(sum, 0, sizeof m->tsum[pk]);
 }
 
 void lm_all_reduce(struct lm *m, float *x, int64_t n) {
@@ -383,6 +385,7 @@ void lm_forward(struct model *base, const struct batch *b, struct caches *c, flo
     const struct backend_ops *op = be->ops;
     struct lm_ws *ws = &m->ws;
     int T = b->num_tokens, D = m->hidden;
+    m->tkind = b->num_prefills > 0;
     lm_tick(m, -1);
     op->embed(be, ws->res, &m->embed, b->input_ids, T);
     lm_tick(m, T_EMBED);

@@ -174,9 +174,10 @@ struct lm {
     int max_tokens, max_rows, max_seq_len;
     void *family;                  // a family's own state (config), freed by family_free
     void (*family_free)(void *);
-    // VLLM_DIAG=time: device time per part of the forward (synchronizes)
-    int tdiag, diag_state, tsteps;
-    double tlast, tsum[T_N];
+    // VLLM_DIAG=time: device time per part of the forward (synchronizes),
+    // summed apart for steps with prompt tokens [1] and pure-decode steps [0]
+    int tdiag, diag_state, tkind, tsteps[2];
+    double tlast, tsum[2][T_N];
 };
 
 // What a family's load hands lm_load once its config is parsed.
