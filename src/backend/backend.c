@@ -87,6 +87,7 @@ int weight_from_f32(struct backend *be, struct weight *w, enum wfmt fmt, const f
 
 void backend_mlp(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
                  int gated, enum act act, float *h, float *tmp, int n) {
+    if (be->ops->mlp && be->ops->mlp(be, y, x, up, down, gated, act, h, tmp, n)) return;
     if (gated) // act(gate) * up in the gate | up product's epilogue where the backend can
         be->ops->matmul_act_mul(be, act, h, x, up, n, tmp);
     else // act(up x) likewise in the up product's epilogue

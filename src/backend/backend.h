@@ -249,6 +249,12 @@ struct backend_ops {
     // W.bias)) (relu2: Nemotron-H's MLPs and shared experts). A decode GEMV
     // applies act in its epilogue; elsewhere it is matmul then act in place.
     void (*matmul_act)(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n);
+    // Optional: an MLP as backend_mlp defines it, run the backend's own way,
+    // or 0 where it does not take the shape (backend_mlp then composes it
+    // from the ops above). CUDA: 16-bit weights past decode rows keep the
+    // hidden in 16 bits, which the down product rounds it to anyway.
+    int (*mlp)(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
+               int gated, enum act act, float *h, float *tmp, int n);
     // Sum of squares of x[0..n) (a diagnostic; synchronizes).
     double (*sum_sq)(struct backend *be, const float *x, int64_t n);
 
@@ -455,9 +461,10 @@ int weight_random_quant(struct backend *be, struct weight *w, uint64_t seed, flo
 // arrays ([n, wfmt_scale_cols] fp32; bscale [n, cols/16] e4m3, NVFP4 only).
 void weight_upload_scales(struct backend *be, struct weight *w, int64_t row0, int64_t n, const float *scale,
                           const uint8_t *bscale);
-// y: [n, L] = down(act(up x)) or down(act(gate x) * up x), an MLP through
-// be's own matmul ops; h: [n, I] the hidden; tmp: [n, 2I] (gated: the gate |
-// up product before act).
+// y: [n, L] = down(act(up x)) or down(act(gate x) * up x): be's mlp op where
+// it takes the shape, else through be's own matmul ops; h: [n, I] the
+// hidden; tmp: [n, 2I] (gated: the gate | up product before act); h and tmp
+// may be one buffer when not gated.
 void backend_mlp(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
                  int gated, enum act act, float *h, float *tmp, int n);
 // The shared expert as an MLP (backend_mlp), where a device does not fuse it.

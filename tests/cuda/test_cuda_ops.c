@@ -533,6 +533,57 @@ static void test_matmul_act(int K, int N, enum act kind) {
     free(wm), free(x), free(bias);
 }
 
+// The mlp op (16-bit weights past decode rows: the hidden kept in 16 bits)
+// against the CPU's composed MLP (backend_mlp: matmul_act(_mul) + matmul,
+// fp32 weights): relu2 at Nemotron-3 Nano's shared expert (2688 -> 3712) and
+// Nemotron-H-8B's MLP (4096 -> 21504), SwiGLU at Qwen3-8B's (4096 -> 2 x
+// 12288) and a small odd one. The op must take every case (a check that
+// compared the composed path would prove nothing of it), and it must refuse
+// decode rows and an I that is not a multiple of 8.
+static void test_mlp(int K, int I, int gated, enum act act, int n) {
+    int U = gated ? 2 * I : I;
+    float *wu = test_rnd((size_t)U * K, 0.05f), *wd = test_rnd((size_t)K * I, 0.05f), *x = test_rnd((size_t)n * K, 1);
+    static const enum wfmt fm[2] = {WF_BF16, WF_F16};
+    struct weight cu_, cd, gu, gd;
+    weight_from_f32(cpu, &cu_, WF_F32, wu, U, K);
+    weight_from_f32(cpu, &cd, WF_F32, wd, K, I);
+    struct pair px = up(x, sizeof(float) * n * K), py = up(x, sizeof(float) * n * K);
+    struct pair ph = up(wu, sizeof(float) * n * I), pt = up(wu, sizeof(float) * n * U);
+    for (int f = 0; f < 2; f++) {
+        weight_from_f32(gpu, &gu, fm[f], wu, U, K);
+        weight_from_f32(gpu, &gd, fm[f], wd, K, I);
+        backend_mlp(cpu, py.c, px.c, &cu_, &cd, gated, act, ph.c, gated ? pt.c : ph.c, n);
+        int took = gpu->ops->mlp(gpu, py.g, px.g, &gu, &gd, gated, act, ph.g, gated ? pt.g : ph.g, n);
+        char name[96];
+        snprintf(name, sizeof name, "mlp %s %s %d->%s%d n=%d", fm[f] == WF_BF16 ? "bf16" : "fp16",
+                 act == ACT_RELU2 ? "relu2" : "silu", K, gated ? "2x" : "", I, n);
+        CHECKF(took, "%s: the mlp op did not take it", name);
+        cmp(name, py, (size_t)n * K, f == 0 ? 2e-2 : 5e-3);
+        CHECKF(!gpu->ops->mlp(gpu, py.g, px.g, &gu, &gd, gated, act, ph.g, gated ? pt.g : ph.g, 4),
+               "%s: the mlp op took 4 rows (the decode GEMVs')", name);
+        gpu->ops->free(gpu, gu.data), gpu->ops->free(gpu, gd.data);
+    }
+    cpu->ops->free(cpu, cu_.data), cpu->ops->free(cpu, cd.data);
+    pfree(px), pfree(py), pfree(ph), pfree(pt);
+    free(wu), free(wd), free(x);
+}
+
+static void test_mlps(void) {
+    test_mlp(2688, 3712, 0, ACT_RELU2, 77);
+    test_mlp(4096, 21504, 0, ACT_RELU2, 40);
+    test_mlp(4096, 12288, 1, ACT_SILU, 24);
+    test_mlp(48, 72, 1, ACT_SILU, 300);
+    struct weight u, d; // I = 71: not a multiple of 8
+    float *w = test_rnd(71 * 48, 0.05f);
+    weight_from_f32(gpu, &u, WF_BF16, w, 71, 48);
+    weight_from_f32(gpu, &d, WF_BF16, w, 48, 71);
+    struct pair px = up(w, sizeof(float) * 71 * 48);
+    CHECKF(!gpu->ops->mlp(gpu, px.g, px.g, &u, &d, 0, ACT_RELU2, px.g, px.g, 8), "mlp took I = 71");
+    gpu->ops->free(gpu, u.data), gpu->ops->free(gpu, d.data);
+    pfree(px);
+    free(w);
+}
+
 struct moe_shape {
     int E, k, I, L, gated;
     enum act act;
@@ -1264,6 +1315,7 @@ int main(int argc, char **argv) {
     test_matmul_act(2688, 3712, ACT_RELU2);
     test_matmul_act(4096, 21504, ACT_RELU2); // 176 MB: k_gemv16, not k_gemv16w
     test_matmul_act(48, 71, ACT_SILU);
+    test_mlps();
     test_gemv16();
     test_router();
     test_moe();

@@ -22,7 +22,7 @@ extern "C" {
 
 // A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T (cuda_lt_plan).
 struct lt_plan {
-    int N, K, n, fmt; // key (n: the bucket of token counts it serves, cuda_lt_plan; fmt: enum wfmt of W)
+    int N, K, n, fmt, out16; // key (n: the bucket of token counts it serves, cuda_lt_plan; fmt: enum wfmt of W; out16: y in W's 16-bit type, else fp32)
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -187,13 +187,24 @@ __device__ __forceinline__ float act_dev(enum act k, float x) {
     return x;
 }
 
-// y = x rounded to a 16-bit type (bf16, fp16): a 16-bit GEMM's input
+// y = x rounded to a 16-bit type (bf16, fp16): a 16-bit GEMM's input. 8
+// values a thread a step (two 16-byte loads, one 16-byte store) where x and y
+// are 16-byte aligned, then the tail (or all of it) one a thread.
 template <typename T>
 __global__ void k_to_16(T *y, const float *x, int64_t n) {
     pdl_wait();
     pdl_trigger();
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = (T)x[i];
+    int64_t i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+    int64_t n8 = ((uintptr_t)x | (uintptr_t)y) & 15 ? 0 : n / 8;
+    for (int64_t i = i0; i < n8; i += step) {
+        float4 a = ((const float4 *)x)[2 * i], b = ((const float4 *)x)[2 * i + 1];
+        uint4 o;
+        T *e = (T *)&o;
+        e[0] = (T)a.x, e[1] = (T)a.y, e[2] = (T)a.z, e[3] = (T)a.w;
+        e[4] = (T)b.x, e[5] = (T)b.y, e[6] = (T)b.z, e[7] = (T)b.w;
+        ((uint4 *)y)[i] = o;
+    }
+    for (int64_t i = 8 * n8 + i0; i < n; i += step) y[i] = (T)x[i];
 }
 
 // Tensor-core building blocks (sm_80+): one m16n8k16 product with fp32
@@ -382,8 +393,9 @@ int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct 
 // (e4m3 W and x, each with a vector of fp32 scales: W's rows' a_scale, x's
 // rows' b_scale; pointers the caller sets again before each call). NULL when
 // the plan table is full; p->ok 0 when cuBLASLt has no algorithm for it.
+// out16: y in W's 16-bit type (fmt bf16 or f16), else fp32.
 struct lt_plan *cuda_lt_plan(cuda_impl *c, int N, int K, int n, enum wfmt fmt, const float *a_scale,
-                             const float *b_scale);
+                             const float *b_scale, int out16);
 // Kimi-Linear's ops, in cuda_kimi.cu and cuda_mla.cu, and the dynamic shared memory they take
 void cuda_kda_prefill(struct backend *be, float *y, const float *proj, int ld, const float *g, float *state,
                       const struct batch *b, int seq0, int seq1, const struct kda_dims *d);

@@ -739,7 +739,7 @@ int cuda_matmul_w8a8(struct backend *be, float *y, const float *x, const struct 
     if (!c->w8a8 || w->fmt != WF_FP8 || dq_fmt(be) == WF_F32 || K % 16) return 0;
     uint8_t *q = (uint8_t *)scratch;
     float *ts = (float *)(q + ((size_t)n * K + 255) / 256 * 256);
-    struct lt_plan *p = cuda_lt_plan(c, N, K, n, WF_FP8, w->scale, ts);
+    struct lt_plan *p = cuda_lt_plan(c, N, K, n, WF_FP8, w->scale, ts, 0);
     cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
     if (p && p->ok) {
         k_quant_rows<<<n, 256, 0, c->stream>>>(q, ts, x, K);
