@@ -4,7 +4,9 @@
 // submitted at once and each generates --output-len tokens (greedy, EOS
 // ignored). Prefill tok/s counts prompt tokens until the last request has its
 // first token; decode tok/s counts the remaining tokens over the time after
-// that; TTFT and TPOT are means over requests.
+// that; TTFT and TPOT are means over requests. The decode roofline fraction
+// takes the time of a step while all B requests decode (bench_steady_step),
+// not TPOT, which also counts the steps that carry other requests' prefills.
 //
 // --quantization A,B,... runs the batch workload once per format, one engine
 // at a time, and adds each figure as a multiple of the first format's.
@@ -44,13 +46,15 @@ static void usage(FILE *f) {
 
 struct breq {
     double t_submit, t_first, t_last;
-    int n;
+    int n;      // tokens
+    int nt;     // of them with their time in tt [out_len]
+    double *tt;
 };
 
 struct bstate {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int pending;
+    int pending, out_len;
 };
 
 struct bref {
@@ -63,9 +67,11 @@ static void bench_cb(void *user, const struct vllm_output *o) {
     double t = now_s();
     pthread_mutex_lock(&ref->st->mu);
     if (o->num_token_ids) {
-        if (!ref->r->n) ref->r->t_first = t;
-        ref->r->t_last = t;
-        ref->r->n += o->num_token_ids;
+        struct breq *r = ref->r;
+        if (!r->n) r->t_first = t;
+        r->t_last = t;
+        r->n += o->num_token_ids;
+        for (int i = 0; i < o->num_token_ids && r->nt < ref->st->out_len; i++) r->tt[r->nt++] = t;
     }
     if (o->finish_reason != VLLM_FINISH_NONE) {
         ref->st->pending--;
@@ -77,6 +83,7 @@ static void bench_cb(void *user, const struct vllm_output *o) {
 struct result {
     int batch;
     double prefill_tps, decode_tps, ttft_ms, tpot_ms, wall_s;
+    double step_ms; // a decode step while all the batch decodes (0: none measured)
     double decode_bytes, decode_frac, prefill_flops, prefill_frac; // the roofline (frac < 0: limits not measured)
 };
 
@@ -93,15 +100,19 @@ static void roofline(struct result *r, const struct model_cost *c, int kv_es, in
     r->decode_bytes = c->dense_bytes + c->moe_layers * touched * c->expert_bytes +
                       B * (ctx * c->kv_elems_per_token * kv_es + 2.0 * c->state_bytes_per_seq);
     r->prefill_flops = c->dense_flops + c->moe_layers * c->top_k * c->expert_flops + c->attn_flops_per_ctx * in_len / 2.0;
-    r->decode_frac = bw > 0 && r->tpot_ms > 0 ? r->decode_bytes / (r->tpot_ms * 1e-3) / bw : -1;
+    r->decode_frac = bw > 0 && r->step_ms > 0 ? r->decode_bytes / (r->step_ms * 1e-3) / bw : -1;
     r->prefill_frac = fl > 0 ? r->prefill_tps * r->prefill_flops / fl : -1;
 }
 
 // keep: the per-request times, handed to the caller (NULL: freed)
 static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int vocab, uint64_t seed, struct result *res,
                      struct breq **keep) {
-    struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B};
+    struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B, out_len};
     struct breq *rq = xcalloc(B, sizeof *rq);
+    double *tt = xcalloc((size_t)B * out_len, sizeof *tt);
+    const double **tts = xcalloc(B, sizeof *tts);
+    int *nts = xcalloc(B, sizeof *nts);
+    for (int b = 0; b < B; b++) rq[b].tt = tt + (size_t)b * out_len;
     struct bref *refs = xcalloc(B, sizeof *refs);
     struct vllm_request **h = xcalloc(B, sizeof *h);
     int32_t *ids = xmalloc(sizeof(int32_t) * in_len);
@@ -147,9 +158,12 @@ static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int 
     res->ttft_ms = 1e3 * ttft / B;
     res->tpot_ms = 1e3 * tpot / B;
     res->wall_s = last_all - t0;
+    for (int b = 0; b < B; b++) tts[b] = rq[b].tt, nts[b] = rq[b].nt;
+    res->step_ms = 1e3 * bench_steady_step(tts, nts, B);
+    for (int b = 0; b < B; b++) rq[b].tt = NULL; // freed here with tt
     if (keep) *keep = rq;
     else free(rq);
-    free(refs), free(h), free(ids);
+    free(refs), free(h), free(ids), free(tt), free(tts), free(nts);
     return rc;
 }
 
@@ -217,10 +231,11 @@ static void bench_print(const struct vllm_engine_params *ep, const struct vllm_m
                info->kv_cache_dtype, info->num_kv_blocks, (long long)info->kv_cache_bytes, in_len, out_len, bw, fl);
         for (int i = 0; i < nb; i++)
             printf("%s{\"batch_size\": %d, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f, "
-                   "\"tpot_ms\": %.3f, \"wall_s\": %.3f, \"decode_bytes_per_step\": %.0f, \"decode_roofline_frac\": %.4f, "
-                   "\"prefill_flops_per_token\": %.0f, \"prefill_peak_frac\": %.4f}",
+                   "\"tpot_ms\": %.3f, \"decode_step_ms\": %.3f, \"wall_s\": %.3f, \"decode_bytes_per_step\": %.0f, "
+                   "\"decode_roofline_frac\": %.4f, \"prefill_flops_per_token\": %.0f, \"prefill_peak_frac\": %.4f}",
                    i ? ", " : "", res[i].batch, res[i].prefill_tps, res[i].decode_tps, res[i].ttft_ms, res[i].tpot_ms,
-                   res[i].wall_s, res[i].decode_bytes, res[i].decode_frac, res[i].prefill_flops, res[i].prefill_frac);
+                   res[i].step_ms, res[i].wall_s, res[i].decode_bytes, res[i].decode_frac, res[i].prefill_flops,
+                   res[i].prefill_frac);
         printf("]}\n");
         return;
     }

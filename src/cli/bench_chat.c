@@ -111,18 +111,6 @@ static int submit(struct vllm_engine *e, struct chat *ch, struct turn *t, struct
     return vllm_submit(e, &p, &sp, chat_cb, ref, &t->req);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-double bench_pct(double *v, int n, double p) {
-    if (!n) return 0;
-    qsort(v, n, sizeof *v, cmp_double);
-    int i = (int)(p * (n - 1) + 0.5);
-    return v[MIN(i, n - 1)];
-}
-
 // One run on a fresh engine.
 static int run_chat(const struct vllm_engine_params *ep, const struct chat_opts *o, struct chat_result *res) {
     struct vllm_engine *e;
