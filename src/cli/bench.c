@@ -47,7 +47,7 @@ static void usage(FILE *f) {
 struct breq {
     double t_submit, t_first, t_last;
     int n;      // tokens
-    int nt;     // of them with their time in tt [out_len]
+    int nt;     // of them with their time in tt (the batch runs: up to out_len)
     double *tt;
 };
 
@@ -107,12 +107,13 @@ static void roofline(struct result *r, const struct model_cost *c, int kv_es, in
 // keep: the per-request times, handed to the caller (NULL: freed)
 static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int vocab, uint64_t seed, struct result *res,
                      struct breq **keep) {
-    struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B, out_len};
+    int rec = keep ? 0 : out_len; // token times: the batch runs' roofline (not the throughput workload's)
+    struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B, rec};
     struct breq *rq = xcalloc(B, sizeof *rq);
-    double *tt = xcalloc((size_t)B * out_len, sizeof *tt);
+    double *tt = xcalloc((size_t)B * rec + 1, sizeof *tt);
     const double **tts = xcalloc(B, sizeof *tts);
     int *nts = xcalloc(B, sizeof *nts);
-    for (int b = 0; b < B; b++) rq[b].tt = tt + (size_t)b * out_len;
+    for (int b = 0; b < B; b++) rq[b].tt = tt + (size_t)b * rec;
     struct bref *refs = xcalloc(B, sizeof *refs);
     struct vllm_request **h = xcalloc(B, sizeof *h);
     int32_t *ids = xmalloc(sizeof(int32_t) * in_len);
