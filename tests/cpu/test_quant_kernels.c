@@ -2,7 +2,8 @@
 // WF_FP8_B128, WF_NVFP4: codes dequantized in registers, fp32 arithmetic)
 // against the reference ops (exact dequantization to fp32, then sgemm), for
 // every kernel set this CPU runs: matmul over 1..40 rows (the few-row kernel
-// up to 8, then dequantized chunks through the fp32 GEMM), a column range
+// up to the set's mm_q_rows, 8 or on AVX2 12 for FP8 and 11 for FP8 blocks,
+// then dequantized chunks through the fp32 GEMM), a column range
 // (as the MoE and tensor-parallel paths call it), and routed experts with
 // quantized up / down at decode and prefill sizes. Shapes have a column tail
 // (301: not a multiple of 16; FP8 only, NVFP4 needs multiples of 16) and

@@ -56,6 +56,10 @@ struct fast_kern {
     // arithmetic, codes dequantized in the kernel; for few rows (decode)
     void (*mm_q)(float *y, int64_t ldy, const float *x, int64_t ldx, int m, const struct weight *w, int64_t c0,
                  int64_t c1);
+    // the most rows of x mm_q takes, per format (FP8, FP8 blocks, NVFP4),
+    // before the many-row product (fast_mm_q_many) is faster: measured per
+    // set (`quant_gemv THREADS ROUNDS N K M`)
+    int mm_q_rows[3];
     // WF_FP8 / WF_FP8_B128, few rows, with x also permuted by perm_x64 into
     // xp [m, ldxp] (NULL where the kernel set has none: mm_q instead)
     void (*mm_fp8p)(float *y, int64_t ldy, const float *x, int64_t ldx, const float *xp, int64_t ldxp, int m,

@@ -56,14 +56,20 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
 #endif
     if (!k->to_bf16) k->to_bf16 = fast_kern_scalar.to_bf16;
     k->mm_q = fast_mm_q_scalar, k->deq_q = fast_deq_q_scalar;
+    k->mm_q_rows[0] = k->mm_q_rows[1] = k->mm_q_rows[2] = 8;
     fast_fp8_lut_init();
 #if defined(__x86_64__)
     unsigned a, b, c, d;
     if (isa == FAST_AVX2 && __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1)) { // F16C: vcvtph2ps
         k->mm_q = fast_mm_q_avx2, k->deq_q = fast_deq_q_avx2;
+        // Zen 1, 2 threads, [8192, 1024] and [4096, 2688] at 9-16 rows: FP8
+        // passes of 4 rows win to 12 (4.48 against 4.91 ms at 12), blocks
+        // to 11, NVFP4 not past 8 (5.73 against 5.50 ms at 9)
+        k->mm_q_rows[0] = 12, k->mm_q_rows[1] = 11;
     }
     if (isa >= FAST_AVX512) {
         k->mm_q = fast_mm_q_avx512, k->deq_q = fast_deq_q_avx512;
+        k->mm_q_rows[0] = k->mm_q_rows[1] = 8; // not measured past 8 on AVX-512
     }
     // The FP8 table kernel needs AVX512_VBMI, which some AVX512_BF16 CPUs
     // (Cooper Lake) lack; the plain avx512 set keeps the other kernel, so a
@@ -297,6 +303,9 @@ void fast_embed(struct backend *be, float *out, const struct weight *table, cons
 // this CPU), else OpenBLAS sgemm, single-threaded on each task's columns.
 #define F32_KERNEL_MAX_ROWS 8
 
+// A quantized format's place in fast_kern.mm_q_rows.
+static int q_fmt_index(enum wfmt f) { return f == WF_FP8 ? 0 : f == WF_FP8_B128 ? 1 : 2; }
+
 // Columns per task of an fp32 sgemm (fast_matmul_cols).
 static int64_t sgemm_per(int64_t cols, int nt) { return MAX(32, CDIV(CDIV(cols, 4 * nt), 32) * 32); }
 
@@ -318,7 +327,7 @@ void fast_mm_serial(struct backend *be, int thread, float *y, int64_t ldy, const
     case WF_FP8:
     case WF_FP8_B128:
     case WF_NVFP4:
-        if (n > F32_KERNEL_MAX_ROWS) {
+        if (n > k->mm_q_rows[q_fmt_index(w->fmt)]) {
             fast_mm_q_many(be, thread, y, ldy, x, ldx, n, w, c0, c1);
         } else if (k->mm_fp8p && w->fmt != WF_NVFP4 && w->cols >= 64) { // x permuted for the table kernel
             int64_t K64 = w->cols / 64 * 64;
@@ -443,9 +452,9 @@ static int matmul_reserve(struct backend *be, const struct weight *w, int n) {
 
 int fast_quant_reserve(struct backend *be, const struct weight *w, int n) {
     if (!wfmt_quantized(w->fmt)) return VLLM_OK;
-    size_t few = (size_t)F32_KERNEL_MAX_ROWS * w->cols; // the permuted x of the FP8 table kernel
-    return reserve_pack(be, n > F32_KERNEL_MAX_ROWS ? MAX(few, fast_quant_pack_floats(w->cols)) : few,
-                        "a quantized matmul");
+    int rows = fast_k(be)->mm_q_rows[q_fmt_index(w->fmt)];
+    size_t few = (size_t)rows * w->cols; // the permuted x of the FP8 table kernel
+    return reserve_pack(be, n > rows ? MAX(few, fast_quant_pack_floats(w->cols)) : few, "a quantized matmul");
 }
 
 // What the reference needs (its ops are the fast path's fallbacks), then
