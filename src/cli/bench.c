@@ -110,8 +110,7 @@ static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int 
     int rec = keep ? 0 : out_len; // token times: the batch runs' roofline (not the throughput workload's)
     struct bstate st = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B, rec};
     struct breq *rq = xcalloc(B, sizeof *rq);
-    double *tt = xcalloc((size_t)B * rec + 1, sizeof *tt);
-    const double **tts = xcalloc(B, sizeof *tts);
+    double *tt = xcalloc((size_t)B * rec + 1, sizeof *tt); // [B][rec]
     int *nts = xcalloc(B, sizeof *nts);
     for (int b = 0; b < B; b++) rq[b].tt = tt + (size_t)b * rec;
     struct bref *refs = xcalloc(B, sizeof *refs);
@@ -159,12 +158,11 @@ static int run_batch(struct vllm_engine *e, int B, int in_len, int out_len, int 
     res->ttft_ms = 1e3 * ttft / B;
     res->tpot_ms = 1e3 * tpot / B;
     res->wall_s = last_all - t0;
-    for (int b = 0; b < B; b++) tts[b] = rq[b].tt, nts[b] = rq[b].nt;
-    res->step_ms = 1e3 * bench_steady_step(tts, nts, B);
-    for (int b = 0; b < B; b++) rq[b].tt = NULL; // freed here with tt
+    for (int b = 0; b < B; b++) nts[b] = rq[b].nt, rq[b].tt = NULL; // tt is freed here
+    res->step_ms = 1e3 * bench_steady_step(tt, rec, nts, B);
     if (keep) *keep = rq;
     else free(rq);
-    free(refs), free(h), free(ids), free(tt), free(tts), free(nts);
+    free(refs), free(h), free(ids), free(tt), free(nts);
     return rc;
 }
 

@@ -23,18 +23,19 @@ double bench_pct(double *v, int n, double p) {
 // carry one time, so callbacks of other requests delivered a little earlier
 // or later in the same step cannot move a boundary by a step, as a count of
 // everyone's tokens in the window would).
-double bench_steady_step(const double *const *tt, const int *n, int B) {
+double bench_steady_step(const double *tt, int stride, const int *n, int B) {
     double t0 = -INFINITY, t1 = INFINITY, sum = 0;
     int used = 0;
     for (int b = 0; b < B; b++) {
         if (n[b] < 1) return 0;
-        t0 = MAX(t0, tt[b][0]), t1 = MIN(t1, tt[b][n[b] - 1]);
+        t0 = MAX(t0, tt[(int64_t)b * stride]), t1 = MIN(t1, tt[(int64_t)b * stride + n[b] - 1]);
     }
     for (int b = 0; b < B && t1 > t0; b++) {
+        const double *r = tt + (int64_t)b * stride;
         int j0 = 0, j1 = n[b] - 1;
-        while (j0 < n[b] && tt[b][j0] < t0) j0++;
-        while (j1 >= 0 && tt[b][j1] > t1) j1--;
-        if (j1 > j0 && tt[b][j1] > tt[b][j0]) sum += (tt[b][j1] - tt[b][j0]) / (j1 - j0), used++;
+        while (j0 < n[b] && r[j0] < t0) j0++;
+        while (j1 >= 0 && r[j1] > t1) j1--;
+        if (j1 > j0 && r[j1] > r[j0]) sum += (r[j1] - r[j0]) / (j1 - j0), used++;
     }
     return used ? sum / used : 0;
 }

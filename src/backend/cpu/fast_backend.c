@@ -68,8 +68,7 @@ void fast_kern_for(enum fast_isa isa, struct fast_kern *k) {
         k->mm_q_rows[0] = 12, k->mm_q_rows[1] = 11;
     }
     if (isa >= FAST_AVX512) {
-        k->mm_q = fast_mm_q_avx512, k->deq_q = fast_deq_q_avx512;
-        k->mm_q_rows[0] = k->mm_q_rows[1] = 8; // not measured past 8 on AVX-512
+        k->mm_q = fast_mm_q_avx512, k->deq_q = fast_deq_q_avx512; // mm_q_rows 8: not measured past 8
     }
     // The FP8 table kernel needs AVX512_VBMI, which some AVX512_BF16 CPUs
     // (Cooper Lake) lack; the plain avx512 set keeps the other kernel, so a

@@ -918,8 +918,7 @@ template <typename T> __global__ void k_act_mul16(enum act kind, T *out, const T
 // it to round it to T for the down product: 14 bytes an element moved against
 // 6 here (gated: 26 against 10). What rounds differently: up x (gate and up
 // x) is rounded to T before act (act_mul), as its result is before the down
-// product either way. 0 where it does not take the shape: decode rows (the
-// fused GEMVs), other formats, biases, I not a multiple of 8.
+// product either way.
 template <typename T>
 static void mlp16(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
                   int gated, enum act act, float *h, float *tmp, int n) {
@@ -935,6 +934,8 @@ static void mlp16(struct backend *be, float *y, const float *x, const struct wei
     blas_gemm(be, y, hid, down, n, 0);
 }
 
+// 0 where mlp16 does not take the shape: decode rows (the fused GEMVs), other
+// formats, biases, I not a multiple of 8.
 static int cu_mlp(struct backend *be, float *y, const float *x, const struct weight *up, const struct weight *down,
                   int gated, enum act act, float *h, float *tmp, int n) {
     enum wfmt f = up->fmt;
