@@ -22,7 +22,9 @@ extern "C" {
 
 // A cuBLASLt plan for one GEMM shape: y [n, N] = x [n, K] W^T (cuda_lt_plan).
 struct lt_plan {
-    int N, K, n, fmt, out16; // key (n: the bucket of token counts it serves, cuda_lt_plan; fmt: enum wfmt of W; out16: y in W's 16-bit type, else fp32)
+    // key: n the bucket of token counts it serves (cuda_lt_plan), fmt W's enum
+    // wfmt, out16 y in W's 16-bit type (else fp32)
+    int N, K, n, fmt, out16;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
