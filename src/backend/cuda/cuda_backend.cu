@@ -700,7 +700,7 @@ static void blas_matmul(struct backend *be, float *y, const float *x, const stru
     cuda_impl *c = cu(be);
     int K = (int)w->cols;
     int64_t nk = (int64_t)n * K;
-    int grid = (int)(nk < 65536 * 256 ? cdiv(nk, 256) : 65536);
+    int grid = to16_grid(nk);
     if (w->fmt != WF_F32 && !x16) x16 = cuda_scratch(be, (size_t)nk * 2);
     const void *xin = w->fmt == WF_F32 ? (const void *)x : x16;
     switch (w->fmt) {
@@ -926,7 +926,7 @@ static void mlp16(struct backend *be, float *y, const float *x, const struct wei
     int K = (int)up->cols, U = (int)up->rows, I = gated ? U / 2 : U;
     int64_t nk = (int64_t)n * K;
     T *x16 = (T *)cuda_scratch(be, (size_t)nk * sizeof(T)), *pre = (T *)h, *hid = gated ? (T *)tmp : pre;
-    launch_pdl(k_to_16<T>, grid_for(nk), 256, 0, c->stream, x16, x, nk);
+    launch_pdl(k_to_16<T>, to16_grid(nk), 256, 0, c->stream, x16, x, nk);
     blas_gemm(be, pre, x16, up, n, 1);
     if (gated) launch_pdl(k_act_mul16<T>, grid_for((int64_t)n * I / 8), 256, 0, c->stream, act, hid, (const T *)pre,
                           (int64_t)n, I / 8);

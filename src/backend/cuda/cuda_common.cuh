@@ -208,6 +208,12 @@ __global__ void k_to_16(T *y, const float *x, int64_t n) {
     }
     for (int64_t i = 8 * n8 + i0; i < n; i += step) y[i] = (T)x[i];
 }
+// k_to_16's grid for n values: a block of 256 threads takes 8 values a
+// thread, at most 65536 blocks (they loop past that)
+static inline int to16_grid(int64_t n) {
+    int64_t b = (n + 8 * 256 - 1) / (8 * 256);
+    return (int)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
 
 // Tensor-core building blocks (sm_80+): one m16n8k16 product with fp32
 // accumulation, 16-byte async copies (zero-filled when !valid), ldmatrix.

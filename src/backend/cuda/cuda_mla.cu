@@ -688,7 +688,7 @@ static void mla_prefill_flash(struct backend *be, float *out, const float *q, co
     __nv_bfloat16 *kvb16 = (__nv_bfloat16 *)scr, *lat16 = (__nv_bfloat16 *)(scr + mla_flash_kvb(d));
     __nv_bfloat16 *kv16 = (__nv_bfloat16 *)(scr + mla_flash_kvb(d) + mla_flash_lat(d, most));
     int64_t nb = (int64_t)M * R;
-    launch_pdl(k_to_16<__nv_bfloat16>, (int)MIN(cdiv(nb, 256), 65536), 256, 0, c->stream, kvb16, kv_b, nb);
+    launch_pdl(k_to_16<__nv_bfloat16>, to16_grid(nb), 256, 0, c->stream, kvb16, kv_b, nb);
     const float one = 1.0f, zero = 0.0f;
     for (int s = p0, e; s < p1; s = e) {
         e = mla_group(b, s, p1, cap, &keys);

@@ -1061,7 +1061,7 @@ static void tc_experts(struct backend *be, cudaStream_t st, const struct moe_exp
                        int top_k, bool dec) {
     int E = w->num_experts, I = w->inter, L = w->dim, nk = n * top_k, U = w->gated ? 2 * I : I;
     int64_t nx = (int64_t)n * L;
-    launch_pdl(k_to_16<T>, (int)(nx < 65536LL * 256 ? cdiv(nx, 256) : 65536), 256, 0, st, xb, x, nx);
+    launch_pdl(k_to_16<T>, to16_grid(nx), 256, 0, st, xb, x, nx);
     if (dec) { // the thin tiles (schedule sorted with bm = DBM)
         dec_experts<T, WT>(st, w, xb, h, y, offsets, mtile_off, perm, n, top_k);
         return;
