@@ -809,6 +809,60 @@ static void test_sample(void) {
     free(lg), free(table);
 }
 
+// The attention partials' scratch is reserved at load (OP_ATTN) for the
+// longest context, and no more than decode and prefill can take: at h8b's
+// shape (32/8 heads of 128, bf16 KV and weights: flash prefill) with 8,192
+// rows a step, 256 sequences and a 40,000-token context, supports() takes
+// under 256 MB (sized by rows alone it took 42 GB), and graph-shaped decode
+// steps of 1 to 256 sequences then take no device memory (the control: on
+// a fresh backend the 1-sequence step takes what its splits need).
+static void test_attn_reserved(void) {
+    enum { H = 32, HKV = 8, D = 128, BS = 16, LEN = 40000, T = 8192, R = 256 };
+    int ld = (H + 2 * HKV) * D, mbps = cdiv_i(LEN, BS);
+    struct attn_dims d = {H, HKV, D, BS, 1.0f / sqrtf((float)D), 1, 1};
+    for (int reserve = 0; reserve < 2; reserve++) {
+        struct backend *g;
+        CHECK(backend_create("cuda", 0, DT_BF16, &g) == 0);
+        g->weight_dtype = WF_BF16;
+        // every sequence at position 0 of block 0; qsl [R + 1], positions [R], block tables [R, mbps]: zeros but qsl
+        int32_t *h = xcalloc((size_t)2 * R + 1 + (size_t)R * mbps, sizeof(int32_t));
+        for (int s = 0; s <= R; s++) h[s] = s;
+        int32_t *meta = g->ops->alloc(g, sizeof(int32_t) * ((size_t)2 * R + 1 + (size_t)R * mbps));
+        g->ops->upload(g, meta, h, sizeof(int32_t) * ((size_t)2 * R + 1 + (size_t)R * mbps));
+        void *kc = g->ops->alloc(g, (size_t)BS * HKV * D * 2), *vc = g->ops->alloc(g, (size_t)BS * HKV * D * 2);
+        float *qkv = g->ops->alloc(g, sizeof(float) * R * ld), *out = g->ops->alloc(g, sizeof(float) * R * H * D);
+        int64_t free0, free1, total, took = 0;
+        g->ops->sync(g);
+        g->ops->mem_info(g, &free0, &total);
+        if (reserve) {
+            CHECK(g->ops->supports(g, &(struct op_query){.op = OP_ATTN, .attn = &d, .max_tokens = T, .max_seqs = R,
+                                                         .max_seq_len = LEN}) == 0);
+            g->ops->sync(g);
+            g->ops->mem_info(g, &free1, &total);
+            printf("  attention scratch reserved at %d rows, %d sequences, context %d: %lld MB\n", T, R, LEN,
+                   (long long)((free0 - free1) >> 20));
+            CHECKF(free0 - free1 < (256LL << 20), "supports(OP_ATTN) took %lld bytes", (long long)(free0 - free1));
+            free0 = free1;
+        }
+        struct batch b = {0};
+        b.fixed_shapes = 1, b.max_model_len = LEN, b.max_blocks_per_seq = mbps;
+        b.query_start_loc = meta, b.positions = meta + R + 1, b.block_tables = meta + 2 * R + 1;
+        for (int nd = 1; nd <= (reserve ? R : 1); nd++) {
+            b.num_tokens = b.num_seqs = b.num_decodes = nd;
+            g->ops->attn_decode(g, out, qkv, ld, kc, vc, &b, &d);
+        }
+        g->ops->sync(g);
+        g->ops->mem_info(g, &free1, &total);
+        took = free0 - free1;
+        if (reserve) CHECKF(took < (2 << 20), "decode steps after OP_ATTN took %lld bytes", (long long)took);
+        else CHECKF(took >= (1 << 20), "the unreserved 1-sequence step took %lld bytes", (long long)took);
+        void *bufs[] = {meta, kc, vc, qkv, out};
+        for (int i = 0; i < 5; i++) g->ops->free(g, bufs[i]);
+        free(h);
+        backend_free(g);
+    }
+}
+
 // The sampler's scratch is reserved at load (OP_SAMPLE), so a step grows
 // nothing: on a fresh backend a 64-row step (its work rows and penalties'
 // counts: ~100 MB) takes device memory it had not (the control: the
@@ -1345,6 +1399,7 @@ int main(int argc, char **argv) {
     test_mla_decodes();
     test_sample();
     test_sample_reserved();
+    test_attn_reserved();
     test_mask_logits();
     test_bias_logits();
     test_token_logprobs();

@@ -609,6 +609,22 @@ static int dec_splits(int blocks, int slots, int maxlen) {
     return best;
 }
 
+// The decode kernel for the cache's element type T at G heads a block, its
+// shared memory (*smem, set as the kernel's limit) and blocks an SM holds.
+template <typename T> static dec_fn<T> dec_prepare(const struct attn_dims *d, int G, size_t *smem, int *per_sm) {
+    dec_fn<T> k = dec_kernel<T>(G, d->head_dim);
+    *smem = dec_smem(G, d->head_dim, sizeof(T), dec_stages(sizeof(T), dec_dt(d->head_dim)));
+    CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, k, DEC_THREADS, *smem));
+    return k;
+}
+
+// The decode kernel's splits for nd sequences of contexts up to maxlen.
+static int dec_nsplit(struct backend *be, const struct attn_dims *d, int G, int per_sm, int nd, int maxlen) {
+    int blocks = nd * d->kv_heads * cdiv(d->heads / d->kv_heads, G);
+    return dec_splits(blocks, MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
+}
+
 // A shape the decode kernel cannot run takes the generic one.
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d) {
@@ -618,7 +634,7 @@ void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
         launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, nd, d, SPLIT_DECODE);
         return;
     }
-    int g = d->heads / d->kv_heads, D = d->head_dim, blocks = nd * d->kv_heads * cdiv(g, G), maxlen = b->max_model_len;
+    int D = d->head_dim, maxlen = b->max_model_len;
     if (!b->fixed_shapes) {
         maxlen = 0;
         for (int s = 0; s < nd; s++) maxlen = b->h_seq_lens[s] > maxlen ? b->h_seq_lens[s] : maxlen;
@@ -628,16 +644,39 @@ void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, 
     cudaStream_t s = cu(be)->stream;
     kv_dispatch(be->kv_dtype, [&](auto *z) {
         typedef typename std::remove_pointer<decltype(z)>::type T;
-        dec_fn<T> k = dec_kernel<T>(G, D);
-        size_t smem = dec_smem(G, D, sizeof(T), dec_stages(sizeof(T), dec_dt(D)));
+        size_t smem;
         int per_sm = 0;
-        CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));
-        a.nsplit = dec_splits(blocks, MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
+        dec_fn<T> k = dec_prepare<T>(d, G, &smem, &per_sm);
+        a.nsplit = dec_nsplit(be, d, G, per_sm, nd, maxlen);
         if (a.nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * a.nsplit * (D + 2));
-        launch_pdl(k, dim3(nd, d->kv_heads * cdiv(g, G), a.nsplit), DEC_THREADS, smem, s, a, (const T *)k_cache,
-                   (const T *)v_cache);
+        launch_pdl(k, dim3(nd, d->kv_heads * cdiv(d->heads / d->kv_heads, G), a.nsplit), DEC_THREADS, smem, s, a,
+                   (const T *)k_cache, (const T *)v_cache);
     });
     LAUNCH_CHECK();
     merge(be, &a, nd);
+}
+
+// The partials' scratch over steps of up to max_tokens rows, max_seqs of
+// them decodes (0: any), contexts up to max_seq_len: the decode kernel's
+// splits at each decode count (a split count falls as the blocks of more
+// sequences fill the SMs), or the generic kernel's; the generic kernel's for
+// prefill where the tensor-core kernel does not take the shape. Both ops
+// take it in turn. Sized by the largest step alone, a 40,000-token context
+// at 8,192 rows asked for 42 GB where decode needs a few hundred MB.
+size_t cuda_attn_scratch(struct backend *be, const struct attn_dims *d, int max_tokens, int max_seqs, int max_seq_len) {
+    size_t row = sizeof(float) * (d->head_dim + 2), T = (size_t)MAX(max_tokens, 1), need = 0;
+    int S = MAX(max_seq_len, 1), nd_max = max_seqs > 0 ? MIN(max_seqs, (int)T) : (int)T, G = dec_group(be, d);
+    if (!cuda_flash_shape(be, d)) need = T * d->heads * cdiv(S, SPLIT_PREFILL) * row;
+    if (!G) return MAX(need, (size_t)nd_max * d->heads * cdiv(S, SPLIT_DECODE) * row);
+    kv_dispatch(be->kv_dtype, [&](auto *z) {
+        typedef typename std::remove_pointer<decltype(z)>::type T;
+        size_t smem;
+        int per_sm = 0;
+        dec_prepare<T>(d, G, &smem, &per_sm);
+        for (int nd = 1; nd <= nd_max; nd++) {
+            int ns = dec_nsplit(be, d, G, per_sm, nd, S);
+            if (ns > 1) need = MAX(need, (size_t)nd * d->heads * ns * row);
+        }
+    });
+    return need;
 }

@@ -1134,8 +1134,7 @@ static int cu_supports(struct backend *be, const struct op_query *q) {
         const struct attn_dims *d = q->attn;
         if (d->head_dim > CUDA_MAX_HEAD_DIM)
             snprintf(buf, sizeof buf, "attention: head_dim %d > %d", d->head_dim, CUDA_MAX_HEAD_DIM), why = buf;
-        size_t part = sizeof(float) * d->heads * (d->head_dim + 2); // split-KV partials of one token
-        need = MAX(T * cdiv(S, 512), MIN(T, 4096) * cdiv(S, 64)) * part;
+        need = cuda_attn_scratch(be, d, (int)T, q->max_seqs, (int)S);
         break;
     }
     case OP_MAMBA: {

@@ -344,6 +344,8 @@ void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
 void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, const struct attn_dims *d);
+// Scratch bytes of both attention ops' split-KV partials (OP_ATTN).
+size_t cuda_attn_scratch(struct backend *be, const struct attn_dims *d, int max_tokens, int max_seqs, int max_seq_len);
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
                     const struct moe_route_cfg *c);
 void cuda_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w, const int32_t *ids,
@@ -359,7 +361,9 @@ size_t cuda_sample_scratch(int n, int vocab); // cuda_sample's at n rows (OP_SAM
 void cuda_sample(struct backend *be, const float *logits, int vocab, int32_t *token_table, const struct batch *b,
                  struct sample_out *out);
 // Prefill attention on tensor cores for a bf16 or fp8 KV cache and head_dim
-// 64 / 128 (cuda_flash.cu); 0 when the shape is not one it runs.
+// 64 / 128 (cuda_flash.cu); 0 when the shape is not one it runs
+// (cuda_flash_shape: 0 for every batch).
+int cuda_flash_shape(const struct backend *be, const struct attn_dims *d);
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
 // MLA's prefill on the same kernel (cuda_flash.cu) over keys expanded per

@@ -310,13 +310,17 @@ static int flash_blocks(const struct batch *b, int seq0, int seq1) {
 
 // Runs prefill attention here when the shape allows it; 0 when not (the
 // caller takes the split-KV kernel).
+// bf16 Q and P: not in the fp32 mode (weight_dtype float32), whatever the cache
+int cuda_flash_shape(const struct backend *be, const struct attn_dims *d) {
+    int D = d->head_dim;
+    return be->weight_dtype != WF_F32 && (be->kv_dtype == DT_BF16 || be->kv_dtype == DT_FP8) && (D == 64 || D == 128);
+}
+
 int cuda_flash_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                                     const void *v_cache, const struct batch *b, int seq0, int seq1,
                                     const struct attn_dims *d) {
     int D = d->head_dim, fp8 = be->kv_dtype == DT_FP8;
-    // bf16 Q and P: not in the fp32 mode (weight_dtype float32), whatever the cache
-    if (be->weight_dtype == WF_F32 || (be->kv_dtype != DT_BF16 && !fp8) || (D != 64 && D != 128) || b->fixed_shapes)
-        return 0;
+    if (!cuda_flash_shape(be, d) || b->fixed_shapes) return 0;
     int blocks = flash_blocks(b, seq0, seq1);
     if (!blocks) return 1;
     flash_args a = {out, qkv, ld, d->heads, d->kv_heads, d->block_size, b->max_blocks_per_seq, seq0, seq1,
