@@ -35,14 +35,17 @@ static int check_unsupported(const struct cfg_reader *r, const struct dec_config
     int has_use = cfg_get(r, CFG_KEYS("use_sliding_window")) != NULL;
     if (sw || (!has_use && w && !json_is_null(w)))
         return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: sliding-window attention (sliding_window) is not supported", r->what);
+    // transformers requires one entry per layer: a list of another length is not this model's
     const json_t *lt = cfg_get(r, CFG_KEYS("layer_types"));
+    if (lt && !json_is_null(lt) && (!json_is_array(lt) || json_array_size(lt) != (size_t)c->layers))
+        return vllm_err(VLLM_ERR_FORMAT, "%s: \"layer_types\" must list one type per layer (num_hidden_layers %d)",
+                        r->what, c->layers);
     for (size_t i = 0; lt && i < json_array_size(lt); i++) {
         const char *s = json_string_value(json_array_get(lt, i));
         if (!s || strcmp(s, "full_attention"))
             return vllm_err(VLLM_ERR_UNSUPPORTED, "%s: layer_types[%zu] = \"%s\" is not supported (full_attention)",
                             r->what, i, s ? s : "?");
     }
-    (void)c;
     return VLLM_OK;
 }
 

@@ -3,7 +3,11 @@
 // Qwen3-MoE, Llama, Qwen2, Mamba2, Kimi-Linear, NemotronH). It goes through
 // the family's whole load with --load-format dummy into a model spec, on a
 // backend that allocates nothing (so a config asking for 16 GiB matrices
-// costs nothing here). The load is refused with an error, or the spec it
+// costs nothing here) but counts the weights' bytes against a device of
+// FUZZ_DEVICE_BYTES, refusing past it as a real one would: the vectors a
+// load fills on the host grow with layers x hidden, and a 4,096-layer
+// model of hidden 2^20 (2.5T parameters) filled 34 GB of them, over the
+// fuzzer's 10 s. The load is refused with an error, or the spec it
 // gives is sane: positive sizes within models/config_reader.h's limits, EOS
 // ids in the vocabulary, per-token cache sizes that fit the limits.
 // Seeds: tests/fixtures/*/config.json and variants, tests/fuzz/corpus/config_family/.
@@ -29,9 +33,15 @@ static void null_free(struct backend *be, void *p) { (void)be, (void)p; }
 static void null_upload(struct backend *be, void *dst, const void *src, size_t bytes) {
     (void)be, (void)dst, (void)src, (void)bytes;
 }
+#define FUZZ_DEVICE_BYTES ((int64_t)16 << 30)
+static int64_t weight_bytes; // of this input's load
 static int null_weight_alloc(struct backend *be, struct weight *w, enum wfmt fmt, int64_t rows, int64_t cols) {
     (void)be;
     if (rows < 1 || cols < 1) abort(); // a model asked for an empty or negative weight
+    weight_bytes += wfmt_weight_bytes(fmt, rows, cols);
+    if (weight_bytes > FUZZ_DEVICE_BYTES)
+        return vllm_err(VLLM_ERR_OUT_OF_MEMORY, "fuzz: the weights pass the harness's %lld-byte device",
+                        (long long)FUZZ_DEVICE_BYTES);
     memset(w, 0, sizeof *w);
     w->data = sentinel, w->fmt = fmt, w->rows = rows, w->cols = cols;
     return VLLM_OK;
@@ -70,6 +80,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ops.weight_alloc = null_weight_alloc, ops.weight_random = null_weight_random;
         be->ops = &ops;
     }
+    weight_bytes = 0;
     json_t *j = NULL;
     if (json_parse_python((const char *)data, size, "fuzz/config.json", &j)) return 0;
     // Small step shapes, so that the host-side tables (RoPE: [max_seq_len, head_dim]) stay small.

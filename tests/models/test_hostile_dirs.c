@@ -602,7 +602,9 @@ static void special_cases(void) {
 // allocation fail at once instead of swapping.
 #define ALLOC_AS_MB 1536L
 
-static void alloc_case(const char *fx, const char *key, const char *value, const char *needles) {
+// fx's config.json with key = value (JSON text), the fixture's weights: refused
+// with every needle named, under prlimit --as as_mb MiB (0: no limit).
+static void fx_case(const char *fx, const char *key, const char *value, const char *needles, long as_mb) {
     char path[PATH_MAX + 64];
     snprintf(path, sizeof path, "%s/config.json", fx);
     json_t *cfg = json_load_file(path, 0, NULL), *v = json_loads(value, JSON_DECODE_ANY, NULL);
@@ -615,8 +617,10 @@ static void alloc_case(const char *fx, const char *key, const char *value, const
     snprintf(dst, sizeof dst, "%s/model.safetensors", dir);
     if (symlink(src, dst)) perror(dst);
     char what[256];
-    snprintf(what, sizeof what, "%s config %s = %s under prlimit --as %ld MiB", fx, key, value, ALLOC_AS_MB);
-    run_case_as(what, dir, 0, needles, ALLOC_AS_MB);
+    int k = snprintf(what, sizeof what, "%s config %s = %s", fx, key, value);
+    if (as_mb > 0 && k > 0 && (size_t)k < sizeof what)
+        snprintf(what + k, sizeof what - k, " under prlimit --as %ld MiB", as_mb);
+    run_case_as(what, dir, 0, needles, as_mb);
     free(t);
     json_decref(cfg);
 }
@@ -636,10 +640,21 @@ static void alloc_cases(void) {
     return;
 #endif
     // A 2^24-token model length: the attention scratch for one such sequence (NemotronH, NoPE).
-    alloc_case(fixture, "max_position_embeddings", "16777216", "cannot allocate|attention");
+    fx_case(fixture, "max_position_embeddings", "16777216", "cannot allocate|attention", ALLOC_AS_MB);
     // RoPE's [max_seq_len, head_dim] table is made on the host at load (Qwen3).
     if (rope_fixture)
-        alloc_case(rope_fixture, "max_position_embeddings", "16777216", "cannot allocate the RoPE table|max_seq_len");
+        fx_case(rope_fixture, "max_position_embeddings", "16777216", "cannot allocate the RoPE table|max_seq_len",
+                ALLOC_AS_MB);
+}
+
+// A decoder family's (Qwen3's) layer_types: one entry per layer, as
+// transformers requires; a list of another length described another model
+// (a fuzzed 4,096-layer config loaded for seconds behind a 4-entry list).
+static void family_cases(void) {
+    if (!rope_fixture) return;
+    fx_case(rope_fixture, "layer_types", "[\"full_attention\", \"full_attention\", \"full_attention\"]",
+            "layer_types|num_hidden_layers 4", 0);
+    fx_case(rope_fixture, "layer_types", "\"full_attention\"", "layer_types|one type per layer", 0);
 }
 
 // ---------------------------------------------------------------- main --
@@ -690,6 +705,7 @@ int main(int argc, char **argv) {
     shard_cases();
     special_cases();
     alloc_cases();
+    family_cases();
     double t0 = now_s();
     pthread_t th[2];
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, runner, NULL);
