@@ -6,7 +6,7 @@
 // costs nothing here) but counts the weights' bytes against a device of
 // FUZZ_DEVICE_BYTES, refusing past it as a real one would: the vectors a
 // load fills on the host grow with layers x hidden, and a 4,096-layer
-// model of hidden 2^20 (2.5T parameters) filled 34 GB of them, over the
+// model of hidden 2^20 (2.6T parameters) filled 34 GB of them, over the
 // fuzzer's 10 s. The load is refused with an error, or the spec it
 // gives is sane: positive sizes within models/config_reader.h's limits, EOS
 // ids in the vocabulary, per-token cache sizes that fit the limits.
