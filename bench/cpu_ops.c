@@ -180,7 +180,8 @@ struct attn_arg {
 static void attn_run(struct backend *be, void *p) {
     struct attn_arg *a = p;
     struct batch *b = &a->h.b;
-    if (b->num_decodes) be->ops->attn_decode(be, a->out, a->qkv, a->ld, a->kc, a->vc, b, &a->d);
+    struct attn_prep none = {0}; // the decode rows' k and v written as kv_write would
+    if (b->num_decodes) be->ops->attn_decode(be, a->out, a->qkv, a->ld, &none, a->kc, a->vc, b, &a->d);
     else be->ops->attn_prefill(be, a->out, a->qkv, a->ld, a->kc, a->vc, b, 0, b->num_seqs, &a->d);
 }
 static void bench_attn(struct backend *ref, struct backend *fast, int S, int q, int ctx) {

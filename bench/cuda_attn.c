@@ -56,7 +56,8 @@ struct dec_ctx {
 };
 static void dec_call(void *p, int i) {
     struct dec_ctx *c = p;
-    be->ops->attn_decode(be, c->out, c->qkv, c->ld, c->kc, c->vc, &c->b[i % c->copies], c->d);
+    static const struct attn_prep none; // the decode rows' k and v written as kv_write would
+    be->ops->attn_decode(be, c->out, c->qkv, c->ld, &none, c->kc, c->vc, &c->b[i % c->copies], c->d);
 }
 
 // S decodes after L tokens of context, heads H / Hkv of 128.

@@ -98,6 +98,15 @@ struct attn_dims {
     float k_scale, v_scale; // an fp8 KV cache's per-tensor scales (DT_FP8); unused by other KV dtypes
 };
 
+// Attention's per-token prologue (qk_norm_rope): the q and k head norms'
+// weights [head_dim] (both NULL: no norm, Llama) and eps, and the rope
+// table [positions, head_dim] of cos | sin halves (NULL: no positions,
+// NemotronH).
+struct attn_prep {
+    const float *q_norm, *k_norm, *table;
+    float eps;
+};
+
 // Kimi Delta Attention (KDA): H heads of head_dim K (keys and values alike),
 // a state [K, K] per head (key channel i, value channel j), causal convs of
 // conv_kernel taps on q | k | v.
@@ -225,16 +234,14 @@ struct backend_ops {
     // row of x [n, ld], times w [head_dim] (Qwen3's q/k norm).
     void (*head_rmsnorm)(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w,
                          float eps);
-    // Attention's per-token prologue in one op, over the b->num_tokens rows of
-    // qkv [T, ld] (q | k | v, heads and kv_heads of struct attn_dims), in
-    // place: head_rmsnorm of the q heads by q_norm and of the k heads by
-    // k_norm (both NULL: no norm, Llama), then rope of q and k by
-    // b->positions from table (NULL: no positions, NemotronH), then kv_write
-    // of k and v at b->slot_mapping. The same values as those ops in that
-    // order.
-    void (*qk_norm_rope)(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
-                         const float *table, void *k_cache, void *v_cache, const struct batch *b,
-                         const struct attn_dims *d);
+    // Attention's per-token prologue in one op, over rows [t0,
+    // b->num_tokens) of qkv [T, ld] (q | k | v, heads and kv_heads of struct
+    // attn_dims), in place: head_rmsnorm of the q heads by p->q_norm and of
+    // the k heads by p->k_norm, then rope of q and k by b->positions from
+    // p->table, then kv_write of k and v at b->slot_mapping. The same values
+    // as those ops in that order. attn_decode does the decode rows' own.
+    void (*qk_norm_rope)(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                         void *v_cache, const struct batch *b, int t0, const struct attn_dims *d);
     // Gated MLP (silu_mul for SwiGLU): out: [n, inter] = act(x[:, :inter]) *
     // x[:, inter:], x: [n, 2*inter] (gate | up).
     void (*act_mul)(struct backend *be, enum act kind, float *out, const float *x, int n, int inter);
@@ -310,8 +317,12 @@ struct backend_ops {
     void (*attn_prefill)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                          const void *v_cache, const struct batch *b, int seq0, int seq1,
                          const struct attn_dims *d);
-    void (*attn_decode)(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                        const void *v_cache, const struct batch *b, const struct attn_dims *d);
+    // Decode: rows [0, b->num_decodes) of qkv as the q | k | v projection
+    // made them; the op runs their prologue (qk_norm_rope by p, which writes
+    // their k and v into the caches; those rows of qkv are scratch after)
+    // and their attention, so a GPU can do both in one kernel.
+    void (*attn_decode)(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                        void *v_cache, const struct batch *b, const struct attn_dims *d);
 
     // Kimi Delta Attention (struct kda_dims; NULL on a backend without it,
     // which refuses OP_KDA at load). proj: [T, ld] rows q | k | v [H*K each,

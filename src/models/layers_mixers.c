@@ -89,10 +89,11 @@ void attn_fwd(struct lm *m, const struct attn_layer *a, int cache, const struct 
     op->matmul(be, ws->proj, x, &a->qkv, T);
     lm_tick(m, T_ATTN_QKV);
     // q/k head norms (Qwen3), RoPE of q | k by the batch's positions, the KV
-    // write: one op (one kernel a layer on CUDA), for every attention family
-    op->qk_norm_rope(be, ws->proj, ld, a->q_norm, a->k_norm, a->norm_eps, a->rope ? a->rope->table : NULL,
-                     c->k[cache], c->v[cache], b, &d);
-    if (nd) op->attn_decode(be, ws->y, ws->proj, ld, c->k[cache], c->v[cache], b, &d);
+    // write: one op for the prefill rows, and the decode rows' in their
+    // attention op (one kernel a layer on CUDA), for every attention family
+    struct attn_prep pr = {a->q_norm, a->k_norm, a->rope ? a->rope->table : NULL, a->norm_eps};
+    if (b->num_prefills) op->qk_norm_rope(be, ws->proj, ld, &pr, c->k[cache], c->v[cache], b, nd, &d);
+    if (nd) op->attn_decode(be, ws->y, ws->proj, ld, &pr, c->k[cache], c->v[cache], b, &d);
     if (b->num_prefills) op->attn_prefill(be, ws->y, ws->proj, ld, c->k[cache], c->v[cache], b, nd, b->num_seqs, &d);
     lm_tick(m, T_ATTN);
     op->matmul(be, out, ws->y, &a->o, T);

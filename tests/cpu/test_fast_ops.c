@@ -19,6 +19,10 @@
 #include "op_util.h"
 #include "test.h"
 
+// the decode rows' prologue (attn_decode runs it) without norms or rotation:
+// kv_write's k and v
+static const struct attn_prep no_prep;
+
 #define TOL 2e-5
 
 static float *dup(const float *x, size_t n) {
@@ -222,8 +226,8 @@ static void test_attention(void) {
     float *kc = test_rnd(cn, 1), *vc = test_rnd(cn, 1), *qkv = test_rnd((size_t)T * ld, 1);
     float *o1 = test_rnd((size_t)T * qd, 1), *o2 = test_rnd((size_t)T * qd, 1);
     ref->ops->kv_write(ref, kc, vc, qkv, ld, &h.b, &d);
-    ref->ops->attn_decode(ref, o1, qkv, ld, kc, vc, &h.b, &d);
-    fast->ops->attn_decode(fast, o2, qkv, ld, kc, vc, &h.b, &d);
+    ref->ops->attn_decode(ref, o1, qkv, ld, &no_prep, kc, vc, &h.b, &d);
+    fast->ops->attn_decode(fast, o2, qkv, ld, &no_prep, kc, vc, &h.b, &d);
     cmp("attn_decode", o2, o1, (size_t)nd * qd, TOL);
     ref->ops->attn_prefill(ref, o1, qkv, ld, kc, vc, &h.b, nd, S, &d);
     fast->ops->attn_prefill(fast, o2, qkv, ld, kc, vc, &h.b, nd, S, &d);
@@ -231,10 +235,12 @@ static void test_attention(void) {
     free(kc), free(vc), free(qkv), free(o1), free(o2);
 }
 
-// qk_norm_rope: the fast path and the reference against the ops it fuses
-// (head_rmsnorm of q and k, rope, kv_write), exactly: Qwen3-8B / 30B-A3B /
-// 32B heads (32/8, 32/4, 64/8 of 128), MHA at head_dim 64, Llama (no norm),
-// NemotronH (no norm, no positions), a token with no KV slot (-1).
+// qk_norm_rope: the reference against the ops it fuses (head_rmsnorm of q
+// and k, rope, kv_write), and the fast path's prefill rows (from row nd)
+// then attn_decode's prologue of the decode rows against the reference,
+// exactly: Qwen3-8B / 30B-A3B / 32B heads (32/8, 32/4, 64/8 of 128), MHA at
+// head_dim 64, Llama (no norm), NemotronH (no norm, no positions), a token
+// with no KV slot (-1).
 static void test_qk_norm_rope(void) {
     static const int cases[][4] = {{32, 8, 128, 3}, {32, 4, 128, 3}, {64, 8, 128, 3}, {4, 4, 64, 3}, {8, 2, 64, 1},
                                    {6, 2, 24, 0}}; // heads, kv_heads, head_dim, 1: rope, 2: norm
@@ -258,9 +264,11 @@ static void test_qk_norm_rope(void) {
         }
         if (rope) ref->ops->rope(ref, q0, ld, T, d.heads + d.kv_heads, hd, tab, h.b.positions);
         ref->ops->kv_write(ref, k0, v0, q0, ld, &h.b, &d);
-        ref->ops->qk_norm_rope(ref, q1, ld, norm ? qw : NULL, norm ? kw : NULL, 1e-6f, rope ? tab : NULL, k1, v1, &h.b, &d);
-        fast->ops->qk_norm_rope(fast, q2, ld, norm ? qw : NULL, norm ? kw : NULL, 1e-6f, rope ? tab : NULL, k2, v2, &h.b,
-                                &d);
+        struct attn_prep p = {norm ? qw : NULL, norm ? kw : NULL, rope ? tab : NULL, 1e-6f};
+        float *o = xmalloc(sizeof(float) * nd * qd);
+        ref->ops->qk_norm_rope(ref, q1, ld, &p, k1, v1, &h.b, 0, &d);
+        fast->ops->qk_norm_rope(fast, q2, ld, &p, k2, v2, &h.b, nd, &d);
+        fast->ops->attn_decode(fast, o, q2, ld, &p, k2, v2, &h.b, &d);
         char what[96];
         snprintf(what, sizeof what, "qk_norm_rope %d/%d of %d%s%s (reference)", d.heads, d.kv_heads, hd,
                  norm ? " norm" : "", rope ? " rope" : "");
@@ -272,7 +280,7 @@ static void test_qk_norm_rope(void) {
         cmp(what, q2, q1, qn, 0);
         cmp(what, k2, k1, cn, 0);
         cmp(what, v2, v1, cn, 0);
-        free(tab), free(qw), free(kw), free(q0), free(q1), free(q2);
+        free(tab), free(qw), free(kw), free(q0), free(q1), free(q2), free(o);
         free(k0), free(k1), free(k2), free(v0), free(v1), free(v2);
     }
 }

@@ -21,6 +21,10 @@
 #include "kv_fp8.h"
 #include "test.h"
 
+// the decode rows' prologue (attn_decode runs it) without norms or rotation:
+// kv_write's k and v
+static const struct attn_prep no_prep;
+
 #define FAST_TOL 2e-5
 // max |fp8-cache output - fp32-cache output| / max |fp32-cache output| at
 // uniform K, V, q in [-1, 1): e4m3 keeps 4 significant bits, so a value
@@ -82,7 +86,8 @@ static void test_codes(struct backend *be, const char *path, float ks, float vs)
     test_fill(qkv, (size_t)T * ld, 4.0f);
     for (int i = 0; i < hd; i++) w[hd + i] *= 300;
     memset(kc, 0, cn), memset(vc, 0, cn);
-    be->ops->qk_norm_rope(be, qkv, ld, w, w + hd, 1e-6f, tab, kc, vc, &h.b, &d);
+    struct attn_prep p = {w, w + hd, tab, 1e-6f};
+    be->ops->qk_norm_rope(be, qkv, ld, &p, kc, vc, &h.b, 0, &d);
     bk = bad_codes(kc, qkv + qd, h.slot_map, T, ld, kvd, ks),
     bv = bad_codes(vc, qkv + qd + kvd, h.slot_map, T, ld, kvd, vs);
     printf("%s qk_norm_rope, scales %g / %g: %ld + %ld codes differ\n", path, ks, vs, bk, bv);
@@ -153,6 +158,11 @@ static void test_attention(const struct attn_case *ac, int best) {
     int T = h.b.num_tokens, qd = d.heads * d.head_dim, kvd = d.kv_heads * d.head_dim, ld = qd + 2 * kvd;
     size_t cn = (size_t)16 * 64 * d.block_size * kvd, no = (size_t)T * qd;
     float *qkv = test_rnd((size_t)T * ld, 1);
+    for (int t = 0; t < T; t++) // k and v at e4m3 values: attn_decode rewrites the decode rows' into each cache
+        for (int i = 0; i < 2 * kvd; i++) {
+            float *x = qkv + (size_t)t * ld + qd + i, s = i < kvd ? d.k_scale : d.v_scale;
+            *x = tk_val(tk_code(*x / s)) * s;
+        }
     float *k32 = xcalloc(cn, sizeof(float)), *v32 = xcalloc(cn, sizeof(float));
     float *kd = xcalloc(cn, sizeof(float)), *vd = xcalloc(cn, sizeof(float));
     uint8_t *k8 = xcalloc(cn, 1), *v8 = xcalloc(cn, 1);
@@ -166,12 +176,12 @@ static void test_attention(const struct attn_case *ac, int best) {
                 kd[o + i] = tk_val(k8[o + i]) * d.k_scale, vd[o + i] = tk_val(v8[o + i]) * d.v_scale;
     float *o8 = xcalloc(no, sizeof(float)), *od = xcalloc(no, sizeof(float)), *o32 = xcalloc(no, sizeof(float));
     float *of = xcalloc(no, sizeof(float));
-    ref->ops->attn_decode(ref, o8, qkv, ld, k8, v8, &h.b, &d);
+    ref->ops->attn_decode(ref, o8, qkv, ld, &no_prep, k8, v8, &h.b, &d);
     ref->ops->attn_prefill(ref, o8, qkv, ld, k8, v8, &h.b, nd, S, &d);
     ref->kv_dtype = DT_F32;
-    ref->ops->attn_decode(ref, od, qkv, ld, kd, vd, &h.b, &d);
+    ref->ops->attn_decode(ref, od, qkv, ld, &no_prep, kd, vd, &h.b, &d);
     ref->ops->attn_prefill(ref, od, qkv, ld, kd, vd, &h.b, nd, S, &d);
-    ref->ops->attn_decode(ref, o32, qkv, ld, k32, v32, &h.b, &d);
+    ref->ops->attn_decode(ref, o32, qkv, ld, &no_prep, k32, v32, &h.b, &d);
     ref->ops->attn_prefill(ref, o32, qkv, ld, k32, v32, &h.b, nd, S, &d);
     double e_deq = max_rel(o8, od, no), e32 = max_rel(o8, o32, no);
     printf("attention %d/%d heads of %d, block %d, scales %g / %g, %d tokens: the fp8 cache vs its values in fp32 "
@@ -185,7 +195,7 @@ static void test_attention(const struct attn_case *ac, int best) {
         if (!fast) break;
         fast->kv_dtype = DT_FP8;
         memset(of, 0, sizeof(float) * no);
-        fast->ops->attn_decode(fast, of, qkv, ld, k8, v8, &h.b, &d);
+        fast->ops->attn_decode(fast, of, qkv, ld, &no_prep, k8, v8, &h.b, &d);
         fast->ops->attn_prefill(fast, of, qkv, ld, k8, v8, &h.b, nd, S, &d);
         double ef = max_rel(of, o8, no);
         printf("  fast path (%s) vs the reference on the fp8 cache: %.2e (tol %.0e)\n", fast_isa_name(i), ef, FAST_TOL);

@@ -115,6 +115,20 @@ static struct pair make_cache(size_t cn, enum dtype kv, float scale) {
     return p;
 }
 
+// qkv's k and v of each decode token: its cache row's values (the CPU
+// side's: fp32, or e4m3 codes times the scale), so that attn_decode's write
+// of them (it runs the decode rows' prologue) leaves both caches as they are.
+static void kv_from_cache(float *qkv, int ld, int qd, int kvd, const int32_t *slots, int n, const void *kc,
+                          const void *vc, int fp8, const struct attn_dims *d) {
+    for (int s = 0; s < n; s++)
+        for (int i = 0; i < kvd; i++) {
+            size_t e = (size_t)slots[s] * kvd + i;
+            float *r = qkv + (size_t)s * ld + qd;
+            r[i] = fp8 ? fp8e4m3_to_f32(((const uint8_t *)kc)[e]) * d->k_scale : ((const float *)kc)[e];
+            r[kvd + i] = fp8 ? fp8e4m3_to_f32(((const uint8_t *)vc)[e]) * d->v_scale : ((const float *)vc)[e];
+        }
+}
+
 static void test_decode(const struct dec_case *c, enum dtype kv) {
     int fp8 = kv == DT_FP8;
     struct attn_dims d = {c->heads, c->kv_heads, c->head_dim, 16, 1.0f / sqrtf((float)c->head_dim),
@@ -128,15 +142,17 @@ static void test_decode(const struct dec_case *c, enum dtype kv) {
     size_t cn = (size_t)t.nb * 16 * kvd, no = (size_t)n * qd;
     struct pair pk = make_cache(cn, kv, d.k_scale), pv = make_cache(cn, kv, d.v_scale);
     float *qkv = test_rnd((size_t)n * ld, 4), *nan = xmalloc(sizeof(float) * no);
+    kv_from_cache(qkv, ld, qd, kvd, t.h + n + 1 + 3 * n, n, pk.c, pv.c, fp8, &d);
     memset(nan, 0xff, sizeof(float) * no); // the device output before each call: a call that misses a value fails
     struct pair pq = up(qkv, sizeof(float) * n * ld), po = up(nan, sizeof(float) * no);
-    cpu->ops->attn_decode(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, &d);
+    struct attn_prep none = {0};
+    cpu->ops->attn_decode(cpu, po.c, pq.c, ld, &none, pk.c, pv.c, &t.c, &d);
     long keys = 0;
     for (int s = 0; s < n; s++) keys += case_ctx(c, s) + 1;
     for (int fixed = 0; fixed < 2; fixed++) {
         gpu->ops->upload(gpu, po.g, nan, sizeof(float) * no);
         t.g.fixed_shapes = fixed, t.g.max_model_len = fixed ? MAX_MODEL_LEN : 0;
-        gpu->ops->attn_decode(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, &d);
+        gpu->ops->attn_decode(gpu, po.g, pq.g, ld, &none, pk.g, pv.g, &t.g, &d);
         char name[128];
         snprintf(name, sizeof name, "%s %s, %d seqs, %ld keys%s", c->name, kv == DT_FP8 ? "fp8" : kv == DT_BF16 ? "bf16" : "fp32",
                  n, keys, fixed ? ", graph splits" : "");

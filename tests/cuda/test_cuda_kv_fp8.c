@@ -34,6 +34,10 @@
 #include "kv_fp8.h"
 #include "test.h"
 
+// the decode rows' prologue (attn_decode runs it) without norms or rotation:
+// kv_write's k and v
+static const struct attn_prep no_prep;
+
 #define DEC_TOL 1e-5
 #define FLASH_TOL 2e-2
 
@@ -127,8 +131,9 @@ static void test_codes(int heads, int kv_heads, int hd, float ks, float vs) {
     for (int i = 0; i < hd; i++) w[hd + i] *= 300;
     float *dw = dev_copy(w, sizeof(float) * 2 * hd), *dt = dev_copy(tab, sizeof(float) * maxp * hd);
     gpu->ops->upload(gpu, dq, qkv, sizeof(float) * nq);
-    cpu->ops->qk_norm_rope(cpu, qkv, ld, w, w + hd, 1e-6f, tab, kc, vc, &h.b, &d);
-    gpu->ops->qk_norm_rope(gpu, dq, ld, dw, dw + hd, 1e-6f, dt, dk, dv, &g, &d);
+    struct attn_prep pc = {w, w + hd, tab, 1e-6f}, pg = {dw, dw + hd, dt, 1e-6f};
+    cpu->ops->qk_norm_rope(cpu, qkv, ld, &pc, kc, vc, &h.b, 0, &d);
+    gpu->ops->qk_norm_rope(gpu, dq, ld, &pg, dk, dv, &g, 0, &d);
     float *qg = download(dq, nq);
     gpu->ops->download(gpu, kg, dk, cn), gpu->ops->download(gpu, vg, dv, cn);
     cmp_rows("qk_norm_rope q | k | v (fp32)", qg, qkv, 0, T, ld, DEC_TOL);
@@ -189,9 +194,9 @@ static void test_attention(const struct attn_case *ac) {
     printf("%s: %d/%d heads of %d, blocks of %d, scales %g / %g, %d decodes, %d prefill tokens\n", ac->name, d.heads,
            d.kv_heads, d.head_dim, d.block_size, d.k_scale, d.v_scale, ac->nd, T - td);
     CHECKF(diff_rows(kg, kc, h.slot_map, T, kvd) == 0, "%s: kv_write codes differ", ac->name);
-    cpu->ops->attn_decode(cpu, oc, qkv, ld, kc, vc, &h.b, &d);
+    cpu->ops->attn_decode(cpu, oc, qkv, ld, &no_prep, kc, vc, &h.b, &d);
     cpu->ops->attn_prefill(cpu, oc, qkv, ld, kc, vc, &h.b, ac->nd, ac->n, &d);
-    gpu->ops->attn_decode(gpu, dout, dq, ld, dk, dv, &g, &d);
+    gpu->ops->attn_decode(gpu, dout, dq, ld, &no_prep, dk, dv, &g, &d);
     gpu->ops->attn_prefill(gpu, dout, dq, ld, dk, dv, &g, ac->nd, ac->n, &d);
     float *og = download(dout, no);
     cmp_rows("decode rows", og, oc, 0, td, qd, DEC_TOL);
@@ -199,7 +204,7 @@ static void test_attention(const struct attn_case *ac) {
              flash ? FLASH_TOL : DEC_TOL);
     free(og);
     g.fixed_shapes = 1, g.max_model_len = ac->mb * d.block_size; // splits for max_model_len, as a graph runs them
-    gpu->ops->attn_decode(gpu, dout, dq, ld, dk, dv, &g, &d);
+    gpu->ops->attn_decode(gpu, dout, dq, ld, &no_prep, dk, dv, &g, &d);
     gpu->ops->attn_prefill(gpu, dout, dq, ld, dk, dv, &g, ac->nd, ac->n, &d);
     og = download(dout, no);
     cmp_rows("decode rows, fixed shapes", og, oc, 0, td, qd, DEC_TOL);
@@ -235,15 +240,15 @@ static void test_graph(const struct attn_case *ac) {
     // the step once before recording (the scratch of its splits grown now: a
     // recording cannot grow it); the recorded one writes the same KV again
     gpu->ops->kv_write(gpu, dk, dv, dq, ld, &g, &d);
-    gpu->ops->attn_decode(gpu, dout, dq, ld, dk, dv, &g, &d);
+    gpu->ops->attn_decode(gpu, dout, dq, ld, &no_prep, dk, dv, &g, &d);
     gpu->ops->graph_begin(gpu);
     gpu->ops->kv_write(gpu, dk, dv, dq, ld, &g, &d);
-    gpu->ops->attn_decode(gpu, dout, dq, ld, dk, dv, &g, &d);
+    gpu->ops->attn_decode(gpu, dout, dq, ld, &no_prep, dk, dv, &g, &d);
     void *graph = gpu->ops->graph_end(gpu);
     for (int step = 0; step < 2; step++) {
         gpu->ops->graph_launch(gpu, graph);
         cpu->ops->kv_write(cpu, kc, vc, qkv, ld, &h.b, &d);
-        cpu->ops->attn_decode(cpu, oc, qkv, ld, kc, vc, &h.b, &d);
+        cpu->ops->attn_decode(cpu, oc, qkv, ld, &no_prep, kc, vc, &h.b, &d);
         float *og = download(dout, no);
         char what[64];
         snprintf(what, sizeof what, "%s: recorded decode graph, step %d", ac->name, step);

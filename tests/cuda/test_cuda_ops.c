@@ -365,9 +365,10 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
     struct pair pq = up(qkv, sizeof(float) * T * ld), po = up(qkv, sizeof(float) * T * qd);
     cpu->ops->kv_write(cpu, pk.c, pv.c, pq.c, ld, &t.c, &d);
     gpu->ops->kv_write(gpu, pk.g, pv.g, pq.g, ld, &t.g, &d);
-    cpu->ops->attn_decode(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, &d);
+    struct attn_prep none = {0}; // qkv's k and v as kv_write wrote them
+    cpu->ops->attn_decode(cpu, po.c, pq.c, ld, &none, pk.c, pv.c, &t.c, &d);
     t.g.fixed_shapes = ac->fixed, t.g.max_model_len = mbps * 16;
-    gpu->ops->attn_decode(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, &d);
+    gpu->ops->attn_decode(gpu, po.g, pq.g, ld, &none, pk.g, pv.g, &t.g, &d);
     t.g.fixed_shapes = 0;
     cpu->ops->attn_prefill(cpu, po.c, pq.c, ld, pk.c, pv.c, &t.c, ND, NS, &d);
     gpu->ops->attn_prefill(gpu, po.g, pq.g, ld, pk.g, pv.g, &t.g, ND, NS, &d);
@@ -390,8 +391,10 @@ static void test_attention(const struct attn_case *ac, enum dtype kv, double tol
 // qk_norm_rope at the Qwen3 shapes (32/8, 32/4, 64/8 heads of 128) and
 // awkward ones (MHA at head_dim 64, Llama: no norm, NemotronH: no norm nor
 // positions, head_dim 24 and 256), 4 decodes and 3 prefills, one token
-// without a KV slot (-1), positions up to 2,000: qkv in place and both
-// caches against the CPU op. bf16 KV: the caches as bf16 values (2e-2).
+// without a KV slot (-1), positions up to 2,000: qk_norm_rope over the
+// prefill rows (qkv in place), attn_decode with the decode rows' prologue
+// (its output), and both caches against the CPU ops. bf16 KV: the caches as
+// bf16 values (2e-2).
 struct qkn_case {
     int heads, kv_heads, head_dim, norm, rope;
 };
@@ -416,11 +419,11 @@ static void cmp_kv(const char *what, struct pair p, size_t n, enum dtype kv, dou
 }
 
 static void test_qk_norm_rope(const struct qkn_case *qc, enum dtype kv, double tol) {
-    struct attn_dims d = {qc->heads, qc->kv_heads, qc->head_dim, 16, 0, 1, 1};
+    struct attn_dims d = {qc->heads, qc->kv_heads, qc->head_dim, 16, 1.0f / sqrtf((float)qc->head_dim), 1, 1};
     enum { NS = 7, ND = 4 };
     int qlen[NS] = {1, 1, 1, 1, 200, 5, 1}, ctx[NS] = {1100, 30, 255, 1999, 0, 700, 0}, init[NS] = {1, 1, 1, 1, 0, 1, 0};
     int mbps = 130, hd = d.head_dim, maxp = mbps * 16;
-    struct tb t;
+    struct tb t, full;
     make_tb(&t, NS, qlen, ctx, init, ND, 16, mbps, NULL);
     int T = t.c.num_tokens, qd = d.heads * hd, kvd = d.kv_heads * hd, ld = qd + 2 * kvd + 8;
     t.h[(NS + 1) + 2 * NS + T + 2] = -1; // token 2 (a decode) has no KV slot
@@ -431,22 +434,35 @@ static void test_qk_norm_rope(const struct qkn_case *qc, enum dtype kv, double t
     gpu->kv_dtype = kv;
     struct pair pk = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
     struct pair pv = {cpu->ops->alloc(cpu, cn * 4), gpu->ops->alloc(gpu, cn * dtype_size(kv)), 0};
+    // every sequence's context (and the slotless token's row) written first
+    int cq[NS], zero[NS] = {0};
+    for (int s = 0; s < NS; s++) cq[s] = ctx[s] + qlen[s];
+    make_tb(&full, NS, cq, zero, init, 0, 16, mbps, NULL);
+    float *fq = test_rnd((size_t)full.c.num_tokens * ld, 1);
+    struct pair pfq = up(fq, sizeof(float) * full.c.num_tokens * ld);
+    cpu->ops->kv_write(cpu, pk.c, pv.c, pfq.c, ld, &full.c, &d);
+    gpu->ops->kv_write(gpu, pk.g, pv.g, pfq.g, ld, &full.g, &d);
     struct pair pt = up(tab, sizeof(float) * maxp * hd), pq = up(qkv, sizeof(float) * T * ld);
-    struct pair pw = up(w, sizeof(float) * 2 * hd);
-    const float *qn[2] = {qc->norm ? (float *)pw.c : NULL, qc->norm ? (float *)pw.g : NULL};
-    const float *kn[2] = {qc->norm ? (float *)pw.c + hd : NULL, qc->norm ? (float *)pw.g + hd : NULL};
-    cpu->ops->qk_norm_rope(cpu, pq.c, ld, qn[0], kn[0], 1e-6f, qc->rope ? pt.c : NULL, pk.c, pv.c, &t.c, &d);
-    gpu->ops->qk_norm_rope(gpu, pq.g, ld, qn[1], kn[1], 1e-6f, qc->rope ? pt.g : NULL, pk.g, pv.g, &t.g, &d);
-    char name[96];
-    snprintf(name, sizeof name, "qk_norm_rope %d/%d of %d%s%s, %s KV", d.heads, d.kv_heads, hd, qc->norm ? " norm" : "",
-             qc->rope ? " rope" : "", kv == DT_BF16 ? "bf16" : "fp32");
-    cmp(name, pq, (size_t)T * ld, 1e-5);
+    struct pair pw = up(w, sizeof(float) * 2 * hd), po = up(qkv, sizeof(float) * ND * qd);
+    struct attn_prep pc = {qc->norm ? pw.c : NULL, qc->norm ? (float *)pw.c + hd : NULL, qc->rope ? pt.c : NULL, 1e-6f};
+    struct attn_prep pg = {qc->norm ? pw.g : NULL, qc->norm ? (float *)pw.g + hd : NULL, qc->rope ? pt.g : NULL, 1e-6f};
+    // the prefill rows' prologue, then the decode rows' in their attention
+    cpu->ops->qk_norm_rope(cpu, pq.c, ld, &pc, pk.c, pv.c, &t.c, ND, &d);
+    gpu->ops->qk_norm_rope(gpu, pq.g, ld, &pg, pk.g, pv.g, &t.g, ND, &d);
+    cpu->ops->attn_decode(cpu, po.c, pq.c, ld, &pc, pk.c, pv.c, &t.c, &d);
+    gpu->ops->attn_decode(gpu, po.g, pq.g, ld, &pg, pk.g, pv.g, &t.g, &d);
+    char name[128];
+    snprintf(name, sizeof name, "qk_norm_rope %d/%d of %d%s%s, %s KV: prefill rows", d.heads, d.kv_heads, hd,
+             qc->norm ? " norm" : "", qc->rope ? " rope" : "", kv == DT_BF16 ? "bf16" : "fp32");
+    size_t off = sizeof(float) * ND * ld; // the decode rows of qkv are scratch after attn_decode
+    cmp(name, (struct pair){(char *)pq.c + off, (char *)pq.g + off, 0}, (size_t)(T - ND) * ld, 1e-5);
+    cmp("  attn_decode with the decode rows' prologue", po, (size_t)ND * qd, kv == DT_F32 ? 1e-5 : tol);
     cmp_kv("  its K cache", pk, cn, kv, tol);
     cmp_kv("  its V cache", pv, cn, kv, tol);
-    struct pair all[] = {pk, pv, pt, pq, pw};
+    struct pair all[] = {pk, pv, pt, pq, pw, po, pfq};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pfree(all[i]);
-    free_tb(&t);
-    free(tab), free(qkv), free(w);
+    free_tb(&t), free_tb(&full);
+    free(tab), free(qkv), free(w), free(fq);
     gpu->kv_dtype = DT_F32;
 }
 
@@ -847,9 +863,11 @@ static void test_attn_reserved(void) {
         struct batch b = {0};
         b.fixed_shapes = 1, b.max_model_len = LEN, b.max_blocks_per_seq = mbps;
         b.query_start_loc = meta, b.positions = meta + R + 1, b.block_tables = meta + 2 * R + 1;
+        b.slot_mapping = b.positions; // slot 0, the row of position 0 in block 0
+        struct attn_prep none = {0};
         for (int nd = 1; nd <= (reserve ? R : 1); nd++) {
             b.num_tokens = b.num_seqs = b.num_decodes = nd;
-            g->ops->attn_decode(g, out, qkv, ld, kc, vc, &b, &d);
+            g->ops->attn_decode(g, out, qkv, ld, &none, kc, vc, &b, &d);
         }
         g->ops->sync(g);
         g->ops->mem_info(g, &free1, &total);

@@ -15,6 +15,10 @@
 #include "op_util.h"
 #include "test.h"
 
+// the decode rows' prologue (attn_decode runs it) without norms or rotation:
+// kv_write's k and v
+static const struct attn_prep no_prep;
+
 // sequence s continues its slot (init[s]) or starts from zeros
 static void make_batch(struct test_batch *h, int n, const int *qlen, const int *ctx, const int *slot, const int *init,
                        int num_decodes) {
@@ -224,7 +228,7 @@ static void test_attention(struct backend *be) {
             memcpy(dv + ((size_t)s * 16 + ctx[s] + i) * kvd, qkv + (size_t)t * ld + qd + kvd, sizeof(float) * kvd);
         }
     be->ops->kv_write(be, kc, vc, qkv, ld, &hb.b, &d);
-    be->ops->attn_decode(be, out, qkv, ld, kc, vc, &hb.b, &d);
+    be->ops->attn_decode(be, out, qkv, ld, &no_prep, kc, vc, &hb.b, &d);
     be->ops->attn_prefill(be, out, qkv, ld, kc, vc, &hb.b, 1, S, &d);
     float *ref = xcalloc((size_t)T * qd, sizeof(float));
     for (int s = 0, t = 0; s < S; s++)

@@ -63,9 +63,8 @@ void cpu_rope_row(float *x, int heads, int head_dim, const float *cs);
 void cpu_head_rmsnorm_row(float *x, int heads, int head_dim, const float *w, float eps);
 // Row t of qk_norm_rope (backend.h): the q/k norms, rope and kv write of one
 // qkv row, into caches of dtype kv.
-void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
-                          const float *table, void *k_cache, void *v_cache, enum dtype kv, const struct batch *b,
-                          const struct attn_dims *d);
+void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const struct attn_prep *p, void *k_cache, void *v_cache,
+                          enum dtype kv, const struct batch *b, const struct attn_dims *d);
 // The KV cache's elements (the CPU keeps DT_F32 or DT_FP8): x [n] into the
 // cache at element offset off (fp8: e4m3(x / scale), enum dtype), and n
 // elements at off back as fp32 (fp8: e4m3(code) * scale), for the reference
@@ -95,8 +94,8 @@ void cpu_kv_write(struct backend *be, void *k_cache, void *v_cache, const float 
                   const struct batch *b, const struct attn_dims *d);
 void cpu_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                       const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
-void cpu_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                     const void *v_cache, const struct batch *b, const struct attn_dims *d);
+void cpu_attn_decode(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                     void *v_cache, const struct batch *b, const struct attn_dims *d);
 void cpu_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias,
                    int n, const struct moe_route_cfg *c);
 // The router of tokens [0, n) with caller scratch of route_scratch_bytes(E).

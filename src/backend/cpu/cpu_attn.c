@@ -113,8 +113,9 @@ void cpu_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, 
     cpu_parallel(be, (seq1 - seq0) * d->heads, attn_one, &c);
 }
 
-void cpu_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                     const void *v_cache, const struct batch *b, const struct attn_dims *d) {
+void cpu_attn_decode(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                     void *v_cache, const struct batch *b, const struct attn_dims *d) {
+    for (int t = 0; t < b->num_decodes; t++) cpu_qk_norm_rope_row(qkv, ld, t, p, k_cache, v_cache, be->kv_dtype, b, d);
     struct attn_ctx c = {be, out, qkv, ld, k_cache, v_cache, b, 0, d};
     cpu_parallel(be, b->num_decodes * d->heads, attn_one, &c);
 }

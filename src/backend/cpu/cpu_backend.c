@@ -274,27 +274,24 @@ static void cpu_head_rmsnorm(struct backend *be, float *x, int ld, int n, int he
     for (int t = 0; t < n; t++) cpu_head_rmsnorm_row(x + (int64_t)t * ld, heads, head_dim, w, eps);
 }
 
-void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const float *q_norm, const float *k_norm, float eps,
-                          const float *table, void *k_cache, void *v_cache, enum dtype kv, const struct batch *b,
-                          const struct attn_dims *d) {
+void cpu_qk_norm_rope_row(float *qkv, int ld, int t, const struct attn_prep *p, void *k_cache, void *v_cache,
+                          enum dtype kv, const struct batch *b, const struct attn_dims *d) {
     int hd = d->head_dim, qd = d->heads * hd, kvd = d->kv_heads * hd;
     float *row = qkv + (int64_t)t * ld;
-    if (q_norm) {
-        cpu_head_rmsnorm_row(row, d->heads, hd, q_norm, eps);
-        cpu_head_rmsnorm_row(row + qd, d->kv_heads, hd, k_norm, eps);
+    if (p->q_norm) {
+        cpu_head_rmsnorm_row(row, d->heads, hd, p->q_norm, p->eps);
+        cpu_head_rmsnorm_row(row + qd, d->kv_heads, hd, p->k_norm, p->eps);
     }
-    if (table) cpu_rope_row(row, d->heads + d->kv_heads, hd, table + (int64_t)b->positions[t] * hd);
+    if (p->table) cpu_rope_row(row, d->heads + d->kv_heads, hd, p->table + (int64_t)b->positions[t] * hd);
     int slot = b->slot_mapping[t];
     if (slot < 0) return;
     cpu_kv_store(k_cache, kv, (int64_t)slot * kvd, row + qd, kvd, d->k_scale);
     cpu_kv_store(v_cache, kv, (int64_t)slot * kvd, row + qd + kvd, kvd, d->v_scale);
 }
 
-static void cpu_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm,
-                             float eps, const float *table, void *k_cache, void *v_cache, const struct batch *b,
-                             const struct attn_dims *d) {
-    for (int t = 0; t < b->num_tokens; t++)
-        cpu_qk_norm_rope_row(qkv, ld, t, q_norm, k_norm, eps, table, k_cache, v_cache, be->kv_dtype, b, d);
+static void cpu_qk_norm_rope(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                             void *v_cache, const struct batch *b, int t0, const struct attn_dims *d) {
+    for (int t = t0; t < b->num_tokens; t++) cpu_qk_norm_rope_row(qkv, ld, t, p, k_cache, v_cache, be->kv_dtype, b, d);
 }
 
 void cpu_matmul_act_mul(struct backend *be, enum act kind, float *out, const float *x, const struct weight *w, int n,

@@ -247,9 +247,11 @@ int fast_peaks(struct backend *be, double *bytes_per_s, double *flops_per_s);
 void fast_rope(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *table,
                const int32_t *positions);
 void fast_head_rmsnorm(struct backend *be, float *x, int ld, int n, int heads, int head_dim, const float *w, float eps);
-void fast_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
-                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
-                       const struct attn_dims *d);
+void fast_qk_norm_rope(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                       void *v_cache, const struct batch *b, int t0, const struct attn_dims *d);
+// qk_norm_rope of rows [t0, t1)
+void fast_qk_rows(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache, void *v_cache,
+                  const struct batch *b, int t0, int t1, const struct attn_dims *d);
 void fast_rmsnorm(struct backend *be, float *out, const float *x, const float *w, int n, int dim, float eps);
 void fast_add_rmsnorm(struct backend *be, float *res, const float *x, float *out, const float *w, int n, int dim,
                       float eps);
@@ -274,8 +276,8 @@ void fast_gated_rmsnorm(struct backend *be, float *out, const float *y, const fl
                         int n, int dim, int group_size, float eps);
 void fast_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
-void fast_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                      const void *v_cache, const struct batch *b, const struct attn_dims *d);
+void fast_attn_decode(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                      void *v_cache, const struct batch *b, const struct attn_dims *d);
 void fast_moe_experts(struct backend *be, float *out, const float *x, const struct moe_experts *w,
                       const int32_t *ids, const float *weights, int n, int top_k,
                      const struct moe_shared *shared);

@@ -116,7 +116,8 @@ void fast_attn_prefill(struct backend *be, float *out, const float *qkv, int ld,
     attn_run(be, out, qkv, ld, k_cache, v_cache, b, seq0, seq1, d);
 }
 
-void fast_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                      const void *v_cache, const struct batch *b, const struct attn_dims *d) {
+void fast_attn_decode(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                      void *v_cache, const struct batch *b, const struct attn_dims *d) {
+    fast_qk_rows(be, qkv, ld, p, k_cache, v_cache, b, 0, b->num_decodes, d);
     attn_run(be, out, qkv, ld, k_cache, v_cache, b, 0, b->num_decodes, d);
 }

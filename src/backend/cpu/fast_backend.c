@@ -575,9 +575,8 @@ struct qk_ctx {
     float *qkv;
     void *kc, *vc;
     enum dtype kv;
-    int ld;
-    const float *q_norm, *k_norm, *table;
-    float eps;
+    int ld, t0, t1;
+    const struct attn_prep *p;
     const struct batch *b;
     const struct attn_dims *d;
 };
@@ -585,16 +584,19 @@ struct qk_ctx {
 static void qk_task(void *ctx, int i, int thread) {
     (void)thread;
     struct qk_ctx *c = ctx;
-    for (int t = i * 16; t < MIN(c->b->num_tokens, i * 16 + 16); t++)
-        cpu_qk_norm_rope_row(c->qkv, c->ld, t, c->q_norm, c->k_norm, c->eps, c->table, c->kc, c->vc, c->kv, c->b,
-                             c->d);
+    for (int t = c->t0 + i * 16; t < MIN(c->t1, c->t0 + i * 16 + 16); t++)
+        cpu_qk_norm_rope_row(c->qkv, c->ld, t, c->p, c->kc, c->vc, c->kv, c->b, c->d);
 }
 
-void fast_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
-                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
-                       const struct attn_dims *d) {
-    struct qk_ctx c = {qkv, k_cache, v_cache, be->kv_dtype, ld, q_norm, k_norm, table, eps, b, d};
-    cpu_parallel(be, CDIV(b->num_tokens, 16), qk_task, &c);
+void fast_qk_rows(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache, void *v_cache,
+                  const struct batch *b, int t0, int t1, const struct attn_dims *d) {
+    struct qk_ctx c = {qkv, k_cache, v_cache, be->kv_dtype, ld, t0, t1, p, b, d};
+    if (t1 > t0) cpu_parallel(be, CDIV(t1 - t0, 16), qk_task, &c);
+}
+
+void fast_qk_norm_rope(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                       void *v_cache, const struct batch *b, int t0, const struct attn_dims *d) {
+    fast_qk_rows(be, qkv, ld, p, k_cache, v_cache, b, t0, b->num_tokens, d);
 }
 
 // rmsnorm rows (res += x first when res is given), 16 rows a task.

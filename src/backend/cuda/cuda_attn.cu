@@ -59,11 +59,11 @@ void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float
 template <typename T>
 __global__ void __launch_bounds__(32 * QKN_WARPS)
     k_qk_norm_rope(float *qkv, int ld, const float *qn, const float *kn, float eps, const float *table, T *kc, T *vc,
-                   const int32_t *pos, const int32_t *slot_mapping, int H, int Hkv, int hd, float ks, float vs) {
+                   const int32_t *pos, const int32_t *slot_mapping, int t0, int H, int Hkv, int hd, float ks, float vs) {
     __shared__ float sh[QKN_WARPS][CUDA_MAX_HEAD_DIM];
     pdl_wait();
     pdl_trigger();
-    int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y * QKN_WARPS + w;
+    int t = t0 + blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = blockIdx.y * QKN_WARPS + w;
     if (g >= H + 2 * Hkv) return; // a whole warp: the shuffles below see every lane
     float *p = qkv + (int64_t)t * ld + (int64_t)g * hd;
     int slot = slot_mapping[t], kvd = Hkv * hd;
@@ -101,18 +101,24 @@ __global__ void __launch_bounds__(32 * QKN_WARPS)
     }
 }
 
-void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
-                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
-                       const struct attn_dims *d) {
-    if (b->num_tokens <= 0) return;
-    dim3 grid(b->num_tokens, cdiv(d->heads + 2 * d->kv_heads, QKN_WARPS));
+// qk_norm_rope of rows [t0, t1)
+static void qkn_rows(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache, void *v_cache,
+                     const struct batch *b, int t0, int t1, const struct attn_dims *d) {
+    if (t1 <= t0) return;
+    dim3 grid(t1 - t0, cdiv(d->heads + 2 * d->kv_heads, QKN_WARPS));
     cudaStream_t s = cu(be)->stream;
     const int32_t *pos = b->positions, *sm = (const int32_t *)b->slot_mapping;
     kv_dispatch(be->kv_dtype, [&](auto *z) {
         typedef typename std::remove_pointer<decltype(z)>::type T;
-        launch_pdl(k_qk_norm_rope<T>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, q_norm, k_norm, eps, table, (T *)k_cache,
-                   (T *)v_cache, pos, sm, d->heads, d->kv_heads, d->head_dim, d->k_scale, d->v_scale);
+        launch_pdl(k_qk_norm_rope<T>, grid, 32 * QKN_WARPS, 0, s, qkv, ld, p->q_norm, p->k_norm, p->eps, p->table,
+                   (T *)k_cache, (T *)v_cache, pos, sm, t0, d->heads, d->kv_heads, d->head_dim, d->k_scale,
+                   d->v_scale);
     });
+}
+
+void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                       void *v_cache, const struct batch *b, int t0, const struct attn_dims *d) {
+    qkn_rows(be, qkv, ld, p, k_cache, v_cache, b, t0, b->num_tokens, d);
 }
 
 struct attn_args {
@@ -625,11 +631,13 @@ static int dec_nsplit(struct backend *be, const struct attn_dims *d, int G, int 
     return dec_splits(blocks, MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
 }
 
-// A shape the decode kernel cannot run takes the generic one.
-void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                      const void *v_cache, const struct batch *b, const struct attn_dims *d) {
+// The decode rows' prologue (qk_norm_rope's kernel), then their attention;
+// a shape the decode kernel cannot run takes the generic one.
+void cuda_attn_decode(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                      void *v_cache, const struct batch *b, const struct attn_dims *d) {
     int nd = b->num_decodes, G = dec_group(be, d);
     if (nd <= 0) return;
+    qkn_rows(be, qkv, ld, p, k_cache, v_cache, b, 0, nd, d);
     if (!G) {
         launch_attn(be, out, qkv, ld, k_cache, v_cache, b, 0, nd, d, SPLIT_DECODE);
         return;

@@ -337,13 +337,12 @@ void cuda_gated_rmsnorm(struct backend *be, float *out, const float *y, const fl
                         int dim, int group_size, float eps);
 void cuda_kv_write(struct backend *be, void *k_cache, void *v_cache, const float *qkv, int ld, const struct batch *b,
                    const struct attn_dims *d);
-void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const float *q_norm, const float *k_norm, float eps,
-                       const float *table, void *k_cache, void *v_cache, const struct batch *b,
-                       const struct attn_dims *d);
+void cuda_qk_norm_rope(struct backend *be, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                       void *v_cache, const struct batch *b, int t0, const struct attn_dims *d);
 void cuda_attn_prefill(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
                        const void *v_cache, const struct batch *b, int seq0, int seq1, const struct attn_dims *d);
-void cuda_attn_decode(struct backend *be, float *out, const float *qkv, int ld, const void *k_cache,
-                      const void *v_cache, const struct batch *b, const struct attn_dims *d);
+void cuda_attn_decode(struct backend *be, float *out, float *qkv, int ld, const struct attn_prep *p, void *k_cache,
+                      void *v_cache, const struct batch *b, const struct attn_dims *d);
 // Scratch bytes of both attention ops' split-KV partials (OP_ATTN).
 size_t cuda_attn_scratch(struct backend *be, const struct attn_dims *d, int max_tokens, int max_seqs, int max_seq_len);
 void cuda_moe_route(struct backend *be, int32_t *ids, float *weights, const float *logits, const float *bias, int n,
