@@ -89,8 +89,9 @@ void attn_fwd(struct lm *m, const struct attn_layer *a, int cache, const struct 
     op->matmul(be, ws->proj, x, &a->qkv, T);
     lm_tick(m, T_ATTN_QKV);
     // q/k head norms (Qwen3), RoPE of q | k by the batch's positions, the KV
-    // write: one op for the prefill rows, and the decode rows' in their
-    // attention op (one kernel a layer on CUDA), for every attention family
+    // write, for every attention family: one op over the prefill rows (the
+    // rows after the decodes' one each); attn_decode runs the decode rows'
+    // own, so that a GPU can run it inside its decode kernel
     struct attn_prep pr = {a->q_norm, a->k_norm, a->rope ? a->rope->table : NULL, a->norm_eps};
     if (b->num_prefills) op->qk_norm_rope(be, ws->proj, ld, &pr, c->k[cache], c->v[cache], b, nd, &d);
     if (nd) op->attn_decode(be, ws->y, ws->proj, ld, &pr, c->k[cache], c->v[cache], b, &d);
