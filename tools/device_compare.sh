@@ -4,9 +4,10 @@
 # include CMakeLists.txt bench tests ':!tests/fixtures'`) beside the tree
 # (tools/device_run.sh builds the tree), then runs each BENCH config on all
 # of them, baselines first in BASES' order: BENCH_ARGS for all; LONG="cfg..."
-# adds the tree's --input-len 1k / 8k / 32k sweep (1 sequence, output 32),
-# with LONG_ARGS. ENVS="VAR=x ...": the tree's binary runs each config once
-# under each of these settings too, before its run as it is.
+# adds an --input-len sweep (LONG_LENS, default 1k / 8k / 32k; 1 sequence,
+# output 32, LONG_ARGS) on each of them too. ENVS="VAR=x ...": the tree's
+# binary runs each config once under each of these settings too, before its
+# run as it is.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -36,8 +37,12 @@ for cfg in $BENCH_SAVE; do
 done 2>&1 | tee "$OUT/compare.log"
 for cfg in ${LONG:-}; do
     for len in ${LONG_LENS:-1024 8192 32768}; do
-        echo "== long $cfg input $len"
-        timeout 300 build-cuda/vllm bench --model bench/configs/$cfg --load-format dummy --device cuda --batch-sizes 1 \
-            --input-len $len --output-len 32 --max-model-len 40000 --max-num-batched-tokens 8192 --warmup 0 ${LONG_ARGS:-} 2>&1 | tail -1
+        for b in "${bins[@]}" build-cuda/vllm; do
+            [ -x "$b" ] || continue
+            echo "== long $cfg input $len $b"
+            timeout 300 $b bench --model bench/configs/$cfg --load-format dummy --device cuda --batch-sizes 1 \
+                --input-len $len --output-len 32 --max-model-len 40000 --max-num-batched-tokens 8192 --warmup 0 \
+                ${LONG_ARGS:-} 2>&1 | tail -1
+        done
     done
 done 2>&1 | tee "$OUT/long.log"
