@@ -625,10 +625,12 @@ template <typename T> static dec_fn<T> dec_prepare(const struct attn_dims *d, in
     return k;
 }
 
+// The decode kernel's blocks a sequence and split: its KV heads' groups of G heads.
+static int dec_groups(const struct attn_dims *d, int G) { return d->kv_heads * cdiv(d->heads / d->kv_heads, G); }
+
 // The decode kernel's splits for nd sequences of contexts up to maxlen.
 static int dec_nsplit(struct backend *be, const struct attn_dims *d, int G, int per_sm, int nd, int maxlen) {
-    int blocks = nd * d->kv_heads * cdiv(d->heads / d->kv_heads, G);
-    return dec_splits(blocks, MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
+    return dec_splits(nd * dec_groups(d, G), MAX(per_sm, 1) * cu(be)->num_sms, maxlen);
 }
 
 // The decode rows' prologue (qk_norm_rope's kernel), then their attention;
@@ -657,8 +659,8 @@ void cuda_attn_decode(struct backend *be, float *out, float *qkv, int ld, const 
         dec_fn<T> k = dec_prepare<T>(d, G, &smem, &per_sm);
         a.nsplit = dec_nsplit(be, d, G, per_sm, nd, maxlen);
         if (a.nsplit > 1) a.part = (float *)cuda_scratch(be, sizeof(float) * (size_t)nd * d->heads * a.nsplit * (D + 2));
-        launch_pdl(k, dim3(nd, d->kv_heads * cdiv(d->heads / d->kv_heads, G), a.nsplit), DEC_THREADS, smem, s, a,
-                   (const T *)k_cache, (const T *)v_cache);
+        launch_pdl(k, dim3(nd, dec_groups(d, G), a.nsplit), DEC_THREADS, smem, s, a, (const T *)k_cache,
+                   (const T *)v_cache);
     });
     LAUNCH_CHECK();
     merge(be, &a, nd);
