@@ -52,7 +52,7 @@ enum { QSL, SEQ, CTX, POS, SLOT, BTAB, NARR };
 struct dec_batch {
     struct batch c, g;
     struct pair arr;
-    int32_t *h;
+    int32_t *h, *slot; // slot: h's slot_mapping
     int nb;
 };
 
@@ -76,7 +76,7 @@ static void make_batch(struct dec_batch *t, const struct dec_case *c) {
     }
     h[off[QSL] + n] = n;
     t->arr = up(h, off[NARR] * sizeof(int32_t));
-    t->nb = nb;
+    t->nb = nb, t->slot = h + off[SLOT];
     struct batch *b2[2] = {&t->c, &t->g};
     for (int k = 0; k < 2; k++) {
         int32_t *d = k ? t->arr.g : t->arr.c;
@@ -142,7 +142,7 @@ static void test_decode(const struct dec_case *c, enum dtype kv) {
     size_t cn = (size_t)t.nb * 16 * kvd, no = (size_t)n * qd;
     struct pair pk = make_cache(cn, kv, d.k_scale), pv = make_cache(cn, kv, d.v_scale);
     float *qkv = test_rnd((size_t)n * ld, 4), *nan = xmalloc(sizeof(float) * no);
-    kv_from_cache(qkv, ld, qd, kvd, t.h + n + 1 + 3 * n, n, pk.c, pv.c, fp8, &d);
+    kv_from_cache(qkv, ld, qd, kvd, t.slot, n, pk.c, pv.c, fp8, &d);
     memset(nan, 0xff, sizeof(float) * no); // the device output before each call: a call that misses a value fails
     struct pair pq = up(qkv, sizeof(float) * n * ld), po = up(nan, sizeof(float) * no);
     struct attn_prep none = {0};
